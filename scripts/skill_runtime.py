@@ -1,0 +1,255 @@
+"""Shared runtime for this skill's helper scripts: exit codes, one-line errors, version gate,
+Accelerate device selection, a private working directory, library-output capture and weight
+snapshots.
+
+Every helper script imports this file by path (``scripts/`` at the skill root), so the skill tree
+runs wherever it is copied with only palm-rlhf-pytorch installed. Nothing here imports torch at
+module level: ``--help`` and usage errors must answer without it.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import math
+import os
+import re
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+SKILL_ROOT = Path(__file__).resolve().parent.parent
+API_RECORD_PATH = SKILL_ROOT / "scripts" / "api_record.json"
+
+# Exit codes shared by every helper (documented in references/installation.md).
+EXIT_OK = 0          # every check passed
+EXIT_CHECK_FAILED = 1  # the helper ran and at least one check failed
+EXIT_USAGE = 2       # bad arguments or an unfit environment (e.g. --device cuda without CUDA)
+EXIT_DEPENDENCY = 3  # palm-rlhf-pytorch or torch missing, or outside the tested range
+
+EXIT_CODES_EPILOG = (
+    "exit codes: 0 ok; 1 a check failed; 2 usage or environment error; "
+    "3 palm-rlhf-pytorch or torch missing or outside the tested range"
+)
+
+
+class SkillError(Exception):
+    """An expected failure reported as one line on stderr with a documented exit code."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_USAGE):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse parser whose usage errors are a single stderr line and exit code 2."""
+
+    def error(self, message: str) -> None:  # noqa: D102 - argparse API
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def load_api_record() -> dict[str, Any]:
+    """The machine-checkable record of what the docs claim: tested version range and API facts."""
+    return json.loads(API_RECORD_PATH.read_text(encoding="utf-8"))
+
+
+def installed_version(distribution: str) -> str | None:
+    """Installed version of a distribution via importlib.metadata, or None when not installed."""
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def check_versions(allow_untested: bool = False) -> dict[str, Any]:
+    """Check torch and palm-rlhf-pytorch against the tested range in ``scripts/api_record.json``.
+
+    Returns ``{"versions": {...}, "tested": {...}, "warnings": [...]}``.
+    Raises SkillError(exit 3) when torch or palm-rlhf-pytorch is missing, or when the library is
+    outside the supported range and ``allow_untested`` is False (with it, a warning instead).
+    """
+    from packaging.specifiers import SpecifierSet
+
+    record = load_api_record()
+    lib, supported = record["library"], record["supported"]
+    versions = {
+        "palm-rlhf-pytorch": installed_version(lib),
+        "torch": installed_version("torch"),
+        "accelerate": installed_version("accelerate"),
+        "python": ".".join(map(str, sys.version_info[:3])),
+    }
+    if versions["torch"] is None:
+        raise SkillError(
+            "torch is not installed: pip install torch==2.13.0 (CPU) or a CUDA build from "
+            "https://pytorch.org, then pip install 'palm-rlhf-pytorch" + supported + "'",
+            EXIT_DEPENDENCY)
+    if versions["palm-rlhf-pytorch"] is None:
+        raise SkillError(f"palm-rlhf-pytorch is not installed: pip install '{lib}{supported}'",
+                         EXIT_DEPENDENCY)
+    warnings = []
+    if versions["palm-rlhf-pytorch"] not in SpecifierSet(supported, prereleases=True):
+        message = (f"palm-rlhf-pytorch {versions['palm-rlhf-pytorch']} is outside the tested range "
+                   f"{supported} (tested: {record['tested_version']})")
+        if not allow_untested:
+            raise SkillError(f"{message}: pip install '{lib}{supported}', or pass --allow-untested",
+                             EXIT_DEPENDENCY)
+        warnings.append(message)
+    tested = {"palm-rlhf-pytorch": record["tested_version"], "supported": supported}
+    return {"versions": versions, "tested": tested, "warnings": warnings}
+
+
+def resolve_device(spec: str) -> tuple[dict[str, Any], Any]:
+    """Map ``--device auto|cpu|cuda|cuda:N`` to (accelerate_kwargs, torch.device) via Accelerate.
+
+    auto means CUDA when ``torch.cuda.is_available()``, else CPU. The returned kwargs go to the
+    trainers' ``accelerate_kwargs`` so their Accelerator picks the same device.
+    Raises SkillError(exit 2) for a malformed spec or CUDA that is not available.
+    """
+    import torch
+    from accelerate import PartialState
+
+    match = re.fullmatch(r"auto|cpu|cuda(?::(\d+))?", spec)
+    if not match:
+        raise SkillError(f"--device {spec!r} is not one of auto, cpu, cuda, cuda:N")
+    if spec.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise SkillError(
+                f"--device {spec} requested but CUDA is not available to torch {torch.__version__} "
+                "(torch.cuda.is_available() is False): use --device cpu or auto, or install a CUDA "
+                "build of torch")
+        index = int(match.group(1) or 0)
+        if index >= torch.cuda.device_count():
+            raise SkillError(f"--device {spec}: only {torch.cuda.device_count()} CUDA device(s) visible")
+        torch.cuda.set_device(index)  # Accelerate places on torch.device('cuda'), the current one
+    use_cpu = spec == "cpu" or (spec == "auto" and not torch.cuda.is_available())
+    kwargs = {"cpu": True} if use_cpu else {}
+    device = PartialState(**kwargs).device
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return kwargs, device
+
+
+@contextlib.contextmanager
+def private_workdir(prefix: str = "palm-rlhf-skill-") -> Iterator[Path]:
+    """chdir into a fresh temporary directory and remove it afterwards, whatever happens.
+
+    The library writes relative paths (TPO's ``./tpo_memmap_replay_buffer``, ``./checkpoint.pt``);
+    this keeps them out of the caller's working directory.
+    """
+    caller = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        os.chdir(tmp)
+        try:
+            yield Path(tmp)
+        finally:
+            os.chdir(caller)
+
+
+@dataclass
+class CapturedOutput:
+    """What the library printed while captured: its stdout prints and its stderr (tqdm bars)."""
+    stdout: str = ""
+    stderr: str = ""
+
+
+@contextlib.contextmanager
+def capture_library_output() -> Iterator[CapturedOutput]:
+    """Capture Python-level stdout and stderr (the library's print() and tqdm bars).
+
+    Keeps stdout clean for ``--json``; the captured prints are parsed for losses afterwards.
+    """
+    out, err, captured = io.StringIO(), io.StringIO(), CapturedOutput()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            yield captured
+    finally:
+        captured.stdout, captured.stderr = out.getvalue(), err.getvalue()
+
+
+LOSS_PATTERN = re.compile(r"\b([a-z_]*(?:loss|balance)): ([-+]?(?:nan|inf|\d+\.?\d*(?:e[-+]?\d+)?))",
+                          re.IGNORECASE)
+
+
+def parse_losses(text: str) -> dict[str, list[float]]:
+    """Losses the trainers print in ``learn()``, e.g. ``policy_loss: -0.055`` -> {name: [values]}."""
+    losses: dict[str, list[float]] = {}
+    for name, value in LOSS_PATTERN.findall(text):
+        losses.setdefault(name, []).append(float(value))
+    return losses
+
+
+def all_finite(losses: dict[str, list[float]]) -> bool:
+    """True when at least one loss was printed and every printed value is finite."""
+    values = [v for vs in losses.values() for v in vs]
+    return bool(values) and all(math.isfinite(v) for v in values)
+
+
+def snapshot(named_params: Iterator[tuple[str, Any]]) -> dict[str, Any]:
+    """Detached clones of ``(name, tensor)`` pairs, keyed by name, for a later ``changed_names``."""
+    return {name: p.detach().clone() for name, p in named_params}
+
+
+def changed_names(before: dict[str, Any], named_params: Iterator[tuple[str, Any]]) -> list[str]:
+    """Names whose tensor differs (any element, exact comparison) from its snapshot."""
+    import torch
+    return [name for name, p in named_params if not torch.equal(before[name], p.detach().to(before[name].device))]
+
+
+class Timer:
+    """Wall-clock stage timer in seconds (time.perf_counter)."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.stages: dict[str, float | None] = {}
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stages[name] = round(time.perf_counter() - t0, 4)
+
+    def total(self) -> float:
+        return round(time.perf_counter() - self.start, 4)
+
+
+@dataclass
+class Checks:
+    """An ordered list of ``{name, passed, detail}`` checks."""
+    items: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, name: str, passed: bool, detail: str) -> bool:
+        self.items.append({"name": name, "passed": bool(passed), "detail": detail})
+        return bool(passed)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.items) and all(item["passed"] for item in self.items)
+
+
+def emit(report: dict[str, Any], as_json: bool, summary: Callable[[dict[str, Any]], str]) -> None:
+    """Write the report: one JSON object on stdout with ``--json``, else ``summary`` on stderr."""
+    if as_json:
+        sys.stdout.write(json.dumps(report, indent=2, default=str) + "\n")
+        sys.stdout.flush()
+    else:
+        sys.stderr.write(summary(report) + "\n")
+
+
+def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
+    """Run ``main`` and turn SkillError into one stderr line plus its exit code (no traceback)."""
+    prog = Path(sys.argv[0]).name
+    try:
+        return main(argv)
+    except SkillError as err:
+        sys.stderr.write(f"{prog}: error: {err}\n")
+        return err.exit_code
+    except KeyboardInterrupt:
+        sys.stderr.write(f"{prog}: interrupted\n")
+        return 130

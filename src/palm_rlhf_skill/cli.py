@@ -1,0 +1,69 @@
+"""Console entry points.
+
+The skill tree's scripts are the single source of every helper: ``tiny-rlhf-smoke`` and the
+script-backed subcommands run them by path from the installed tree (located with
+importlib.resources), never from a copy. Nothing here imports torch.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import runpy
+import sys
+from importlib import resources
+from pathlib import Path
+
+from palm_rlhf_skill import __version__
+
+SMOKE_SCRIPT = "sub-skills/policy-optimization/scripts/tiny_rlhf_smoke.py"
+
+# name -> (kind, target, help). kind "script": a skill-tree script run by path;
+# kind "module": a module of this package with main(argv) -> int.
+SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
+}
+
+
+def skill_root() -> Path:
+    """Root of the installed skill tree (``palm_rlhf_skill/skill`` in the wheel), or the source
+    checkout's root when the package is imported from ``src/`` without being built."""
+    packaged = Path(str(resources.files("palm_rlhf_skill") / "skill"))
+    if (packaged / "SKILL.md").is_file():
+        return packaged
+    return Path(__file__).resolve().parents[2]
+
+
+def run_script(relative: str, prog: str, argv: list[str]) -> int:
+    """Run a skill-tree script as ``__main__`` with ``argv``; return its exit code."""
+    path = skill_root() / relative
+    sys.argv = [prog, *argv]
+    try:
+        runpy.run_path(str(path), run_name="__main__")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return 0
+
+
+def tiny_rlhf_smoke() -> int:
+    """``tiny-rlhf-smoke``: the policy-optimization smoke helper (same file as in the tree)."""
+    return run_script(SMOKE_SCRIPT, "tiny-rlhf-smoke", sys.argv[1:])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``palm-rlhf-skill [--version] COMMAND ...``: dispatch to a subcommand."""
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(
+        prog="palm-rlhf-skill",
+        description="Skill tree and checks for palm-rlhf-pytorch.",
+        epilog="exit codes: 0 ok; 1 a check failed; 2 usage error; 3 dependency missing")
+    parser.add_argument("--version", action="version", version=f"palm-rlhf-skill {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, _, help_text) in SUBCOMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    if not argv or argv[0] not in SUBCOMMANDS:
+        args = parser.parse_args(argv)  # prints --help / --version / a usage error (exit 2)
+        parser.print_usage(sys.stderr)
+        return 2
+    kind, target, _ = SUBCOMMANDS[argv[0]]
+    if kind == "script":
+        return run_script(target, f"palm-rlhf-skill {argv[0]}", argv[1:])
+    return importlib.import_module(target).main(argv[1:])

@@ -1,0 +1,470 @@
+#!/usr/bin/env python3
+"""Tiny, bounded RLHF smoke for palm-rlhf-pytorch: PPO, GRPO, TPO and FlowRL.
+
+Builds a tiny PaLM policy and a scalar RewardModel on the auto-selected device, constructs the
+chosen trainer, runs one bounded ``train()`` call whose single ``learn()`` performs enough optimizer
+steps for every trainable tensor to move, then one ``trainer.generate()`` call, and checks what
+changed and what must not have.
+
+Usage:
+    tiny_rlhf_smoke.py                                  # PPO train smoke, summary on stderr
+    tiny_rlhf_smoke.py --json                           # one JSON object on stdout
+    tiny_rlhf_smoke.py --trainer all --json             # PPO, GRPO, TPO and FlowRL in one process
+    tiny_rlhf_smoke.py --trainer grpo --grpo-variant dr-grpo
+    tiny_rlhf_smoke.py --construct-only --device cpu
+    tiny_rlhf_smoke.py --prompt-style text              # raw-text prompts via prompts=
+    tiny_rlhf_smoke.py --prompt-style file              # the same file via prompts_path=
+
+Runs inside a private temporary directory and leaves nothing in the caller's directory.
+The JSON schema and exit codes are documented in references/workflows.md.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
+import skill_runtime as rt  # noqa: E402  (shared runtime at the skill root, imported by path)
+
+PROMPTS_FILE = Path(__file__).resolve().parents[1] / "assets" / "prompts.txt"
+
+# Tiny model: big enough to exercise every code path, small enough for a laptop CPU.
+TINY_PALM = dict(num_tokens=257, dim=32, depth=1, heads=2, dim_head=16)
+PAD_ID = 0             # the trainers' default pad_value; byte-level ids are byte + 1, never 0
+NEW_TOKENS = 8         # tokens sampled after the longest prompt
+GROUP_SAMPLES = 3      # extra samples per prompt for GRPO/TPO/FlowRL: group size = 3 + 1
+NUM_GENERATE_SAMPLES = 2
+
+# Optimizer steps before every trainable tensor has moved. LoRA B starts at zero, so LoRA A gets a
+# nonzero gradient only after B has moved once. AdoptAtan2 (arXiv 2411.02853, Algorithm 3) only
+# initialises its second moment on step 1, so it needs 3 steps; AdamAtan2 moves on step 1: 2 steps.
+REQUIRED_STEPS = {"AdoptAtan2": 3, "AdamAtan2": 2}
+
+GRPO_VARIANTS = {
+    "default": {},
+    "dr-grpo": {"use_dr_grpo": True},
+    "max-rl": {"use_max_rl": True},
+    "spo": {"use_simple_policy_optimization": True},
+    "score-centering": {"use_score_centering": True},
+    "entropy-advantage": {"add_entropy_to_advantage": True},
+}
+# Refused combinations: palm_rlhf_pytorch/grpo.py asserts these only after Actor() has already
+# added the 'actor' LoRA scope to the PaLM, so the helper refuses them before any model exists.
+GRPO_INCOMPATIBLE = [("dr-grpo", "max-rl", "cannot use both Dr. GRPO and MaxRL"),
+                     ("spo", "score-centering", "cannot use both SPO and Score Centering")]
+
+
+@dataclass(frozen=True)
+class TrainerSpec:
+    """How to build and bound one trainer; facts from palm_rlhf_pytorch 0.8.0 source."""
+    name: str
+    module: str
+    class_name: str
+    optimizer: str                 # class of the actor optimizer in the trainer's __init__
+    group_kwarg: str | None        # constructor argument for extra samples per prompt
+    minibatch_size: int
+    items_per_rollout: int         # learn() items one rollout stores (TPO stores one group)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def group_size(self) -> int:
+        return GROUP_SAMPLES + 1 if self.group_kwarg else 1
+
+    @property
+    def required_steps(self) -> int:
+        return REQUIRED_STEPS[self.optimizer]
+
+    def rollouts_for(self, steps: int, epochs: int = 1) -> int:
+        """Rollouts per learn() so that learn() performs at least ``steps`` optimizer steps."""
+        return math.ceil(steps * self.minibatch_size / (self.items_per_rollout * epochs))
+
+    def steps_for(self, rollouts: int, epochs: int = 1) -> int:
+        """Optimizer steps of one learn() over ``rollouts`` rollouts: epochs * ceil(items / minibatch)."""
+        return epochs * math.ceil(rollouts * self.items_per_rollout / self.minibatch_size)
+
+
+TRAINERS = {
+    "ppo": TrainerSpec("ppo", "palm_rlhf_pytorch", "RLHFTrainer", "AdoptAtan2", None, 2, 1,
+                       {"max_norm": None}),
+    "grpo": TrainerSpec("grpo", "palm_rlhf_pytorch.grpo", "RLHFTrainer", "AdoptAtan2",
+                        "grpo_num_times_sample_rewards", 4, GROUP_SAMPLES + 1),
+    "tpo": TrainerSpec("tpo", "palm_rlhf_pytorch.tpo", "RLHFTrainer", "AdamAtan2",
+                       "num_times_sample_rewards", 1, 1),
+    "flowrl": TrainerSpec("flowrl", "palm_rlhf_pytorch.flowrl", "FlowRLTrainer", "AdoptAtan2",
+                          "flowrl_num_times_sample", 4, GROUP_SAMPLES + 1,
+                          {"partition_function_hidden_dim": TINY_PALM["dim"]}),
+}
+TPO_BUFFER = "tpo_memmap_replay_buffer"  # hard-coded relative folder in palm_rlhf_pytorch/tpo.py
+
+
+def build_parser() -> rt.OneLineParser:
+    parser = rt.OneLineParser(
+        prog=Path(sys.argv[0]).name,
+        description="Bounded RLHF smoke for palm-rlhf-pytorch: build a tiny PaLM policy, a scalar "
+                    "reward model and a trainer, run one update that must move every trainable "
+                    "weight, one generate call, and check the results.",
+        epilog="examples:\n"
+               "  tiny-rlhf-smoke --json\n"
+               "  tiny-rlhf-smoke --trainer all --json\n"
+               "  tiny-rlhf-smoke --trainer grpo --grpo-variant spo\n"
+               "  tiny-rlhf-smoke --construct-only --device cpu\n"
+               "  tiny-rlhf-smoke --prompt-style file\n\n" + rt.EXIT_CODES_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trainer", choices=[*TRAINERS, "all"], default="ppo",
+                        help="ppo (root RLHFTrainer), grpo, tpo, flowrl, or all four (default: ppo)")
+    parser.add_argument("--grpo-variant", action="append", metavar="NAME",
+                        help="GRPO advantage/objective variant: " + ", ".join(GRPO_VARIANTS)
+                             + "; repeat or comma-separate to combine (default: default)")
+    parser.add_argument("--device", default="auto",
+                        help="auto (CUDA when available, else CPU), cpu, cuda or cuda:N (default: auto)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--construct-only", action="store_true",
+                      help="stop after building the models and trainer")
+    mode.add_argument("--train-smoke", action="store_true",
+                      help="build, run one bounded update and one generate call (the default)")
+    parser.add_argument("--prompt-style", choices=["token-ids", "text", "file"], default="token-ids",
+                        help="token-ids: padded prompt_token_ids; text: prompts= with a byte-level "
+                             "tokenizer; file: prompts_path= to the shipped prompts file")
+    parser.add_argument("--rollouts", type=int, metavar="N",
+                        help="rollouts before the single learn() (default: computed so every "
+                             "trainable tensor moves; fewer makes the weight checks fail)")
+    parser.add_argument("--seed", type=int, default=0, help="seed for random, numpy and torch (default: 0)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    parser.add_argument("--verbose", action="store_true",
+                        help="echo the library's own prints (losses) to stderr")
+    parser.add_argument("--allow-untested", action="store_true",
+                        help="warn instead of exiting 3 when palm-rlhf-pytorch is outside the tested range")
+    return parser
+
+
+def parse_variants(values: list[str] | None) -> list[str]:
+    """Split and validate --grpo-variant values; raise SkillError(2) for unknown or refused ones."""
+    names = [v.strip() for value in (values or ["default"]) for v in value.split(",") if v.strip()]
+    unknown = [n for n in names if n not in GRPO_VARIANTS]
+    if unknown:
+        raise rt.SkillError(f"unknown --grpo-variant {', '.join(unknown)}; choose from {', '.join(GRPO_VARIANTS)}")
+    names = [n for n in dict.fromkeys(names) if n != "default"] or ["default"]
+    for a, b, reason in GRPO_INCOMPATIBLE:
+        if a in names and b in names:
+            raise rt.SkillError(f"--grpo-variant {a} with {b} is refused: the library says '{reason}' "
+                                "(and asserts only after adding a LoRA scope to your PaLM)")
+    return names
+
+
+# prompts ---------------------------------------------------------------------------------------
+
+class ByteTokenizer:
+    """Byte-level tokenizer: UTF-8 byte b -> id b + 1, so id 0 stays the pad id.
+
+    ``__call__(prompts: list[str]) -> LongTensor (num_prompts, max_bytes)``, right-padded with 0.
+    Empty strings are dropped (counted in ``dropped_empty``): the trainers split ``prompts_path``
+    on '\\n', so a file's trailing newline becomes an empty prompt whose rollout would crash.
+    """
+
+    vocab_size = 257
+
+    def __init__(self) -> None:
+        self.dropped_empty = 0
+
+    def __call__(self, prompts: list[str]):
+        import torch
+        kept = [p for p in prompts if p.strip()]
+        self.dropped_empty += len(prompts) - len(kept)
+        if not kept:
+            raise rt.SkillError("no non-empty prompts to tokenize")
+        rows = [[b + 1 for b in p.encode("utf-8")] for p in kept]
+        out = torch.full((len(rows), max(map(len, rows))), PAD_ID, dtype=torch.long)
+        for i, row in enumerate(rows):
+            out[i, :len(row)] = torch.tensor(row, dtype=torch.long)
+        return out
+
+
+def random_prompt_token_ids(seed: int, num_prompts: int = 4, lengths: tuple[int, int] = (3, 6)):
+    """Padded ``(num_prompts, max_len)`` int64 prompt ids in [1, vocab), right-padded with 0."""
+    import torch
+    gen = torch.Generator().manual_seed(seed)
+    lens = torch.randint(lengths[0], lengths[1] + 1, (num_prompts,), generator=gen)
+    ids = torch.randint(1, TINY_PALM["num_tokens"], (num_prompts, int(lens.max())), generator=gen)
+    keep = torch.arange(ids.shape[1]) < lens[:, None]
+    return ids.masked_fill(~keep, PAD_ID)
+
+
+def prompt_kwargs(style: str, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Trainer prompt arguments for a style, plus a description for the report."""
+    if style == "token-ids":
+        ids = random_prompt_token_ids(seed)
+        return {"prompt_token_ids": ids}, {"style": style, "count": ids.shape[0], "max_len": ids.shape[1]}
+    if not PROMPTS_FILE.is_file():
+        raise rt.SkillError(f"prompts file missing: {PROMPTS_FILE} (reinstall the skill tree)")
+    tokenizer = ByteTokenizer()
+    if style == "text":
+        prompts = PROMPTS_FILE.read_text(encoding="utf-8").splitlines()
+        return {"prompts": prompts, "tokenizer": tokenizer}, {"style": style, "tokenizer": tokenizer}
+    return ({"prompts_path": str(PROMPTS_FILE), "tokenizer": tokenizer},
+            {"style": style, "tokenizer": tokenizer, "path": PROMPTS_FILE.name})
+
+
+# one trainer -----------------------------------------------------------------------------------
+
+def unwrap(trainer, module):
+    return trainer.accelerate.unwrap_model(module)
+
+
+def trainable_groups(name: str, trainer) -> dict[str, list]:
+    """The library's own trainable parameter lists, per group, for one trainer."""
+    if name == "ppo":
+        ac = unwrap(trainer, trainer.actor_critic)
+        critic_lora = list(ac.critic.finetune_parameters(ac.critic_lora_scope))
+        return {"actor_lora": list(ac.actor_parameters()), "critic_lora": critic_lora,
+                "value_head": list(ac.value_head.parameters())}
+    groups = {"actor_lora": list(unwrap(trainer, trainer.actor).parameters())}
+    if name == "flowrl":
+        groups["partition_function"] = list(unwrap(trainer, trainer.partition_function).parameters())
+    return groups
+
+
+def actor_palm(name: str, trainer):
+    module = trainer.actor_critic if name == "ppo" else trainer.actor
+    return unwrap(trainer, module).actor_palm
+
+
+def optimizers(name: str, trainer) -> dict[str, Any]:
+    found = {"actor": trainer.actor_optim}
+    if name == "ppo":
+        found["critic"] = trainer.critic_optim
+    if name == "flowrl":
+        found["partition_function"] = trainer.partition_function_optim
+    return {k: getattr(opt, "optimizer", opt) for k, opt in found.items()}
+
+
+def run_trainer(name: str, args, device_kwargs: dict, device, variants: list[str]) -> dict[str, Any]:
+    """Build (and unless construct-only, train and sample from) one trainer; return its report."""
+    import importlib
+    import torch
+    from accelerate.utils import set_seed
+    from palm_rlhf_pytorch import PaLM, RewardModel
+
+    spec, checks, timer = TRAINERS[name], rt.Checks(), rt.Timer()
+    result: dict[str, Any] = {"trainer": name, "status": "failed", "mode": mode_name(args)}
+    set_seed(args.seed)
+    with timer.stage("construct"):
+        prompt_args, prompt_info = prompt_kwargs(args.prompt_style, args.seed)
+        palm = PaLM(**TINY_PALM).to(device)
+        reward_model = RewardModel(palm, num_binned_output=0).to(device)  # deep-copies palm
+        if "prompt_token_ids" in prompt_args:
+            prompt_args["prompt_token_ids"] = prompt_args["prompt_token_ids"].to(device)
+        kwargs = dict(palm=palm, reward_model=reward_model, minibatch_size=spec.minibatch_size,
+                      epochs=1, accelerate_kwargs=device_kwargs, **spec.extra, **prompt_args)
+        if spec.group_kwarg:
+            kwargs[spec.group_kwarg] = GROUP_SAMPLES
+        if name == "grpo":
+            for variant in variants:
+                kwargs.update(GRPO_VARIANTS[variant])
+        trainer_cls = getattr(importlib.import_module(spec.module), spec.class_name)
+        with rt.capture_library_output():
+            trainer = trainer_cls(**kwargs)
+        # the trainer registers prompt ids as a buffer of its own (not prepared by Accelerate)
+        trainer.prompt_token_ids = trainer.prompt_token_ids.to(device)
+
+    tokenizer = prompt_info.pop("tokenizer", None)
+    if tokenizer is not None:
+        prompt_info.update(count=int(trainer.prompt_token_ids.shape[0]),
+                           max_len=int(trainer.prompt_token_ids.shape[1]),
+                           dropped_empty=tokenizer.dropped_empty)
+    groups = trainable_groups(name, trainer)
+    trainable_ids = {id(p) for ps in groups.values() for p in ps}
+    names = dict((id(p), n) for n, p in trainer.named_parameters())
+    frozen = [(n, p) for n, p in trainer.named_parameters() if id(p) not in trainable_ids]
+    result.update(
+        class_name=f"{spec.module}.{spec.class_name}", optimizer=spec.optimizer, prompts=prompt_info,
+        grpo_variants=variants if name == "grpo" else None, group_size=spec.group_size)
+    checks.add("trainer_constructed", True, f"{spec.module}.{spec.class_name} on {device}")
+    checks.add("actor_lora_scope_added", "actor" in actor_palm(name, trainer).finetune_modules,
+               "the trainer added LoRA scope 'actor' to the PaLM passed in")
+    n_trainable = sum(len(ps) for ps in groups.values())
+    checks.add("trainable_parameters_on_device",
+               n_trainable > 0 and all(p.device.type == device.type for ps in groups.values() for p in ps),
+               f"{n_trainable} trainable tensors in groups {', '.join(groups)} on {device.type}")
+    result["parameters"] = {
+        "trainable_total": n_trainable,
+        "trainable_numel": sum(p.numel() for ps in groups.values() for p in ps),
+        "trainable_changed": None, "frozen_total": len(frozen), "frozen_changed": None}
+    result["timings_s"] = {"construct": timer.stages["construct"], "update": None, "generate": None}
+    result.update(optimizer_steps=None, losses=None, generated=None)
+    if args.construct_only:
+        return finish(result, checks)
+
+    rollouts = args.rollouts or spec.rollouts_for(spec.required_steps)
+    expected_steps = spec.steps_for(rollouts)
+    max_seq_len = int(trainer.prompt_token_ids.shape[1]) + NEW_TOKENS
+    before = {key: rt.snapshot((names[id(p)], p) for p in ps) for key, ps in groups.items()}
+    frozen_before = rt.snapshot(frozen)
+
+    step_counts = {key: 0 for key in optimizers(name, trainer)}
+    for key, opt in optimizers(name, trainer).items():
+        opt.register_step_post_hook(lambda *_, key=key: step_counts.__setitem__(key, step_counts[key] + 1))
+    reward_batches: list[int] = []
+    hook = unwrap(trainer, trainer.reward_model).register_forward_hook(
+        lambda _m, inputs, _o: reward_batches.append(int(inputs[0].shape[0])))
+
+    with timer.stage("update"):
+        try:
+            with rt.capture_library_output() as captured:
+                trainer.train(num_episodes=1, max_timesteps=rollouts, update_timesteps=rollouts,
+                              max_seq_len=max_seq_len)
+            error = None
+        except Exception as exc:  # the library's failure is this smoke's finding, not a crash
+            error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    hook.remove()
+    result["timings_s"]["update"] = timer.stages["update"]
+    if args.verbose:
+        sys.stderr.write(captured.stdout)
+    losses = rt.parse_losses(captured.stdout)
+    result["losses"] = losses
+    result["optimizer_steps"] = {"expected": expected_steps, "required": spec.required_steps,
+                                 "observed": step_counts, "rollouts": rollouts}
+    if not checks.add("update_ran", error is None,
+                      error or f"train(): {rollouts} rollouts, one learn(), max_seq_len {max_seq_len}"):
+        return finish(result, checks)
+
+    checks.add("optimizer_steps", step_counts["actor"] == expected_steps >= spec.required_steps,
+               f"actor optimizer stepped {step_counts['actor']}x (expected {expected_steps}, "
+               f"{spec.optimizer} needs >= {spec.required_steps}); all: {step_counts}")
+    checks.add("rollout_group_size", set(reward_batches) == {spec.group_size},
+               f"reward model scored {sorted(set(reward_batches))} completions per prompt per rollout "
+               f"(expected {spec.group_size}" + (f" = {spec.group_kwarg} + 1)" if spec.group_kwarg else ")"))
+    trainable_changed = 0
+    for key, ps in groups.items():
+        changed = rt.changed_names(before[key], ((names[id(p)], p) for p in ps))
+        trainable_changed += len(changed)
+        unchanged = sorted(set(before[key]) - set(changed))
+        checks.add(f"{key}_changed", not unchanged,
+                   f"{len(changed)}/{len(ps)} tensors changed"
+                   + (f"; unchanged: {', '.join(unchanged[:4])}" if unchanged else ""))
+    frozen_changed = rt.changed_names(frozen_before, frozen)
+    reward_changed = [n for n in frozen_changed if n.startswith("reward_model.")]
+    checks.add("base_weights_unchanged", not set(frozen_changed) - set(reward_changed),
+               f"{len(frozen) - sum(n.startswith('reward_model.') for n, _ in frozen)} base PaLM tensors; "
+               f"changed: {sorted(set(frozen_changed) - set(reward_changed))[:4] or 'none'}")
+    checks.add("reward_model_unchanged", not reward_changed,
+               f"changed: {reward_changed[:4] or 'none'}")
+    result["parameters"].update(trainable_changed=trainable_changed, frozen_changed=len(frozen_changed))
+    values = [v for vs in losses.values() for v in vs]
+    checks.add("losses_finite", rt.all_finite(losses),
+               f"{len(values)} printed values ({', '.join(losses)})" if values else "no loss printed")
+    if name == "tpo":
+        buffer = Path(TPO_BUFFER)
+        size = sum(f.stat().st_size for f in buffer.rglob("*") if f.is_file()) if buffer.is_dir() else 0
+        result["replay_buffer"] = {"path": f"./{TPO_BUFFER}", "bytes": size}
+        checks.add("replay_buffer_in_private_dir",
+                   buffer.is_dir() and Path.cwd().resolve() != Path(args.caller_dir).resolve(),
+                   f"./{TPO_BUFFER} written in the private working directory ({size} bytes on disk), "
+                   "removed with it")
+    if name == "flowrl":
+        checks.add("reference_policy_is_lora_off_palm", trainer.palm is actor_palm(name, trainer),
+                   "learn() scores pi_ref with self.palm(..., finetune_scope=None): the actor's own "
+                   "PaLM with LoRA off")
+
+    prompt = trainer.prompt_token_ids[0]
+    prompt = prompt[prompt != PAD_ID]
+    with timer.stage("generate"):
+        with rt.capture_library_output():
+            sequence = trainer.generate(max_seq_len, prompt=prompt, num_samples=NUM_GENERATE_SAMPLES)
+    result["timings_s"]["generate"] = timer.stages["generate"]
+    expected_len = max(max_seq_len, prompt.shape[0] + 1)
+    result["generated"] = {"shape": list(sequence.shape), "dtype": str(sequence.dtype).replace("torch.", ""),
+                           "expected_shape": [expected_len], "prompt_len": int(prompt.shape[0])}
+    in_vocab = bool(((sequence >= 0) & (sequence < TINY_PALM["num_tokens"])).all())
+    checks.add("generated_sequence",
+               tuple(sequence.shape) == (expected_len,) and sequence.dtype == torch.long and in_vocab
+               and torch.equal(sequence[:prompt.shape[0]].cpu(), prompt.cpu()),
+               f"shape {tuple(sequence.shape)} (prompt {prompt.shape[0]} + sampled), {sequence.dtype}, "
+               f"ids in [0, {TINY_PALM['num_tokens']}): {in_vocab}, starts with the prompt")
+    return finish(result, checks)
+
+
+def finish(result: dict[str, Any], checks: rt.Checks) -> dict[str, Any]:
+    result["checks"] = checks.items
+    result["status"] = "ok" if checks.passed else "failed"
+    return result
+
+
+def mode_name(args) -> str:
+    return "construct-only" if args.construct_only else "train-smoke"
+
+
+def summary(report: dict[str, Any]) -> str:
+    lines = [f"tiny-rlhf-smoke: {report['mode']} on {report['device']}: {report['status'].upper()}"]
+    for result in report.get("results", {}).values():
+        params, steps = result["parameters"], result.get("optimizer_steps")
+        head = f"[{result['status']}] {result['trainer']}"
+        if steps:
+            head += (f": {steps['observed']['actor']} actor steps, {params['trainable_changed']}/"
+                     f"{params['trainable_total']} trainable tensors changed, {params['frozen_changed']} "
+                     f"frozen changed, generated {result['generated'] and result['generated']['shape']}")
+        lines.append(head)
+        lines += [f"    {'ok  ' if c['passed'] else 'FAIL'} {c['name']}: {c['detail']}" for c in result["checks"]]
+    t = report["timings_s"]
+    lines.append("timings (s): " + ", ".join(f"{k} {v}" for k, v in t.items() if v is not None))
+    lines += [f"warning: {w}" for w in report.get("warnings", [])]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.grpo_variant and args.trainer not in ("grpo", "all"):
+        raise rt.SkillError("--grpo-variant applies to --trainer grpo or all")
+    variants = parse_variants(args.grpo_variant)
+    if args.rollouts is not None and args.rollouts < 1:
+        raise rt.SkillError("--rollouts must be at least 1")
+    env = rt.check_versions(args.allow_untested)
+
+    timer = rt.Timer()
+    with timer.stage("import"):
+        import torch  # noqa: F401  (the import floor, timed)
+        import palm_rlhf_pytorch  # noqa: F401
+        import accelerate  # noqa: F401
+    device_kwargs, device = rt.resolve_device(args.device)
+    names = list(TRAINERS) if args.trainer == "all" else [args.trainer]
+    args.caller_dir = os.getcwd()
+    caller_before = sorted(os.listdir(args.caller_dir))
+    with rt.private_workdir():
+        results = {name: run_trainer(name, args, device_kwargs, device, variants) for name in names}
+    caller_after = sorted(os.listdir(args.caller_dir))
+    workdir_check = {"name": "caller_directory_untouched", "passed": caller_before == caller_after,
+                     "detail": f"added: {sorted(set(caller_after) - set(caller_before)) or 'nothing'}"}
+    for result in results.values():
+        result["checks"].append(workdir_check)
+        result["status"] = "ok" if all(c["passed"] for c in result["checks"]) else "failed"
+    ok = all(r["status"] == "ok" for r in results.values())
+    report: dict[str, Any] = {
+        "status": "ok" if ok else "failed", "mode": mode_name(args), "trainer": args.trainer,
+        "device": str(device), "seed": args.seed, "versions": env["versions"], "tested": env["tested"],
+        "warnings": env["warnings"], "config": {**TINY_PALM, "new_tokens": NEW_TOKENS},
+    }
+    first = results[names[0]]
+    stage_sum = lambda key: None if any(r["timings_s"][key] is None for r in results.values()) \
+        else round(sum(r["timings_s"][key] for r in results.values()), 4)
+    report["timings_s"] = {"import": timer.stages["import"], "construct": stage_sum("construct"),
+                           "update": stage_sum("update"), "generate": stage_sum("generate")}
+    if args.trainer != "all":  # single trainer: its result at top level too (stable keys)
+        for key in ("checks", "parameters", "generated", "optimizer_steps", "losses", "prompts",
+                    "grpo_variants", "class_name", "replay_buffer"):
+            if key in first:
+                report[key] = first[key]
+    report["results"] = results
+    report["timings_s"]["total"] = round(time.perf_counter() - START, 4)
+    rt.emit(report, args.json, summary)
+    return rt.EXIT_OK if ok else rt.EXIT_CHECK_FAILED
+
+
+START = time.perf_counter()
+
+if __name__ == "__main__":
+    sys.exit(rt.run_cli(main))

@@ -1,0 +1,151 @@
+"""The PPO smoke helper: in-process, as a script by path, and as the installed console script."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+from conftest import BIN, REPO, SMOKE, run, run_json
+
+TOP_KEYS = {"status", "mode", "trainer", "device", "versions", "timings_s", "checks", "parameters",
+            "generated"}
+
+
+def run_inprocess(smoke, capsys, monkeypatch, tmp_path, *argv):
+    monkeypatch.chdir(tmp_path)
+    code = smoke.main(["--json", "--device", "cpu", *argv])
+    out = capsys.readouterr().out
+    return code, json.loads(out)
+
+
+def test_ppo_train_smoke_in_process(smoke, capsys, monkeypatch, empty_dir):
+    code, report = run_inprocess(smoke, capsys, monkeypatch, empty_dir)
+    assert code == 0, [c for c in report["checks"] if not c["passed"]]
+    assert TOP_KEYS <= report.keys()
+    assert report["status"] == "ok" and report["trainer"] == "ppo" and report["mode"] == "train-smoke"
+    assert set(report["versions"]) == {"palm-rlhf-pytorch", "torch", "accelerate", "python"}
+    assert set(report["timings_s"]) == {"import", "construct", "update", "generate", "total"}
+    assert all(isinstance(v, float) and v >= 0 for v in report["timings_s"].values())
+    params = report["parameters"]
+    assert params["trainable_changed"] == params["trainable_total"] > 0
+    assert params["frozen_changed"] == 0 and params["frozen_total"] > 0
+    names = {c["name"] for c in report["checks"]}
+    assert {"actor_lora_changed", "critic_lora_changed", "value_head_changed", "base_weights_unchanged",
+            "reward_model_unchanged", "losses_finite", "generated_sequence", "optimizer_steps"} <= names
+    assert all(isinstance(c["passed"], bool) and isinstance(c["detail"], str) for c in report["checks"])
+    steps = report["optimizer_steps"]
+    assert steps["observed"]["actor"] == steps["expected"] >= steps["required"] == 3
+    assert report["generated"]["dtype"] == "int64" and len(report["generated"]["shape"]) == 1
+    assert report["losses"]["policy_loss"] and report["losses"]["critic_loss"]
+    assert list(empty_dir.iterdir()) == []
+
+
+def test_json_stdout_is_one_object_and_dir_stays_empty(empty_dir):
+    proc, report = run_json([sys.executable, str(SMOKE), "--device", "auto", "--train-smoke", "--json"], empty_dir)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert report["status"] == "ok" and report["device"] == "cpu"
+    assert report["parameters"]["trainable_changed"] > 0 and report["parameters"]["frozen_changed"] == 0
+    assert report["generated"]["shape"] == report["generated"]["expected_shape"]
+    # json.loads above accepted the whole stdout: nothing else (library prints, bars) reached it
+    assert "rlhf training complete" not in proc.stdout and "policy_loss:" not in proc.stdout
+    assert list(empty_dir.iterdir()) == []
+
+
+def test_installed_console_script(empty_dir):
+    exe = BIN / "tiny-rlhf-smoke"
+    assert exe.exists(), "install the package first: pip install '.[test]'"
+    proc, report = run_json([str(exe), "--device", "auto", "--train-smoke", "--json"], empty_dir)
+    assert proc.returncode == 0 and report["status"] == "ok", proc.stderr[-2000:]
+    assert report["parameters"]["trainable_changed"] > 0 and report["parameters"]["frozen_changed"] == 0
+    assert list(empty_dir.iterdir()) == []
+
+
+def test_construct_only(smoke, capsys, monkeypatch, empty_dir):
+    code, report = run_inprocess(smoke, capsys, monkeypatch, empty_dir, "--construct-only")
+    assert code == 0 and report["mode"] == "construct-only"
+    assert report["timings_s"]["update"] is None and report["generated"] is None
+    assert report["parameters"]["trainable_total"] > 0 and report["parameters"]["trainable_changed"] is None
+
+
+@pytest.mark.parametrize("style", ["token-ids", "text", "file"])
+def test_prompt_styles(smoke, capsys, monkeypatch, empty_dir, style):
+    code, report = run_inprocess(smoke, capsys, monkeypatch, empty_dir, "--prompt-style", style)
+    assert code == 0, [c for c in report["checks"] if not c["passed"]]
+    prompts = report["prompts"]
+    assert prompts["style"] == style and prompts["count"] >= 4
+    if style != "token-ids":
+        assert prompts["count"] == 12  # the shipped prompts file: a dozen prompts
+        # 'file' reads the file through prompts_path: the library splits on '\n', so the file's
+        # trailing newline arrives as one empty prompt, which the tokenizer drops
+        assert prompts["dropped_empty"] == (1 if style == "file" else 0)
+
+
+def test_prompts_file_is_utf8_with_non_ascii():
+    text = (REPO / "sub-skills/policy-optimization/assets/prompts.txt").read_text(encoding="utf-8")
+    lines = text.splitlines()
+    assert len(lines) == 12 and all(lines) and any(not line.isascii() for line in lines)
+    assert text.endswith("\n")
+
+
+def test_byte_tokenizer_pads_right_and_never_uses_pad_id(smoke):
+    tok = smoke.ByteTokenizer()
+    ids = tok(["ab", "", "é"])
+    assert ids.dtype.is_floating_point is False and tuple(ids.shape) == (2, 2)
+    assert ids.tolist() == [[ord("a") + 1, ord("b") + 1], [0xC3 + 1, 0xA9 + 1]]
+    assert tok.dropped_empty == 1
+
+
+def test_forced_failed_check_exits_1(empty_dir):
+    # one rollout means one PPO optimizer step: AdoptAtan2 moves nothing on its first step
+    proc, report = run_json([sys.executable, str(SMOKE), "--rollouts", "1", "--json"], empty_dir)
+    assert proc.returncode == 1 and report["status"] == "failed"
+    failed = {c["name"] for c in report["checks"] if not c["passed"]}
+    assert {"actor_lora_changed", "optimizer_steps"} <= failed
+
+
+def test_cuda_without_cuda_exits_2_with_one_line(empty_dir):
+    proc = run([sys.executable, str(SMOKE), "--device", "cuda"], empty_dir)
+    assert proc.returncode == 2
+    assert proc.stdout == "" and len(proc.stderr.strip().splitlines()) == 1
+    assert "CUDA is not available" in proc.stderr and "--device cpu" in proc.stderr
+
+
+@pytest.mark.parametrize("argv", [["--bogus"], ["--device", "tpu"], ["--construct-only", "--train-smoke"],
+                                  ["--trainer", "ppo", "--grpo-variant", "spo"], ["--rollouts", "0"]])
+def test_usage_errors_are_one_line_exit_2_without_torch(empty_dir, argv):
+    proc = run([sys.executable, "-X", "importtime", str(SMOKE), *argv], empty_dir)
+    assert proc.returncode == 2, proc.stderr[-1000:]
+    errors = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
+    assert len(errors) == 1 and "error:" in errors[0], errors
+    if argv != ["--device", "tpu"]:  # the device is resolved after the (timed) torch import
+        assert not any(line.rstrip().endswith("| torch") for line in proc.stderr.splitlines())
+
+
+def test_help_does_not_import_torch(empty_dir):
+    proc = run([sys.executable, "-X", "importtime", str(SMOKE), "--help"], empty_dir)
+    assert proc.returncode == 0 and "--trainer" in proc.stdout and "exit codes" in proc.stdout
+    assert not any(line.rstrip().endswith("| torch") for line in proc.stderr.splitlines())
+
+
+def test_missing_library_exits_3(smoke, monkeypatch, capsys):
+    rt = sys.modules["skill_runtime"]
+    monkeypatch.setattr(rt, "installed_version",
+                        lambda dist: None if dist == "palm-rlhf-pytorch" else "9.9")
+    assert rt.run_cli(smoke.main, ["--json"]) == 3
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "pip install 'palm-rlhf-pytorch>=0.8.0,<0.9'" in err
+
+
+def test_untested_version_exits_3_unless_allowed(smoke, monkeypatch, capsys, empty_dir):
+    rt = sys.modules["skill_runtime"]
+    real = rt.installed_version
+    monkeypatch.setattr(rt, "installed_version",
+                        lambda dist: "0.9.1" if dist == "palm-rlhf-pytorch" else real(dist))
+    assert rt.run_cli(smoke.main, ["--construct-only"]) == 3
+    assert "--allow-untested" in capsys.readouterr().err
+    monkeypatch.chdir(empty_dir)
+    assert rt.run_cli(smoke.main, ["--construct-only", "--json", "--allow-untested", "--device", "cpu"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["warnings"] and "outside the tested range" in report["warnings"][0]
