@@ -149,3 +149,14 @@ def test_untested_version_exits_3_unless_allowed(smoke, monkeypatch, capsys, emp
     assert rt.run_cli(smoke.main, ["--construct-only", "--json", "--allow-untested", "--device", "cpu"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["warnings"] and "outside the tested range" in report["warnings"][0]
+
+
+def test_documented_exit_codes_and_range_match_runtime(smoke):
+    rt = sys.modules["skill_runtime"]
+    doc = (REPO / "references/installation.md").read_text(encoding="utf-8")
+    record = rt.load_api_record()
+    assert f"`{record['supported']}`" in doc and record["tested_version"] in doc
+    for code in (rt.EXIT_OK, rt.EXIT_CHECK_FAILED, rt.EXIT_USAGE, rt.EXIT_DEPENDENCY):
+        assert f"| {code} |" in doc
+    pyproject = (REPO / "pyproject.toml").read_text(encoding="utf-8")
+    assert f'"palm-rlhf-pytorch{record["supported"]}"' in pyproject, "pyproject range != api_record.json"
