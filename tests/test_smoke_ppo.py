@@ -160,3 +160,18 @@ def test_documented_exit_codes_and_range_match_runtime(smoke):
         assert f"| {code} |" in doc
     pyproject = (REPO / "pyproject.toml").read_text(encoding="utf-8")
     assert f'"palm-rlhf-pytorch{record["supported"]}"' in pyproject, "pyproject range != api_record.json"
+
+
+@pytest.mark.parametrize("extra, failed_check", [
+    ({"partition_function_hidden_dim": 768}, "update_ran"),      # library fails at the first update
+    ({"no_such_argument": 1}, "trainer_constructed"),            # library rejects the constructor call
+])
+def test_library_failures_become_failed_checks(smoke, capsys, monkeypatch, empty_dir, extra, failed_check):
+    import dataclasses
+    monkeypatch.setitem(smoke.TRAINERS, "flowrl", dataclasses.replace(smoke.TRAINERS["flowrl"], extra=extra))
+    code, report = run_inprocess(smoke, capsys, monkeypatch, empty_dir, "--trainer", "flowrl")
+    assert code == 1 and report["status"] == "failed"
+    failed = [c for c in report["checks"] if not c["passed"]]
+    assert [c["name"] for c in failed] == [failed_check], failed
+    assert "\n" not in failed[0]["detail"] and "Error" in failed[0]["detail"]
+    assert list(empty_dir.iterdir()) == []

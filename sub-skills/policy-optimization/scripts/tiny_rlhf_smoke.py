@@ -267,8 +267,14 @@ def run_trainer(name: str, args, device_kwargs: dict, device, variants: list[str
             for variant in variants:
                 kwargs.update(GRPO_VARIANTS[variant])
         trainer_cls = getattr(importlib.import_module(spec.module), spec.class_name)
-        with rt.capture_library_output():
-            trainer = trainer_cls(**kwargs)
+        try:
+            with rt.capture_library_output():
+                trainer = trainer_cls(**kwargs)
+        except Exception as exc:  # the library's failure is this smoke's finding, not a crash
+            result["timings_s"] = {"construct": None, "update": None, "generate": None}
+            result.update(parameters=None, optimizer_steps=None, losses=None, generated=None)
+            checks.add("trainer_constructed", False, one_line(exc))
+            return finish(result, checks)
         # the trainer registers prompt ids as a buffer of its own (not prepared by Accelerate)
         trainer.prompt_token_ids = trainer.prompt_token_ids.to(device)
 
@@ -320,7 +326,7 @@ def run_trainer(name: str, args, device_kwargs: dict, device, variants: list[str
                               max_seq_len=max_seq_len)
             error = None
         except Exception as exc:  # the library's failure is this smoke's finding, not a crash
-            error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            error = one_line(exc)
     hook.remove()
     result["timings_s"]["update"] = timer.stages["update"]
     if args.verbose:
@@ -374,9 +380,15 @@ def run_trainer(name: str, args, device_kwargs: dict, device, variants: list[str
     prompt = trainer.prompt_token_ids[0]
     prompt = prompt[prompt != PAD_ID]
     with timer.stage("generate"):
-        with rt.capture_library_output():
-            sequence = trainer.generate(max_seq_len, prompt=prompt, num_samples=NUM_GENERATE_SAMPLES)
+        try:
+            with rt.capture_library_output():
+                sequence = trainer.generate(max_seq_len, prompt=prompt, num_samples=NUM_GENERATE_SAMPLES)
+        except Exception as exc:
+            sequence = None
+            checks.add("generated_sequence", False, f"trainer.generate raised {one_line(exc)}")
     result["timings_s"]["generate"] = timer.stages["generate"]
+    if sequence is None:
+        return finish(result, checks)
     expected_len = max(max_seq_len, prompt.shape[0] + 1)
     result["generated"] = {"shape": list(sequence.shape), "dtype": str(sequence.dtype).replace("torch.", ""),
                            "expected_shape": [expected_len], "prompt_len": int(prompt.shape[0])}
@@ -387,6 +399,12 @@ def run_trainer(name: str, args, device_kwargs: dict, device, variants: list[str
                f"shape {tuple(sequence.shape)} (prompt {prompt.shape[0]} + sampled), {sequence.dtype}, "
                f"ids in [0, {TINY_PALM['num_tokens']}): {in_vocab}, starts with the prompt")
     return finish(result, checks)
+
+
+def one_line(exc: BaseException) -> str:
+    """``Type: first line of message`` for reporting a library exception inside a check."""
+    text = f"{type(exc).__name__}: {exc}".strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def finish(result: dict[str, Any], checks: rt.Checks) -> dict[str, Any]:
