@@ -18,8 +18,13 @@ from palm_rlhf_skill import __version__
 SMOKE_SCRIPT = "sub-skills/policy-optimization/scripts/tiny_rlhf_smoke.py"
 
 # name -> (kind, target, help). kind "script": a skill-tree script run by path;
-# kind "module": a module of this package with main(argv) -> int.
+# kind "module": a module of this package with main(argv) -> int ("module:function" names
+# another function with that signature).
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
+    "install": ("module", "palm_rlhf_skill.install", "copy the skill tree into an agent's skills folder"),
+    "uninstall": ("module", "palm_rlhf_skill.install:uninstall_main", "remove an installed copy"),
+    "list": ("module", "palm_rlhf_skill.install:list_main", "show where copies are installed"),
+    "doctor": ("module", "palm_rlhf_skill.doctor", "check that this environment can run the trainers"),
 }
 
 
@@ -66,4 +71,5 @@ def main(argv: list[str] | None = None) -> int:
     kind, target, _ = SUBCOMMANDS[argv[0]]
     if kind == "script":
         return run_script(target, f"palm-rlhf-skill {argv[0]}", argv[1:])
-    return importlib.import_module(target).main(argv[1:])
+    module, _, function = target.partition(":")
+    return getattr(importlib.import_module(module), function or "main")(argv[1:])

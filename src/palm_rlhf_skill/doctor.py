@@ -1,0 +1,363 @@
+"""``palm-rlhf-skill doctor [--json]``: is this environment fit to run the palm-rlhf-pytorch trainers?
+
+Checks, each with a verdict (ok, warn, fail, missing, skipped) and how to fix it:
+
+    python         the interpreter against this package's Requires-Python
+    library        palm-rlhf-pytorch and torch through the helpers' own version gate
+                   (scripts/skill_runtime.py check_versions, range in scripts/api_record.json)
+    dependencies   every requirement palm-rlhf-pytorch and this package declare, installed version
+                   against the declared specifier
+    torch          build (CPU or CUDA version), CUDA available, device names, bf16 support
+    accelerate     what Accelerator() gets in a plain ``python`` process (reads ACCELERATE_USE_CPU),
+                   and what ``accelerate launch`` would start (its config file, else its defaults)
+    tqdm           whether TQDM_DISABLE is set, and what tqdm makes of it
+    memory         available memory (MemAvailable in /proc/meminfo), MiB
+    disk           free disk in the working directory and the temporary directory, MiB
+
+Exit codes: 0 fit (warnings allowed); 1 something must change (a fail); 3 a dependency is missing,
+or palm-rlhf-pytorch is outside the tested range (the helpers' exit 3); 2 usage error.
+``--help`` and usage errors answer without importing torch.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import shutil
+import sys
+import tempfile
+from importlib import metadata
+from typing import Any
+
+from palm_rlhf_skill.runtime import skill_runtime
+
+rt = skill_runtime()
+
+# The tiny smoke's peak resident memory, measured with /usr/bin/time -v on the 2.13.0 CPU build:
+# 346 MiB for the PPO train smoke, 350 MiB for --trainer all. The floors leave about 3x headroom.
+MIN_MEMORY_MIB = 1024
+# The helpers write checkpoints and TPO's memmap replay buffer in a private temporary directory.
+MIN_DISK_MIB = 512
+OWN_DISTRIBUTION = "palm-rlhf-skill"
+
+EXIT_FIT, EXIT_MUST_CHANGE, EXIT_MISSING = 0, 1, 3
+VERDICT_EXIT = {"ok": EXIT_FIT, "warn": EXIT_FIT, "skipped": EXIT_FIT, "fail": EXIT_MUST_CHANGE,
+                "missing": EXIT_MISSING}
+STATUS_WORD = {EXIT_FIT: "fit", EXIT_MUST_CHANGE: "must-change", EXIT_MISSING: "missing"}
+
+EPILOG = """examples:
+  palm-rlhf-skill doctor            # one line per check on stderr, with how to fix it
+  palm-rlhf-skill doctor --json     # one JSON object on stdout
+
+exit codes: 0 fit (warnings allowed); 1 something must change; 2 usage error;
+3 a dependency is missing, or palm-rlhf-pytorch is outside the tested range"""
+
+
+def _check(name: str, status: str, detail: str, fix: str = "") -> dict[str, str]:
+    return {"name": name, "status": status, "detail": detail, "fix": fix}
+
+
+def _mib(n_bytes: int | float) -> int:
+    return int(n_bytes // (1024 * 1024))
+
+
+def python_check(record: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The interpreter against this package's Requires-Python (from its installed metadata)."""
+    from packaging.specifiers import SpecifierSet
+
+    version = ".".join(map(str, sys.version_info[:3]))
+    try:
+        requires = metadata.metadata(OWN_DISTRIBUTION).get("Requires-Python")
+    except metadata.PackageNotFoundError:
+        requires = None
+    tested = record.get("tested_with", {}).get("python")
+    info = {"version": version, "executable": sys.executable, "requires": requires, "tested": tested}
+    detail = f"Python {version} (requires {requires or 'unknown'}; tested {tested})"
+    if requires and version not in SpecifierSet(requires):
+        return info, _check("python", "fail", detail, f"use a Python that satisfies {requires}")
+    return info, _check("python", "ok", detail)
+
+
+def library_check() -> tuple[dict[str, Any], dict[str, str]]:
+    """palm-rlhf-pytorch and torch through the helpers' version gate (missing or out of range: 3)."""
+    try:
+        gate = rt.check_versions(allow_untested=False)
+    except rt.SkillError as err:
+        message = str(err)
+        fix = message.rpartition(": ")[2] or message
+        status = "missing" if err.exit_code == rt.EXIT_DEPENDENCY else "fail"
+        return {"error": message}, _check("library", status, message.rpartition(": ")[0] or message, fix)
+    versions, tested = gate["versions"], gate["tested"]
+    detail = (f"palm-rlhf-pytorch {versions['palm-rlhf-pytorch']} in {tested['supported']} "
+              f"(tested {tested['palm-rlhf-pytorch']}), torch {versions['torch']}")
+    return gate, _check("library", "ok", detail)
+
+
+def declared_requirements() -> dict[str, dict[str, Any]]:
+    """Requirements that palm-rlhf-pytorch and this package declare (extras left out), merged by
+    normalized name: ``{name: {"specifier": SpecifierSet, "required_by": [...]}}``."""
+    from packaging.requirements import Requirement
+    from packaging.specifiers import SpecifierSet
+    from packaging.utils import canonicalize_name
+
+    merged: dict[str, dict[str, Any]] = {}
+    for dist in (rt.load_api_record()["library"], OWN_DISTRIBUTION):
+        try:
+            lines = metadata.requires(dist) or []
+        except metadata.PackageNotFoundError:
+            continue
+        for line in lines:
+            req = Requirement(line)
+            if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+                continue
+            entry = merged.setdefault(canonicalize_name(req.name),
+                                      {"specifier": SpecifierSet(), "required_by": []})
+            entry["specifier"] &= req.specifier
+            entry["required_by"].append(dist)
+    return merged
+
+
+def dependencies_check(record: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Each declared requirement installed, in its declared range (missing: 3; out of range: 1).
+
+    palm-rlhf-pytorch itself is left to the version gate (``library``)."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.utils import canonicalize_name
+
+    library = canonicalize_name(record["library"])
+    tested = {canonicalize_name(k): v for k, v in record.get("tested_with", {}).items()}
+    packages, missing, outside = {}, [], []
+    for name, entry in sorted(declared_requirements().items()):
+        if name == library:
+            continue
+        spec, installed = entry["specifier"], rt.installed_version(name)
+        packages[name] = {"installed": installed, "required": str(spec) or "any",
+                          "required_by": entry["required_by"], "tested": tested.get(name)}
+        if installed is None:
+            missing.append(f"{name}{spec}")
+        elif installed not in SpecifierSet(str(spec), prereleases=True):
+            outside.append(f"{name}{spec}")
+            packages[name]["problem"] = f"{installed} is outside {spec}"
+    if not packages:
+        return packages, _check("dependencies", "missing", f"{record['library']} is not installed, "
+                                "so its requirements are unknown", "see the library check")
+    wanted = missing + outside
+    fix = "pip install " + " ".join(f"'{w}'" for w in wanted)
+    if any(w.startswith("torch") and not w.startswith("torch-") for w in wanted):
+        fix = ("install torch first (pip install torch==2.13.0 for the CPU build, or a CUDA build "
+               "from https://pytorch.org), then " + fix)
+    if missing:
+        return packages, _check("dependencies", "missing", "not installed: " + ", ".join(missing), fix)
+    if outside:
+        detail = "; ".join(f"{n}: {p['problem']}" for n, p in packages.items() if "problem" in p)
+        return packages, _check("dependencies", "fail", detail, fix)
+    return packages, _check("dependencies", "ok", f"{len(packages)} declared requirements installed "
+                            "and in range")
+
+
+def torch_check() -> tuple[dict[str, Any], dict[str, str]]:
+    """torch's build, CUDA devices (name, compute capability, memory in MiB, native bf16) and
+    whether bfloat16 math runs on the CPU. Not installed: skipped (the library check says so)."""
+    if rt.installed_version("torch") is None:
+        return {}, _check("torch", "skipped", "torch is not installed", "see the library check")
+    try:
+        with rt.capture_library_output():
+            import torch
+    except Exception as err:  # a broken install: missing shared libraries, ABI mismatch
+        return {"error": repr(err)}, _check("torch", "fail", f"import torch failed: {err}",
+                                            "reinstall torch: pip install --force-reinstall torch==2.13.0")
+    cuda = torch.cuda.is_available()
+    devices = []
+    for index in range(torch.cuda.device_count() if cuda else 0):
+        free, total = torch.cuda.mem_get_info(index)
+        with torch.cuda.device(index):
+            bf16 = torch.cuda.is_bf16_supported(including_emulation=False)
+        devices.append({"index": index, "name": torch.cuda.get_device_name(index),
+                        "capability": ".".join(map(str, torch.cuda.get_device_capability(index))),
+                        "total_mib": _mib(total), "free_mib": _mib(free), "bf16": bool(bf16)})
+    try:
+        ones = torch.ones(2, 2, dtype=torch.bfloat16)
+        cpu_bf16 = (ones @ ones).sum().item() == 8.0
+    except RuntimeError:
+        cpu_bf16 = False
+    info = {"version": torch.__version__, "build": f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU",
+            "cuda_available": cuda, "device_count": len(devices), "devices": devices,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_bf16": cpu_bf16,
+            "auto_device": "cuda" if cuda else "cpu"}
+    names = ", ".join(f"{d['name']} (bf16 {'yes' if d['bf16'] else 'no'})" for d in devices)
+    detail = (f"torch {info['version']}, {info['build']} build, "
+              + (f"CUDA available: {names}" if cuda else "CUDA not available: --device auto uses the CPU")
+              + f"; CPU bf16 {'runs' if cpu_bf16 else 'fails'}")
+    if torch.version.cuda and not cuda:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        hint = f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
+        return info, _check("torch", "warn", detail + f"; a CUDA build that sees no GPU{hint}",
+                            "check the NVIDIA driver (nvidia-smi) and CUDA_VISIBLE_DEVICES, or use --device cpu")
+    return info, _check("torch", "ok", detail)
+
+
+def accelerate_check(torch_info: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """What the trainers' ``Accelerator()`` gets in a plain ``python`` process (it reads
+    ACCELERATE_USE_CPU and ACCELERATE_MIXED_PRECISION), and what ``accelerate launch`` would start.
+
+    ``accelerate launch`` without a config file starts one process per CUDA device (MULTI_GPU)
+    when more than one is visible, else one process (accelerate/commands/launch.py,
+    ``_validate_launch_command``). Accelerate's process-wide state is reset afterwards when this
+    call created it.
+    """
+    use_cpu = os.environ.get("ACCELERATE_USE_CPU")
+    info: dict[str, Any] = {"ACCELERATE_USE_CPU": use_cpu,
+                            "ACCELERATE_MIXED_PRECISION": os.environ.get("ACCELERATE_MIXED_PRECISION")}
+    if rt.installed_version("accelerate") is None or not torch_info.get("version"):
+        return info, _check("accelerate", "skipped", "accelerate or torch is not installed",
+                            "see the dependencies check")
+    with rt.capture_library_output():
+        from accelerate import Accelerator
+        from accelerate.commands.config.config_args import default_config_file, load_config_from_file
+        from accelerate.state import AcceleratorState, GradientState, PartialState
+    fresh = not PartialState._shared_state and not AcceleratorState._shared_state
+    try:
+        with rt.capture_library_output():
+            state = Accelerator().state
+        info.update({"distributed_type": state.distributed_type.value, "device": str(state.device),
+                     "num_processes": state.num_processes, "mixed_precision": state.mixed_precision})
+    except (ValueError, RuntimeError) as err:
+        return info, _check("accelerate", "fail", f"Accelerator() fails here: {err}",
+                            "fix or unset ACCELERATE_USE_CPU / ACCELERATE_MIXED_PRECISION (ACCELERATE_USE_CPU "
+                            "takes 1/0, true/false, yes/no, on/off)")
+    finally:
+        if fresh:
+            AcceleratorState._reset_state(reset_partial_state=True)
+            GradientState._reset_state()
+    launch: dict[str, Any] = {"config_file": None}
+    try:
+        if os.path.isfile(default_config_file):
+            config = load_config_from_file(None)
+            launch = {"config_file": default_config_file, "distributed_type": str(config.distributed_type.value),
+                      "num_processes": config.num_processes, "mixed_precision": config.mixed_precision}
+        else:
+            count = torch_info.get("device_count", 0)
+            launch.update({"distributed_type": "MULTI_GPU" if count > 1 else "NO",
+                           "num_processes": count if count > 1 else 1})
+    except Exception as err:  # a config file accelerate itself cannot read
+        info["launch"] = {"config_file": default_config_file, "error": str(err)}
+        return info, _check("accelerate", "fail", f"accelerate's config file is unreadable: {err}",
+                            f"fix it with `accelerate config`, or remove {default_config_file}")
+    info["launch"] = launch
+    detail = (f"python: {info['distributed_type']} on {info['device']}; accelerate launch: "
+              f"{launch['distributed_type']} x{launch['num_processes']}"
+              + (f" (config {launch['config_file']})" if launch["config_file"] else " (no config file)"))
+    if info["device"].startswith("cpu") and torch_info.get("cuda_available"):
+        return info, _check("accelerate", "warn", detail + f"; ACCELERATE_USE_CPU={use_cpu!r} keeps "
+                            "Accelerate on the CPU although CUDA is available",
+                            "unset ACCELERATE_USE_CPU to train on the GPU, or pass --device cpu to the helpers")
+    return info, _check("accelerate", "ok", detail)
+
+
+def tqdm_check() -> tuple[dict[str, Any], dict[str, str]]:
+    """TQDM_DISABLE as tqdm reads it: tqdm converts the value with the type of ``disable``'s
+    default (``bool``), so any non-empty value, ``0`` and ``false`` included, turns the bars off."""
+    value = os.environ.get("TQDM_DISABLE")
+    disabled = None
+    if rt.installed_version("tqdm") is not None:
+        from tqdm import tqdm
+        bar = tqdm(total=1, file=io.StringIO())
+        disabled = bool(bar.disable)
+        bar.close()
+    info = {"TQDM_DISABLE": value, "bars_disabled": disabled}
+    if value is None:
+        return info, _check("tqdm", "ok", "TQDM_DISABLE is not set: the trainers draw progress bars on "
+                            "stderr", "")
+    if disabled and value.strip().lower() in ("0", "false", "no", "off"):
+        return info, _check("tqdm", "warn", f"TQDM_DISABLE={value!r} turns the bars OFF: tqdm reads "
+                            "any non-empty value as true", "unset TQDM_DISABLE to see progress bars")
+    state = "off" if disabled else "on"
+    return info, _check("tqdm", "ok", f"TQDM_DISABLE={value!r}: progress bars are {state}")
+
+
+def available_memory_mib() -> int | None:
+    """MemAvailable from /proc/meminfo in MiB; else free physical pages (os.sysconf); else None."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) // 1024  # kB
+    except OSError:
+        pass
+    try:
+        return _mib(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def resources_checks() -> tuple[dict[str, Any], list[dict[str, str]]]:
+    """Available memory and free disk in the working and the temporary directory, in MiB."""
+    memory = available_memory_mib()
+    places = {"cwd": os.getcwd(), "tmp": tempfile.gettempdir()}
+    disk = {key: {"path": path, "free_mib": _mib(shutil.disk_usage(path).free)} for key, path in places.items()}
+    info = {"memory_available_mib": memory, "min_memory_mib": MIN_MEMORY_MIB, "disk": disk,
+            "min_disk_mib": MIN_DISK_MIB}
+    if memory is None:
+        mem = _check("memory", "warn", "available memory is unknown on this system", "")
+    elif memory < MIN_MEMORY_MIB:
+        mem = _check("memory", "fail", f"{memory} MiB available, below {MIN_MEMORY_MIB} MiB",
+                     "close other programs or use a machine with more memory")
+    else:
+        mem = _check("memory", "ok", f"{memory} MiB available (floor {MIN_MEMORY_MIB} MiB)")
+    low = [f"{d['path']} has {d['free_mib']} MiB free" for d in disk.values() if d["free_mib"] < MIN_DISK_MIB]
+    detail = ", ".join(f"{key} {d['free_mib']} MiB free ({d['path']})" for key, d in disk.items())
+    if low:
+        dsk = _check("disk", "fail", "; ".join(low) + f", below {MIN_DISK_MIB} MiB",
+                     "free disk space, or point TMPDIR at a larger disk")
+    else:
+        dsk = _check("disk", "ok", f"{detail} (floor {MIN_DISK_MIB} MiB)")
+    return info, [mem, dsk]
+
+
+def diagnose() -> dict[str, Any]:
+    """Run every check; the report that ``--json`` prints (see the module docstring)."""
+    record = rt.load_api_record()
+    python_info, python = python_check(record)
+    library_info, library = library_check()
+    packages, dependencies = dependencies_check(record)
+    torch_info, torch_ = torch_check()
+    accelerate_info, accelerate = accelerate_check(torch_info)
+    tqdm_info, tqdm_ = tqdm_check()
+    resources, resource_checks = resources_checks()
+    checks = [python, library, dependencies, torch_, accelerate, tqdm_, *resource_checks]
+    exit_code = max(VERDICT_EXIT[c["status"]] for c in checks)
+    return {"status": STATUS_WORD[exit_code], "exit_code": exit_code, "python": python_info,
+            "library": library_info, "packages": packages, "torch": torch_info,
+            "accelerate": accelerate_info, "tqdm": tqdm_info, "resources": resources,
+            "tested": {"supported": record["supported"], "tested_version": record["tested_version"],
+                       "tested_with": record.get("tested_with", {})},
+            "checks": checks}
+
+
+def summary(report: dict[str, Any]) -> str:
+    """One line per check, a fix line under each that is not ok, and the verdict."""
+    lines = []
+    for check in report["checks"]:
+        lines.append(f"{check['status']:<8} {check['name']:<13} {check['detail']}")
+        if check["fix"] and check["status"] != "ok":
+            lines.append(f"{'':<8} {'':<13} fix: {check['fix']}")
+    lines.append(f"verdict: {report['status']} (exit {report['exit_code']})")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``palm-rlhf-skill doctor [--json]``; returns the exit code (0 fit, 1 must change, 3 missing)."""
+    parser = rt.OneLineParser(
+        prog="palm-rlhf-skill doctor", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Check that this environment can run the palm-rlhf-pytorch trainers: Python,\n"
+                    "palm-rlhf-pytorch and its dependencies against the tested range, torch's build\n"
+                    "and devices, Accelerate's view, TQDM_DISABLE, free memory and disk.")
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    args = parser.parse_args(argv)
+
+    def run(_: list[str] | None) -> int:
+        report = diagnose()
+        rt.emit(report, args.json, summary)
+        return report["exit_code"]
+
+    return rt.run_cli(run)

@@ -1,0 +1,302 @@
+"""``palm-rlhf-skill install | uninstall | list``: put the skill tree where coding agents look.
+
+The installed package carries the skill tree (root ``SKILL.md``, ``sub-skills/``, ``references/``,
+``scripts/``, ``LICENSE``); ``install`` copies it into ``<skills dir>/palm-rlhf-pytorch/``, the
+folder named after the skill as the Agent Skills spec requires. Skills directories:
+
+    claude   .claude/skills   (Claude Code)
+    agents   .agents/skills   (the cross-client location other agents read)
+    PATH     that directory   (a value with a path separator, or starting with '.' or '~')
+
+``--scope project`` (default) puts it under the current directory, ``--scope user`` under the home
+directory; a relative PATH is taken from the same base. The copy is self-sufficient: its scripts
+import ``scripts/skill_runtime.py`` by path and need only palm-rlhf-pytorch, not this package.
+Nothing here imports torch.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from palm_rlhf_skill.cli import skill_root
+from palm_rlhf_skill.runtime import skill_runtime
+
+rt = skill_runtime()
+
+SKILL_ITEMS = ("SKILL.md", "LICENSE", "references", "scripts", "sub-skills")
+TARGETS = {"claude": Path(".claude") / "skills", "agents": Path(".agents") / "skills"}
+SCOPES = ("project", "user")
+
+EXIT_DONE = 0      # installed, replaced, already identical, removed, listed
+EXIT_REFUSED = 1   # a different copy is in the way (install) or no copy is there (uninstall)
+EXIT_USAGE = 2     # bad arguments, unknown target, or a destination that cannot be written
+
+TARGET_HELP = ("claude (.claude/skills), agents (.agents/skills), or a skills directory PATH "
+               "(contains a path separator or starts with '.' or '~'); default: claude")
+SCOPE_HELP = "base of the skills directory: project = current directory (default), user = home"
+
+
+def skill_name(tree: Path) -> str:
+    """The ``name`` in ``tree/SKILL.md``'s frontmatter (the folder the copy goes into).
+
+    Raises SkillError(exit 2) when the file or the field is missing.
+    """
+    try:
+        text = (tree / "SKILL.md").read_text(encoding="utf-8")
+    except OSError as err:
+        raise rt.SkillError(f"cannot read {tree / 'SKILL.md'}: {err.strerror}") from None
+    front = re.match(r"---\r?\n(.*?)\r?\n---", text, re.DOTALL)
+    name = re.search(r"^name:\s*['\"]?([^'\"\s]+)", front.group(1), re.MULTILINE) if front else None
+    if name is None:
+        raise rt.SkillError(f"{tree / 'SKILL.md'} has no frontmatter 'name'")
+    return name.group(1)
+
+
+def skills_dir(target: str, scope: str) -> Path:
+    """The skills directory for ``--target`` and ``--scope`` (absolute; not created).
+
+    Raises SkillError(exit 2) for a target that is neither claude, agents nor a path, and when
+    the user scope is asked for but no home directory is known.
+    """
+    try:
+        base = Path.home() if scope == "user" else Path.cwd()
+    except (RuntimeError, KeyError):
+        raise rt.SkillError("--scope user: no home directory (set HOME)") from None
+    if target in TARGETS:
+        return base / TARGETS[target]
+    separators = [sep for sep in (os.sep, os.altsep) if sep]
+    if not (any(sep in target for sep in separators) or target.startswith((".", "~"))):
+        raise rt.SkillError(f"unknown target {target!r}: use claude, agents, or a skills "
+                            f"directory path such as ./{target}")
+    path = Path(target).expanduser()
+    return path if path.is_absolute() else base / path
+
+
+def _ignored(relative: Path) -> bool:
+    """Byte-code caches are never copied nor compared (running a script writes them)."""
+    return "__pycache__" in relative.parts or relative.suffix == ".pyc"
+
+
+def tree_files(root: Path, items: tuple[str, ...] | None = None) -> dict[str, str]:
+    """``{relative posix path: sha256}`` of every file under ``root`` (only ``items`` when given),
+    skipping ``__pycache__`` and ``*.pyc``; items that do not exist are skipped."""
+    tops = [root / item for item in items] if items else [root]
+    files: dict[str, str] = {}
+    for top in tops:
+        paths = [top] if top.is_file() else sorted(top.rglob("*")) if top.is_dir() else []
+        for path in paths:
+            relative = path.relative_to(root)
+            if path.is_file() and not _ignored(relative):
+                files[relative.as_posix()] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return files
+
+
+def describe_difference(wanted: dict[str, str], found: dict[str, str]) -> str:
+    """A short account of how an installed copy differs from this package's tree."""
+    changed = sum(1 for name in wanted.keys() & found.keys() if wanted[name] != found[name])
+    missing, extra = len(wanted.keys() - found.keys()), len(found.keys() - wanted.keys())
+    return f"{changed} changed, {missing} missing, {extra} extra file(s)"
+
+
+def _copy_tree(source: Path, staging: Path) -> None:
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for item in SKILL_ITEMS:
+        path = source / item
+        if path.is_dir():
+            shutil.copytree(path, staging / item, ignore=ignore)
+        elif path.is_file():
+            shutil.copy2(path, staging / item)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
+def install(target: str, scope: str, force: bool) -> tuple[str, Path, int]:
+    """Copy the packaged skill tree into ``<skills dir>/<skill name>``.
+
+    Returns ``(outcome, destination, file count)`` with outcome ``installed``, ``replaced`` or
+    ``up-to-date`` (an identical copy is left alone). The new copy is assembled in a hidden
+    sibling folder and renamed into place, so a failed copy never leaves half a skill behind.
+    Raises SkillError: exit 1 when a different copy (or any other file) is in the way and
+    ``force`` is False; exit 2 for a bad target or a destination that cannot be written.
+    """
+    source = skill_root()
+    name = skill_name(source)
+    dest = skills_dir(target, scope) / name
+    wanted = tree_files(source, SKILL_ITEMS)
+    exists = dest.exists() or dest.is_symlink()
+    if exists:
+        if dest.is_dir() and not dest.is_symlink() and tree_files(dest) == wanted:
+            return "up-to-date", dest, len(wanted)
+        if not force:
+            found = tree_files(dest) if dest.is_dir() else {}
+            what = (f"a different copy ({describe_difference(wanted, found)})" if dest.is_dir()
+                    else "a file that is not a folder")
+            raise rt.SkillError(f"{dest} already holds {what}: pass --force to replace it",
+                                EXIT_REFUSED)
+    staging = None
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{name}-new-", dir=dest.parent))
+        _copy_tree(source, staging)
+        umask = os.umask(0)
+        os.umask(umask)
+        staging.chmod(0o777 & ~umask)  # mkdtemp makes it private (0700); a skill folder is not
+        if exists:
+            old = Path(tempfile.mkdtemp(prefix=f".{name}-old-", dir=dest.parent))
+            os.replace(dest, old / name)
+            os.replace(staging, dest)
+            shutil.rmtree(old)
+        else:
+            os.replace(staging, dest)
+    except OSError as err:
+        where = err.filename or dest
+        raise rt.SkillError(f"cannot write {where}: {err.strerror or err}") from None
+    finally:
+        if staging is not None and staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return ("replaced" if exists else "installed"), dest, len(wanted)
+
+
+def uninstall(target: str, scope: str) -> Path:
+    """Remove ``<skills dir>/<skill name>``; return the removed path.
+
+    Refuses (SkillError exit 1) when nothing is there, or when the folder's SKILL.md does not
+    name this skill, so a mistyped PATH never deletes someone else's files.
+    """
+    name = skill_name(skill_root())
+    dest = skills_dir(target, scope) / name
+    if not (dest.exists() or dest.is_symlink()):
+        raise rt.SkillError(f"nothing to uninstall: {dest} does not exist", EXIT_REFUSED)
+    try:
+        found = skill_name(dest) if dest.is_dir() else None
+    except rt.SkillError:
+        found = None
+    if found != name:
+        raise rt.SkillError(f"{dest} is not a copy of the {name} skill (its SKILL.md does not "
+                            f"name {name}): remove it by hand if you mean to", EXIT_REFUSED)
+    try:
+        _remove(dest)
+    except OSError as err:
+        raise rt.SkillError(f"cannot remove {err.filename or dest}: {err.strerror or err}") from None
+    return dest
+
+
+def status(dest: Path, wanted: dict[str, str]) -> str:
+    """``up-to-date``, ``different`` or ``absent``: how ``dest`` compares with this package."""
+    if not (dest.exists() or dest.is_symlink()):
+        return "absent"
+    return "up-to-date" if dest.is_dir() and tree_files(dest) == wanted else "different"
+
+
+def locations(target: str | None, scope: str | None) -> list[tuple[str, str, Path]]:
+    """``(target, scope, skills dir)`` for ``list``: the ones asked for, by default all four
+    standard places (claude and agents, project and user)."""
+    targets = [target] if target else list(TARGETS)
+    scopes = [scope] if scope else list(SCOPES)
+    return [(t, s, skills_dir(t, s)) for t in targets for s in scopes]
+
+
+def _parser(command: str, description: str, epilog: str):
+    return rt.OneLineParser(prog=f"palm-rlhf-skill {command}", description=description,
+                            epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+INSTALL_EPILOG = """examples:
+  palm-rlhf-skill install                                # ./.claude/skills/palm-rlhf-pytorch
+  palm-rlhf-skill install --target claude --scope user   # ~/.claude/skills/palm-rlhf-pytorch
+  palm-rlhf-skill install --target agents                # ./.agents/skills/palm-rlhf-pytorch
+  palm-rlhf-skill install --target ./tools/skills --force
+
+exit codes: 0 installed, replaced, or an identical copy already there; 1 refused: a different
+copy is in the way (pass --force); 2 usage error, unknown target, or the destination cannot be
+written"""
+
+UNINSTALL_EPILOG = """examples:
+  palm-rlhf-skill uninstall                              # ./.claude/skills/palm-rlhf-pytorch
+  palm-rlhf-skill uninstall --target agents --scope user
+
+exit codes: 0 removed; 1 nothing installed there, or the folder is not this skill; 2 usage error
+or the folder cannot be removed"""
+
+LIST_EPILOG = """examples:
+  palm-rlhf-skill list                # claude and agents, project and user scope
+  palm-rlhf-skill list --target ./tools/skills --json
+
+status: up-to-date (same files as this package), different (another version or edited), absent
+exit codes: 0 listed; 2 usage error or unknown target"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``palm-rlhf-skill install [--target claude|agents|PATH] [--scope project|user] [--force]``."""
+    parser = _parser("install", "Copy the palm-rlhf-pytorch skill tree into an agent's skills\n"
+                     "directory, as <skills dir>/palm-rlhf-pytorch/.", INSTALL_EPILOG)
+    parser.add_argument("--target", default="claude", help=TARGET_HELP)
+    parser.add_argument("--scope", choices=SCOPES, default="project", help=SCOPE_HELP)
+    parser.add_argument("--force", action="store_true",
+                        help="replace a different copy that is already there")
+    args = parser.parse_args(argv)
+
+    def run(_: list[str] | None) -> int:
+        outcome, dest, count = install(args.target, args.scope, args.force)
+        if outcome == "up-to-date":
+            print(f"{dest}: already up to date ({count} files); nothing to do")
+        else:
+            print(f"{outcome} {dest} ({count} files)")
+        return EXIT_DONE
+
+    return rt.run_cli(run)
+
+
+def uninstall_main(argv: list[str] | None = None) -> int:
+    """``palm-rlhf-skill uninstall [--target claude|agents|PATH] [--scope project|user]``."""
+    parser = _parser("uninstall", "Remove an installed copy of the palm-rlhf-pytorch skill.",
+                     UNINSTALL_EPILOG)
+    parser.add_argument("--target", default="claude", help=TARGET_HELP)
+    parser.add_argument("--scope", choices=SCOPES, default="project", help=SCOPE_HELP)
+    args = parser.parse_args(argv)
+
+    def run(_: list[str] | None) -> int:
+        print(f"removed {uninstall(args.target, args.scope)}")
+        return EXIT_DONE
+
+    return rt.run_cli(run)
+
+
+def list_main(argv: list[str] | None = None) -> int:
+    """``palm-rlhf-skill list [--target ...] [--scope ...] [--json]``: where copies are installed."""
+    parser = _parser("list", "Show where the palm-rlhf-pytorch skill is installed and whether\n"
+                     "each copy matches this package.", LIST_EPILOG)
+    parser.add_argument("--target", help=TARGET_HELP.replace("; default: claude", "; default: "
+                                                             "claude and agents"))
+    parser.add_argument("--scope", choices=SCOPES, help="project or user; default: both")
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    args = parser.parse_args(argv)
+
+    def run(_: list[str] | None) -> int:
+        from palm_rlhf_skill import __version__
+        source = skill_root()
+        name, wanted = skill_name(source), tree_files(source, SKILL_ITEMS)
+        rows = [{"target": t, "scope": s, "path": str(d / name), "status": status(d / name, wanted)}
+                for t, s, d in locations(args.target, args.scope)]
+        if args.json:
+            report = {"skill": name, "version": __version__, "files": len(wanted), "locations": rows}
+            sys.stdout.write(json.dumps(report, indent=2) + "\n")
+        else:
+            width = max(len(row["target"]) for row in rows)
+            for row in rows:
+                print(f"{row['status']:<10}  {row['target']:<{width}}  {row['scope']:<7}  {row['path']}")
+        return EXIT_DONE
+
+    return rt.run_cli(run)

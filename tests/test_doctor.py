@@ -1,0 +1,182 @@
+"""``palm-rlhf-skill doctor``: report keys, verdicts and exit codes, with real and simulated faults."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import BIN, run, run_json
+from palm_rlhf_skill import doctor
+
+CHECKS = ["python", "library", "dependencies", "torch", "accelerate", "tqdm", "memory", "disk"]
+TOP_KEYS = {"status", "exit_code", "python", "library", "packages", "torch", "accelerate", "tqdm",
+            "resources", "tested", "checks"}
+DOCTOR = str(BIN / "palm-rlhf-skill")
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path: Path, monkeypatch) -> Path:
+    """A temporary HOME: accelerate looks for its config file under it (~/.cache/huggingface)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    for name in ("HF_HOME", "XDG_CACHE_HOME", "ACCELERATE_USE_CPU", "TQDM_DISABLE"):
+        monkeypatch.delenv(name, raising=False)
+    return home
+
+
+def checks_by_name(report: dict) -> dict[str, dict]:
+    return {c["name"]: c for c in report["checks"]}
+
+
+def diagnose_in_process(capsys, monkeypatch, tmp_path, *argv) -> tuple[int, dict]:
+    monkeypatch.chdir(tmp_path)
+    code = doctor.main(["--json", *argv])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_doctor_json_is_fit_on_this_machine(empty_dir, home):
+    proc, report = run_json([DOCTOR, "doctor", "--json"], empty_dir, env={"HOME": str(home)})
+    assert proc.returncode == 0 and report["status"] == "fit" and report["exit_code"] == 0, proc.stderr
+    assert TOP_KEYS <= report.keys()
+    assert [c["name"] for c in report["checks"]] == CHECKS
+    for check in report["checks"]:
+        assert set(check) == {"name", "status", "detail", "fix"} and check["detail"]
+        assert check["status"] in {"ok", "warn"}, check
+    assert report["library"]["versions"]["palm-rlhf-pytorch"] == "0.8.0"
+    torch_info = report["torch"]
+    assert torch_info["build"] == "CPU" or torch_info["build"].startswith("CUDA ")
+    assert torch_info["cuda_available"] is False and torch_info["devices"] == []  # CUDA hidden by run()
+    assert isinstance(torch_info["cpu_bf16"], bool) and torch_info["auto_device"] == "cpu"
+    accel = report["accelerate"]
+    assert accel["distributed_type"] == "NO" and accel["device"] == "cpu" and accel["num_processes"] == 1
+    assert accel["launch"] == {"config_file": None, "distributed_type": "NO", "num_processes": 1}
+    assert report["tqdm"] == {"TQDM_DISABLE": None, "bars_disabled": False}
+    packages = report["packages"]
+    # palm-rlhf-pytorch's declared requirements, each installed in its range
+    assert {"torch", "accelerate", "einops", "einx", "beartype", "tqdm", "memmap-replay-buffer"} <= packages.keys()
+    assert "palm-rlhf-pytorch" not in packages  # the version gate ('library') covers it
+    assert "pytest" not in packages  # extras are left out
+    assert all(p["installed"] for p in packages.values())
+    assert packages["torch"]["tested"] == report["tested"]["tested_with"]["torch"]
+    resources = report["resources"]
+    assert resources["memory_available_mib"] > doctor.MIN_MEMORY_MIB
+    assert resources["disk"]["cwd"]["path"] == str(empty_dir)
+    assert all(d["free_mib"] > doctor.MIN_DISK_MIB for d in resources["disk"].values())
+    assert list(empty_dir.iterdir()) == []
+
+
+def test_doctor_without_json_writes_the_summary_to_stderr(empty_dir, home):
+    proc = run([DOCTOR, "doctor"], empty_dir, env={"HOME": str(home)})
+    assert proc.returncode == 0 and proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert [line.split()[1] for line in lines[:-1]] == CHECKS
+    assert lines[-1] == "verdict: fit (exit 0)"
+
+
+def test_bad_accelerate_flag_fails_and_tqdm_zero_warns(empty_dir, home):
+    # both real: accelerate rejects the value; tqdm reads any non-empty TQDM_DISABLE as true
+    proc, report = run_json([DOCTOR, "doctor", "--json"], empty_dir,
+                            env={"HOME": str(home), "ACCELERATE_USE_CPU": "maybe", "TQDM_DISABLE": "0"})
+    assert proc.returncode == 1 and report["status"] == "must-change" and report["exit_code"] == 1
+    checks = checks_by_name(report)
+    assert checks["accelerate"]["status"] == "fail"
+    assert "invalid truth value maybe" in checks["accelerate"]["detail"]
+    assert "ACCELERATE_USE_CPU" in checks["accelerate"]["fix"]
+    assert checks["tqdm"]["status"] == "warn" and report["tqdm"]["bars_disabled"] is True
+    assert "unset TQDM_DISABLE" in checks["tqdm"]["fix"]
+
+
+def test_accelerate_use_cpu_is_reported(empty_dir, home):
+    proc, report = run_json([DOCTOR, "doctor", "--json"], empty_dir,
+                            env={"HOME": str(home), "ACCELERATE_USE_CPU": "1", "TQDM_DISABLE": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert report["accelerate"]["ACCELERATE_USE_CPU"] == "1" and report["accelerate"]["device"] == "cpu"
+    assert checks_by_name(report)["tqdm"]["status"] == "ok" and report["tqdm"]["bars_disabled"] is True
+
+
+def test_missing_library_exits_3(capsys, monkeypatch, tmp_path):
+    rt = doctor.rt
+    real = rt.installed_version
+    monkeypatch.setattr(rt, "installed_version",
+                        lambda dist: None if dist == "palm-rlhf-pytorch" else real(dist))
+    code, report = diagnose_in_process(capsys, monkeypatch, tmp_path)
+    assert code == 3 and report["status"] == "missing" and report["exit_code"] == 3
+    library = checks_by_name(report)["library"]
+    assert library["status"] == "missing" and library["detail"] == "palm-rlhf-pytorch is not installed"
+    assert library["fix"] == "pip install 'palm-rlhf-pytorch>=0.8.0,<0.9'"
+
+
+def test_untested_library_version_exits_3(capsys, monkeypatch, tmp_path):
+    rt = doctor.rt
+    real = rt.installed_version
+    monkeypatch.setattr(rt, "installed_version",
+                        lambda dist: "0.9.1" if dist == "palm-rlhf-pytorch" else real(dist))
+    code, report = diagnose_in_process(capsys, monkeypatch, tmp_path)
+    assert code == 3
+    library = checks_by_name(report)["library"]
+    assert "outside the tested range" in library["detail"] and "--allow-untested" in library["fix"]
+
+
+def test_missing_dependency_exits_3(capsys, monkeypatch, tmp_path):
+    rt = doctor.rt
+    real = rt.installed_version
+    monkeypatch.setattr(rt, "installed_version", lambda dist: None if dist == "einx" else real(dist))
+    code, report = diagnose_in_process(capsys, monkeypatch, tmp_path)
+    assert code == 3 and report["status"] == "missing"
+    deps = checks_by_name(report)["dependencies"]
+    assert deps["status"] == "missing" and deps["detail"] == "not installed: einx>=0.4.0"
+    assert deps["fix"] == "pip install 'einx>=0.4.0'"
+    assert report["packages"]["einx"]["installed"] is None
+
+
+def test_missing_torch_exits_3_and_skips_torch_checks(capsys, monkeypatch, tmp_path):
+    rt = doctor.rt
+    real = rt.installed_version
+    monkeypatch.setattr(rt, "installed_version", lambda dist: None if dist == "torch" else real(dist))
+    code, report = diagnose_in_process(capsys, monkeypatch, tmp_path)
+    assert code == 3
+    checks = checks_by_name(report)
+    assert checks["library"]["status"] == "missing" and "torch is not installed" in checks["library"]["detail"]
+    assert checks["torch"]["status"] == "skipped" and checks["accelerate"]["status"] == "skipped"
+    assert checks["dependencies"]["fix"].startswith("install torch first")
+
+
+def test_dependency_outside_its_range_exits_1(capsys, monkeypatch, tmp_path):
+    rt = doctor.rt
+    real = rt.installed_version
+    monkeypatch.setattr(rt, "installed_version", lambda dist: "0.3.0" if dist == "einx" else real(dist))
+    code, report = diagnose_in_process(capsys, monkeypatch, tmp_path)
+    assert code == 1 and report["status"] == "must-change"
+    deps = checks_by_name(report)["dependencies"]
+    assert deps["status"] == "fail" and deps["detail"] == "einx: 0.3.0 is outside >=0.4.0"
+
+
+def test_low_memory_and_disk_exit_1(capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(doctor, "available_memory_mib", lambda: doctor.MIN_MEMORY_MIB - 1)
+    monkeypatch.setattr(doctor, "MIN_DISK_MIB", 10 ** 12)  # more than any disk has free
+    code, report = diagnose_in_process(capsys, monkeypatch, tmp_path)
+    assert code == 1
+    checks = checks_by_name(report)
+    assert checks["memory"]["status"] == "fail" and f"{doctor.MIN_MEMORY_MIB - 1} MiB" in checks["memory"]["detail"]
+    assert checks["disk"]["status"] == "fail" and "TMPDIR" in checks["disk"]["fix"]
+
+
+def test_available_memory_matches_proc_meminfo():
+    meminfo = Path("/proc/meminfo")
+    if not meminfo.exists():
+        pytest.skip("no /proc/meminfo on this system")
+    line = next(l for l in meminfo.read_text().splitlines() if l.startswith("MemAvailable:"))
+    expected = int(line.split()[1]) // 1024
+    assert abs(doctor.available_memory_mib() - expected) < 256  # other processes move it a little
+
+
+def test_help_and_usage_errors_do_not_import_torch(empty_dir):
+    proc = run([DOCTOR, "doctor", "--help"], empty_dir, env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert proc.returncode == 0 and "exit codes:" in proc.stdout and "--json" in proc.stdout
+    assert not any(line.rstrip().endswith("| torch") for line in proc.stderr.splitlines())
+    proc = run([DOCTOR, "doctor", "--bogus"], empty_dir, env={"PYTHONPROFILEIMPORTTIME": "1"})
+    errors = [l for l in proc.stderr.splitlines() if not l.startswith("import time:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "unrecognized arguments: --bogus" in errors[0]
+    assert not any(line.rstrip().endswith("| torch") for line in proc.stderr.splitlines())

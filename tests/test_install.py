@@ -1,0 +1,240 @@
+"""``palm-rlhf-skill install | uninstall | list``: copies into agents' skills folders, in temp dirs.
+
+HOME points at a temporary folder in every test, so the user scope never touches the real home.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import skills_ref
+
+from conftest import BIN, REPO, run, run_json
+from palm_rlhf_skill import install as inst
+from skill_tree import files_with_hashes, repo_skill_files
+
+NAME = "palm-rlhf-pytorch"
+SMOKE_IN_COPY = "sub-skills/policy-optimization/scripts/tiny_rlhf_smoke.py"
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path: Path, monkeypatch) -> Path:
+    """A temporary HOME (Path.home() reads it) for in-process calls and subprocesses alike."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    return home
+
+
+@pytest.fixture
+def project(empty_dir: Path, monkeypatch) -> Path:
+    monkeypatch.chdir(empty_dir)
+    return empty_dir
+
+
+def repo_tree() -> dict[str, str]:
+    return repo_skill_files()
+
+
+def one_error_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_skill_name_is_the_root_frontmatter_name():
+    assert inst.skill_name(REPO) == NAME
+    assert skills_ref.read_properties(REPO).name == NAME
+
+
+def test_install_claude_project_copies_the_tree_and_validates(project, capsys):
+    assert inst.main(["--target", "claude", "--scope", "project"]) == 0
+    dest = project / ".claude" / "skills" / NAME
+    assert capsys.readouterr().out.strip() == f"installed {dest} ({len(repo_tree())} files)"
+    assert files_with_hashes(dest) == repo_tree()  # every file of the tree, byte for byte, no extras
+    assert {"SKILL.md", "LICENSE", "references", "scripts", "sub-skills"} == {p.name for p in dest.iterdir()}
+    assert not [p for p in dest.rglob("*") if p.name == "__pycache__" or p.suffix == ".pyc"]
+    assert skills_ref.validate(dest) == []  # the folder name now equals the skill name
+    assert [p.name for p in project.iterdir()] == [".claude"]
+    assert not list(dest.parent.glob(".*"))  # no staging folder left beside it
+
+
+def test_identical_copy_is_left_alone_with_exit_0(project, capsys):
+    assert inst.main([]) == 0
+    dest = project / ".claude" / "skills" / NAME
+    (dest / "scripts" / "__pycache__").mkdir()  # running a script writes byte code: not a difference
+    (dest / "scripts" / "__pycache__" / "skill_runtime.cpython-311.pyc").write_bytes(b"\0")
+    capsys.readouterr()
+    assert inst.main([]) == 0
+    assert "already up to date" in capsys.readouterr().out
+
+
+def test_different_copy_needs_force(project, capsys):
+    assert inst.main(["--target", "agents"]) == 0
+    dest = project / ".agents" / "skills" / NAME
+    edited = dest / "SKILL.md"
+    edited.write_text(edited.read_text(encoding="utf-8") + "\nlocal edit\n", encoding="utf-8")
+    (dest / "notes.txt").write_text("mine\n", encoding="utf-8")
+    capsys.readouterr()
+
+    assert inst.main(["--target", "agents"]) == 1
+    line = one_error_line(capsys.readouterr().err)
+    assert "already holds a different copy (1 changed, 0 missing, 1 extra file(s))" in line
+    assert "--force" in line
+    assert "local edit" in edited.read_text(encoding="utf-8") and (dest / "notes.txt").exists()
+
+    assert inst.main(["--target", "agents", "--force"]) == 0
+    assert capsys.readouterr().out.startswith(f"replaced {dest} ")
+    assert files_with_hashes(dest) == repo_tree()
+    assert sorted(p.name for p in dest.parent.iterdir()) == [NAME]  # old copy and staging gone
+
+
+def test_a_file_in_the_way_needs_force(project, capsys):
+    skills = project / "skills"
+    skills.mkdir()
+    (skills / NAME).write_text("not a folder\n", encoding="utf-8")
+    assert inst.main(["--target", "./skills"]) == 1
+    assert "a file that is not a folder" in one_error_line(capsys.readouterr().err)
+    assert inst.main(["--target", "./skills", "--force"]) == 0
+    assert files_with_hashes(skills / NAME) == repo_tree()
+
+
+@pytest.mark.parametrize("target", ["cursor", "claude-code", ""])
+def test_unknown_target_exits_2_with_one_line(project, capsys, target):
+    assert inst.main(["--target", target]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"unknown target {target!r}" in line and "claude, agents" in line
+    assert list(project.iterdir()) == []
+
+
+def test_bad_scope_is_a_one_line_usage_error(project, capsys):
+    with pytest.raises(SystemExit) as exc:
+        inst.main(["--scope", "system"])
+    assert exc.value.code == 2
+    assert "invalid choice: 'system'" in one_error_line(capsys.readouterr().err)
+
+
+def test_nested_relative_and_absolute_paths_are_created(project, tmp_path, capsys):
+    assert inst.main(["--target", "./tools/agent/skills"]) == 0
+    assert files_with_hashes(project / "tools/agent/skills" / NAME) == repo_tree()
+    absolute = tmp_path / "elsewhere" / "deep" / "skills"
+    assert inst.main(["--target", str(absolute)]) == 0
+    assert files_with_hashes(absolute / NAME) == repo_tree()
+
+
+def test_user_scope_and_tilde_go_under_home(project, home):
+    assert inst.main(["--target", "claude", "--scope", "user"]) == 0
+    assert inst.main(["--target", "agents", "--scope", "user"]) == 0
+    assert inst.main(["--target", "~/custom/skills"]) == 0
+    for skills in (".claude/skills", ".agents/skills", "custom/skills"):
+        assert files_with_hashes(home / skills / NAME) == repo_tree()
+    assert list(project.iterdir()) == []
+
+
+def test_destination_that_cannot_be_written_exits_2(project, capsys):
+    (project / ".claude").write_text("a file where a folder must go\n", encoding="utf-8")
+    assert inst.main(["--target", "claude"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "cannot write" in line and ".claude" in line
+
+
+def test_uninstall(project, capsys):
+    assert inst.main(["--target", "agents"]) == 0
+    dest = project / ".agents" / "skills" / NAME
+    assert inst.uninstall_main(["--target", "agents"]) == 0
+    assert capsys.readouterr().out.strip().endswith(f"removed {dest}")
+    assert not dest.exists() and (project / ".agents" / "skills").is_dir()
+
+    assert inst.uninstall_main(["--target", "agents"]) == 1
+    assert "nothing to uninstall" in one_error_line(capsys.readouterr().err)
+
+
+def test_uninstall_refuses_a_folder_that_is_not_this_skill(project, capsys):
+    foreign = project / "skills" / NAME
+    foreign.mkdir(parents=True)
+    (foreign / "SKILL.md").write_text("---\nname: something-else\ndescription: x\n---\n", encoding="utf-8")
+    assert inst.uninstall_main(["--target", "./skills"]) == 1
+    assert "is not a copy of the palm-rlhf-pytorch skill" in one_error_line(capsys.readouterr().err)
+    assert (foreign / "SKILL.md").exists()
+
+
+def test_list_reports_each_location(project, home, capsys):
+    assert inst.main(["--target", "claude"]) == 0
+    assert inst.main(["--target", "agents", "--scope", "user"]) == 0
+    (home / ".agents/skills" / NAME / "LICENSE").unlink()
+    capsys.readouterr()
+    assert inst.list_main(["--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["skill"] == NAME and report["files"] == len(repo_tree())
+    statuses = {(r["target"], r["scope"]): r["status"] for r in report["locations"]}
+    assert statuses == {("claude", "project"): "up-to-date", ("claude", "user"): "absent",
+                        ("agents", "project"): "absent", ("agents", "user"): "different"}
+    paths = {(r["target"], r["scope"]): r["path"] for r in report["locations"]}
+    assert paths[("claude", "user")] == str(home / ".claude/skills" / NAME)
+
+    assert inst.list_main(["--target", "./nowhere", "--scope", "project"]) == 0
+    assert capsys.readouterr().out.split() == ["absent", "./nowhere", "project", str(project / "nowhere" / NAME)]
+
+
+def test_console_script_install_then_copy_runs_without_this_package(empty_dir, home):
+    """The installed copy is self-sufficient: its smoke helper runs by path with the import of
+    palm_rlhf_skill blocked (sys.modules entry None), outside the repository, in isolated mode."""
+    proc = run([str(BIN / "palm-rlhf-skill"), "install", "--target", "claude", "--scope", "project"],
+               empty_dir, env={"HOME": str(home)})
+    assert proc.returncode == 0, proc.stderr
+    dest = empty_dir / ".claude" / "skills" / NAME
+    assert files_with_hashes(dest) == repo_tree()
+    assert skills_ref.validate(dest) == []
+
+    script = dest / SMOKE_IN_COPY
+    probe = (
+        "import runpy, sys\n"
+        "sys.modules['palm_rlhf_skill'] = None  # any import of the package now fails\n"
+        f"sys.argv = [{str(script)!r}, '--construct-only', '--json', '--device', 'cpu']\n"
+        "try:\n"
+        f"    runpy.run_path({str(script)!r}, run_name='__main__')\n"
+        "finally:\n"
+        "    sys.stderr.write('\\nRUNTIME ' + sys.modules['skill_runtime'].__file__ + '\\n')\n")
+    proc, report = run_json([sys.executable, "-I", "-c", probe], empty_dir)
+    assert proc.returncode == 0 and report["status"] == "ok", proc.stderr[-2000:]
+    assert report["mode"] == "construct-only" and report["parameters"]["trainable_total"] > 0
+    runtime = proc.stderr.strip().splitlines()[-1]
+    assert runtime == f"RUNTIME {dest / 'scripts' / 'skill_runtime.py'}"  # the copy's, not the repo's
+    assert sorted(p.name for p in empty_dir.iterdir()) == [".claude"]
+
+
+@pytest.mark.parametrize("command", ["install", "uninstall", "list"])
+def test_help_is_fast_and_does_not_import_torch(empty_dir, command):
+    proc = run([str(BIN / "palm-rlhf-skill"), command, "--help"], empty_dir,
+               env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert proc.returncode == 0 and "exit codes:" in proc.stdout and "--target" in proc.stdout
+    assert not any(line.rstrip().endswith("| torch") for line in proc.stderr.splitlines())
+
+
+def readme_install_block() -> list[str]:
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    section = text.split("## Install the skill for your agent", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    return [line for line in block.splitlines() if line.strip()]
+
+
+def test_readme_install_commands_do_what_their_comments_say(project, home, capsys):
+    """Each README install line runs, and lands where its comment says (./ = project, ~/ = home)."""
+    lines = readme_install_block()
+    assert [line.split()[1] for line in lines] == ["install"] * 4 + ["list", "uninstall"]
+    for line in lines:
+        command, _, comment = line.partition("#")
+        words = command.split()[1:]
+        main = {"install": inst.main, "uninstall": inst.uninstall_main, "list": inst.list_main}[words[0]]
+        assert main(words[1:]) == 0, (line, capsys.readouterr().err)
+        where = re.search(r"(\./|~/)(\S+/)", comment)
+        if words[0] == "install" and where:
+            base = project if where.group(1) == "./" else home
+            assert files_with_hashes(base / where.group(2) / NAME) == repo_tree(), line
+    assert files_with_hashes(project / "path/to/skills" / NAME) == repo_tree()
+    assert not (project / ".claude/skills" / NAME).exists()  # the uninstall line removed it
+    smoke = re.search(r"`python (\S+tiny_rlhf_smoke\.py) --json`", (REPO / "README.md").read_text(encoding="utf-8"))
+    assert smoke.group(1) == f".claude/skills/{NAME}/{SMOKE_IN_COPY}"
