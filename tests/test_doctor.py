@@ -68,11 +68,14 @@ def test_doctor_json_is_fit_on_this_machine(empty_dir, home):
 
 
 def test_doctor_without_json_writes_the_summary_to_stderr(empty_dir, home):
-    proc = run([DOCTOR, "doctor"], empty_dir, env={"HOME": str(home)})
-    assert proc.returncode == 0 and proc.stdout == ""
+    proc = run([DOCTOR, "doctor"], empty_dir,
+               env={"HOME": str(home), "ACCELERATE_USE_CPU": "1", "TQDM_DISABLE": "1"})
+    assert proc.returncode == 0 and proc.stdout == "", proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert [line.split()[1] for line in lines[:-1]] == CHECKS
+    assert [line.split()[1] for line in lines[:-1]] == CHECKS  # every check ok or warn: no fix lines
     assert lines[-1] == "verdict: fit (exit 0)"
+    assert any("accelerate" in line and "python: NO on cpu" in line for line in lines)
+    assert any("TQDM_DISABLE='1': progress bars are off" in line for line in lines)
 
 
 def test_bad_accelerate_flag_fails_and_tqdm_zero_warns(empty_dir, home):
@@ -88,12 +91,33 @@ def test_bad_accelerate_flag_fails_and_tqdm_zero_warns(empty_dir, home):
     assert "unset TQDM_DISABLE" in checks["tqdm"]["fix"]
 
 
-def test_accelerate_use_cpu_is_reported(empty_dir, home):
-    proc, report = run_json([DOCTOR, "doctor", "--json"], empty_dir,
-                            env={"HOME": str(home), "ACCELERATE_USE_CPU": "1", "TQDM_DISABLE": "1"})
-    assert proc.returncode == 0, proc.stderr
-    assert report["accelerate"]["ACCELERATE_USE_CPU"] == "1" and report["accelerate"]["device"] == "cpu"
-    assert checks_by_name(report)["tqdm"]["status"] == "ok" and report["tqdm"]["bars_disabled"] is True
+def write_accelerate_config(monkeypatch, tmp_path: Path, text: str) -> Path:
+    """An accelerate default config file (where `accelerate config` writes it, patched per test)."""
+    from accelerate.commands.config import config_args
+    path = tmp_path / "default_config.yaml"
+    path.write_text(text, encoding="utf-8")
+    monkeypatch.setattr(config_args, "default_config_file", str(path))
+    return path
+
+
+def test_launch_config_asking_for_more_gpus_than_visible_warns(capsys, monkeypatch, tmp_path):
+    path = write_accelerate_config(monkeypatch, tmp_path, "compute_environment: LOCAL_MACHINE\n"
+                                   "distributed_type: MULTI_GPU\nnum_processes: 64\nmixed_precision: bf16\n")
+    code, report = diagnose_in_process(capsys, monkeypatch, tmp_path)
+    assert code == 0  # a warning: a plain python run is not affected
+    assert report["accelerate"]["launch"] == {"config_file": str(path), "distributed_type": "MULTI_GPU",
+                                              "num_processes": 64, "mixed_precision": "bf16"}
+    check = checks_by_name(report)["accelerate"]
+    assert check["status"] == "warn" and "asks for 64 GPU processes" in check["detail"]
+
+
+def test_unreadable_launch_config_fails_with_one_line(capsys, monkeypatch, tmp_path):
+    path = write_accelerate_config(monkeypatch, tmp_path, "distributed_type: [\n")
+    code, report = diagnose_in_process(capsys, monkeypatch, tmp_path)
+    assert code == 1
+    check = checks_by_name(report)["accelerate"]
+    assert check["status"] == "fail" and "config file is unreadable" in check["detail"]
+    assert "\n" not in check["detail"] and str(path) in check["fix"]
 
 
 def test_missing_library_exits_3(capsys, monkeypatch, tmp_path):

@@ -57,6 +57,10 @@ def _check(name: str, status: str, detail: str, fix: str = "") -> dict[str, str]
     return {"name": name, "status": status, "detail": detail, "fix": fix}
 
 
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split())
+
+
 def _mib(n_bytes: int | float) -> int:
     return int(n_bytes // (1024 * 1024))
 
@@ -164,7 +168,7 @@ def torch_check() -> tuple[dict[str, Any], dict[str, str]]:
         with rt.capture_library_output():
             import torch
     except Exception as err:  # a broken install: missing shared libraries, ABI mismatch
-        return {"error": repr(err)}, _check("torch", "fail", f"import torch failed: {err}",
+        return {"error": repr(err)}, _check("torch", "fail", f"import torch failed: {_one_line(err)}",
                                             "reinstall torch: pip install --force-reinstall torch==2.13.0")
     cuda = torch.cuda.is_available()
     devices = []
@@ -202,8 +206,8 @@ def accelerate_check(torch_info: dict[str, Any]) -> tuple[dict[str, Any], dict[s
 
     ``accelerate launch`` without a config file starts one process per CUDA device (MULTI_GPU)
     when more than one is visible, else one process (accelerate/commands/launch.py,
-    ``_validate_launch_command``). Accelerate's process-wide state is reset afterwards when this
-    call created it.
+    ``_validate_launch_command``). Accelerate's process-wide states that this call created are
+    cleared afterwards; ones that existed before are kept.
     """
     use_cpu = os.environ.get("ACCELERATE_USE_CPU")
     info: dict[str, Any] = {"ACCELERATE_USE_CPU": use_cpu,
@@ -215,20 +219,20 @@ def accelerate_check(torch_info: dict[str, Any]) -> tuple[dict[str, Any], dict[s
         from accelerate import Accelerator
         from accelerate.commands.config.config_args import default_config_file, load_config_from_file
         from accelerate.state import AcceleratorState, GradientState, PartialState
-    fresh = not PartialState._shared_state and not AcceleratorState._shared_state
+    had = {cls: bool(cls._shared_state) for cls in (PartialState, AcceleratorState, GradientState)}
     try:
         with rt.capture_library_output():
             state = Accelerator().state
         info.update({"distributed_type": state.distributed_type.value, "device": str(state.device),
                      "num_processes": state.num_processes, "mixed_precision": state.mixed_precision})
     except (ValueError, RuntimeError) as err:
-        return info, _check("accelerate", "fail", f"Accelerator() fails here: {err}",
+        return info, _check("accelerate", "fail", f"Accelerator() fails here: {_one_line(err)}",
                             "fix or unset ACCELERATE_USE_CPU / ACCELERATE_MIXED_PRECISION (ACCELERATE_USE_CPU "
                             "takes 1/0, true/false, yes/no, on/off)")
-    finally:
-        if fresh:
-            AcceleratorState._reset_state(reset_partial_state=True)
-            GradientState._reset_state()
+    finally:  # leave Accelerate's process-wide state as it was found
+        for cls, initialized in had.items():
+            if not initialized:
+                cls._shared_state.clear()
     launch: dict[str, Any] = {"config_file": None}
     try:
         if os.path.isfile(default_config_file):
@@ -240,13 +244,19 @@ def accelerate_check(torch_info: dict[str, Any]) -> tuple[dict[str, Any], dict[s
             launch.update({"distributed_type": "MULTI_GPU" if count > 1 else "NO",
                            "num_processes": count if count > 1 else 1})
     except Exception as err:  # a config file accelerate itself cannot read
-        info["launch"] = {"config_file": default_config_file, "error": str(err)}
-        return info, _check("accelerate", "fail", f"accelerate's config file is unreadable: {err}",
+        info["launch"] = {"config_file": default_config_file, "error": _one_line(err)}
+        return info, _check("accelerate", "fail", f"accelerate's config file is unreadable: {_one_line(err)}",
                             f"fix it with `accelerate config`, or remove {default_config_file}")
     info["launch"] = launch
     detail = (f"python: {info['distributed_type']} on {info['device']}; accelerate launch: "
               f"{launch['distributed_type']} x{launch['num_processes']}"
               + (f" (config {launch['config_file']})" if launch["config_file"] else " (no config file)"))
+    visible = torch_info.get("device_count", 0)
+    if launch["distributed_type"] == "MULTI_GPU" and visible < (launch["num_processes"] or 0):
+        return info, _check("accelerate", "warn", detail + f"; its config asks for {launch['num_processes']} "
+                            f"GPU processes but {visible} CUDA device(s) are visible",
+                            "run `accelerate config` again for this machine, or pass --num_processes to "
+                            "accelerate launch; a plain python run is not affected")
     if info["device"].startswith("cpu") and torch_info.get("cuda_available"):
         return info, _check("accelerate", "warn", detail + f"; ACCELERATE_USE_CPU={use_cpu!r} keeps "
                             "Accelerate on the CPU although CUDA is available",
