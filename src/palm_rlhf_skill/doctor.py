@@ -148,8 +148,9 @@ def dependencies_check(record: dict[str, Any]) -> tuple[dict[str, Any], dict[str
     wanted = missing + outside
     fix = "pip install " + " ".join(f"'{w}'" for w in wanted)
     if any(w.startswith("torch") and not w.startswith("torch-") for w in wanted):
-        fix = ("install torch first (pip install torch==2.13.0 for the CPU build, or a CUDA build "
-               "from https://pytorch.org), then " + fix)
+        torch_pin = record.get("tested_with", {}).get("torch")
+        fix = (f"install torch first (pip install torch=={torch_pin} for the CPU build, or a CUDA "
+               "build from https://pytorch.org), then " + fix)
     if missing:
         return packages, _check("dependencies", "missing", "not installed: " + ", ".join(missing), fix)
     if outside:
