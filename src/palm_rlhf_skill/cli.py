@@ -20,6 +20,8 @@ SMOKE_SCRIPT = "sub-skills/policy-optimization/scripts/tiny_rlhf_smoke.py"
 # name -> (kind, target, help). kind "script": a skill-tree script run by path;
 # kind "module": a module of this package with main(argv) -> int.
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
+    "check": ("script", "scripts/check_skill.py",
+              "compare the skill's docs with the installed palm-rlhf-pytorch (exit 1 on drift)"),
 }
 
 
