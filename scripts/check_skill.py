@@ -49,6 +49,8 @@ ROOT_SKILL_NAME = "palm-rlhf-pytorch"  # the root folder may be named otherwise 
 # model; the Agent Skills spec (and so skills-ref) does not know it, so it is allowed by name.
 ALLOWED_EXTENSION_KEYS = {"disable-model-invocation"}
 SKILL_PARTS = ("SKILL.md", "references", "scripts", "sub-skills")  # what the wheel ships
+# Files of the source project that the markdown may name but the wheel's skill tree does not ship.
+PROJECT_FILES = {"pyproject.toml", "README.md"}
 PATH_EXTENSIONS = ("md", "py", "json", "txt", "toml", "yaml", "yml", "sh", "cfg")
 BEGIN = re.compile(r"<!-- BEGIN GENERATED api: (?P<symbol>[\w.]+) -->\n(?P<body>.*?)<!-- END GENERATED -->",
                    re.DOTALL)
@@ -180,6 +182,7 @@ def compare_api(record: dict[str, Any], installed: dict[str, Any]) -> list[dict[
 # --- rendering the reference from the record -----------------------------------------------------
 
 def render_params(params: list[dict[str, Any]]) -> str:
+    """Record parameters as Python signature text: ``a, *, b=1, **kwargs``."""
     parts, star_done = [], False
     for p in params:
         if p["kind"] == "KEYWORD_ONLY" and not star_done:
@@ -215,6 +218,7 @@ def render_symbol(record: dict[str, Any], symbol: str) -> str:
 
 
 def generated_blocks(text: str) -> Iterator[re.Match]:
+    """Generated signature blocks of a markdown text (groups ``symbol`` and ``body``)."""
     return BEGIN.finditer(text)
 
 
@@ -256,6 +260,7 @@ def compare_docs(record: dict[str, Any], files: list[Path]) -> list[dict[str, st
 # --- markdown discovery, links and paths ---------------------------------------------------------
 
 def rel(path: Path) -> str:
+    """``path`` relative to the skill root, POSIX style (unchanged when outside it)."""
     try:
         return path.resolve().relative_to(ROOT.resolve()).as_posix()
     except ValueError:
@@ -275,6 +280,7 @@ def markdown_files(root: Path = ROOT) -> list[Path]:
 
 
 def skill_files(root: Path = ROOT) -> list[Path]:
+    """Every SKILL.md of the skill tree (the root router and each sub-skill)."""
     return [p for p in markdown_files(root) if p.name == "SKILL.md"]
 
 
@@ -365,7 +371,7 @@ def check_paths(files: list[Path]) -> tuple[list[dict[str, str]], int]:
             if info.split()[:1] in (["bash"], ["sh"], ["shell"], ["console"]):
                 named += [(first + body.count("\n", 0, m.start()), m["path"]) for m in SHELL_PATH.finditer(body)]
         for line, name in named:
-            if name.startswith(("/", "~")):
+            if name.startswith(("/", "~")) or name in PROJECT_FILES:
                 continue
             checked += 1
             if not any((base / name).exists() for base in path_bases(md)):
@@ -440,10 +446,12 @@ def run_checks(allow_untested: bool = True) -> dict[str, Any]:
 
 
 def drift_line(d: dict[str, str]) -> str:
+    """One drift as ``file: symbol: documented X, installed Y``."""
     return f"{d['file']}: {d['symbol']}: documented {d['documented']}, installed {d['installed']}"
 
 
 def summary(report: dict[str, Any]) -> str:
+    """Human summary for stderr: versions, warnings, counts, verdict."""
     v, t, c = report["versions"], report["tested"], report["counts"]
     lines = [f"palm-rlhf-pytorch installed {v['palm-rlhf-pytorch']}, tested {t['palm-rlhf-pytorch']} "
              f"(supported {t['supported']}); torch {v['torch']}"]
@@ -456,6 +464,7 @@ def summary(report: dict[str, Any]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line; parsing imports neither torch nor the library."""
     parser = rt.OneLineParser(
         prog=Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "check_skill.py",
         description="Compare this skill's documentation with the installed palm-rlhf-pytorch.",
@@ -476,6 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the mode chosen on the command line; return the exit code (SkillError propagates)."""
     args = build_parser().parse_args(argv)
     record = rt.load_api_record()
     if args.render:
