@@ -107,6 +107,9 @@ def test_ppo_max_norm(name, capsys):
     if name == "ppo":
         with trap_raises("ppo-max-norm", AttributeError, "no attribute 'accelerator'"):
             trainer.train(num_episodes=1, max_timesteps=1, update_timesteps=1, max_seq_len=6)
+        trainer.accelerator = trainer.accelerate  # the documented workaround clips fine
+        trainer.train(num_episodes=1, max_timesteps=1, update_timesteps=1, max_seq_len=6)
+        assert "critic_loss" in capsys.readouterr().out, update("ppo-max-norm", "workaround failed")
     else:
         trainer.train(num_episodes=1, max_timesteps=1, update_timesteps=1, max_seq_len=6)
         assert "loss" in capsys.readouterr().out, update("ppo-max-norm", f"{name} learn() printed no loss")
@@ -214,6 +217,8 @@ def test_actor_scope_reused_palm(name):
     assert ps == {0.0}, update("actor-scope-reused-palm", f"{name} left dropout {ps}")
     with trap_raises("actor-scope-reused-palm", AssertionError, "finetune scope actor already found"):
         make("ppo", palm=palm)
+    palm.remove_finetune_params("actor")  # the documented fix for reusing a PaLM
+    make("ppo", palm=palm)
 
 
 @covers("update-timesteps-default")
@@ -338,6 +343,16 @@ def test_grpo_incompatible_after_lora():
     with trap_raises("grpo-incompatible-after-lora", AssertionError, "cannot use both Dr. GRPO and MaxRL"):
         make("grpo", palm=palm, use_dr_grpo=True, use_max_rl=True)
     assert "actor" in palm.finetune_modules, update("grpo-incompatible-after-lora", "no scope left behind")
+
+
+@covers("implicit-prm-negative-ids")
+def test_implicit_prm_negative_ids():
+    from palm_rlhf_pytorch import ImplicitPRM
+    prm = ImplicitPRM(tiny_palm())
+    seq = torch.randint(1, 64, (2, 6))
+    seq[:, -1] = -1
+    with trap_raises("implicit-prm-negative-ids", RuntimeError, "out of bounds"):
+        prm(seq)
 
 
 # --- the doc and the canaries cover each other -----------------------------------------------------

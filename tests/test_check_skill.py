@@ -128,3 +128,9 @@ def test_untested_version_warns(monkeypatch):
     monkeypatch.setattr(check.rt, "installed_version", lambda d: "0.9.1" if d == "palm-rlhf-pytorch" else real(d))
     report = check.run_checks()
     assert any("outside the tested range" in w for w in report["warnings"])
+
+
+def test_skills_ref_missing_exits_3(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "skills_ref.parser", None)  # import fails as if not installed
+    assert check.rt.run_cli(check.main, []) == 3
+    assert "skills-ref is not installed" in capsys.readouterr().err
