@@ -186,9 +186,14 @@ def test_prompt_source_assertions(name):
 
 @covers("tpo-replay-buffer-dir")
 def test_tpo_replay_buffer_dir(tmp_path):
-    make("tpo").train(num_episodes=1, max_timesteps=1, update_timesteps=1, max_seq_len=6)
-    assert (tmp_path / "tpo_memmap_replay_buffer").is_dir(), \
-        update("tpo-replay-buffer-dir", "no ./tpo_memmap_replay_buffer after train()")
+    make("tpo").train(num_episodes=1, max_timesteps=1, update_timesteps=3, max_seq_len=6)
+    folder = tmp_path / "tpo_memmap_replay_buffer"
+    assert folder.is_dir(), update("tpo-replay-buffer-dir", "no ./tpo_memmap_replay_buffer after train()")
+    # preallocated: max_episodes 4 x update_timesteps 3 x group 2 x (prompt 4 + max_seq_len 6)
+    cells = 4 * 3 * 2 * (4 + 6)
+    sizes = {name: (folder / f"{name}.data.npy").stat().st_size for name in ("sequence", "mask", "prompt_mask")}
+    assert 0 <= sizes["sequence"] - 4 * cells < 4096 and all(0 <= sizes[m] - cells < 4096 for m in ("mask", "prompt_mask")), \
+        update("tpo-replay-buffer-dir", f"buffer file sizes {sizes} for {cells} cells")
 
 
 @covers("flowrl-partition-dim")
