@@ -21,6 +21,8 @@ SMOKE_SCRIPT = "sub-skills/policy-optimization/scripts/tiny_rlhf_smoke.py"
 # kind "module": a module of this package with main(argv) -> int ("module:function" names
 # another function with that signature).
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
+    "check": ("script", "scripts/check_skill.py",
+              "compare the skill's docs with the installed palm-rlhf-pytorch (exit 1 on drift)"),
     "install": ("module", "palm_rlhf_skill.install", "copy the skill tree into an agent's skills folder"),
     "uninstall": ("module", "palm_rlhf_skill.install:uninstall_main", "remove an installed copy"),
     "list": ("module", "palm_rlhf_skill.install:list_main", "show where copies are installed"),

@@ -1,0 +1,72 @@
+"""Every Python code block in the skill tree's markdown runs (tiny sizes, CPU, a temp directory).
+
+Blocks of one file run in order in one namespace, like a reader following the page. A block is
+skipped only when an HTML comment ``<!-- skip-test: reason -->`` stands right before its fence.
+Files are discovered with ``check_skill.markdown_files`` (every ``*.md`` of SKILL.md, references/,
+scripts/, sub-skills/), so pages other helpers add are picked up without listing them here.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+
+import pytest
+
+from conftest import REPO, load_script
+
+check = load_script(REPO / "scripts" / "check_skill.py", "check_skill")
+SKIP = re.compile(r"<!--\s*skip-test:(?P<reason>[^>]*)-->\s*$")
+PYTHON = {"python", "py", "python3"}
+
+
+def python_blocks(path):
+    """``(line, body, skip_reason or None)`` for each python block of ``path``."""
+    text = path.read_text(encoding="utf-8")
+    for line, info, body, start, _ in check.code_blocks(text):
+        if info.split()[:1] and info.split()[0].lower() in PYTHON:
+            before = text[:start].rstrip("\n").rsplit("\n", 1)[-1]
+            m = SKIP.search(before)
+            yield line, body, (m["reason"].strip() if m else None)
+
+
+FILES = [p for p in check.markdown_files() if any(True for _ in python_blocks(p))]
+
+
+def test_discovery_finds_the_skill_tree():
+    names = {p.relative_to(REPO).as_posix() for p in check.markdown_files()}
+    assert "SKILL.md" in names
+    assert "sub-skills/policy-optimization/references/api-reference.md" in names
+    assert not any(n.startswith((".venv", "tests", "src")) for n in names)
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.relative_to(REPO).as_posix() for p in FILES])
+def test_python_blocks_run(path, tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    torch.manual_seed(0)
+    namespace = {"__name__": "__doc_block__"}
+    ran = 0
+    for line, body, skip in python_blocks(path):
+        where = f"{path.relative_to(REPO).as_posix()}:{line}"
+        if skip is not None:
+            assert skip, f"{where}: a skip-test marker needs a reason"
+            continue
+        out, err = io.StringIO(), io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                exec(compile(body, where, "exec"), namespace)
+        except Exception as exc:  # noqa: BLE001 - report which block failed and why
+            pytest.fail(f"code block at {where} failed: {type(exc).__name__}: {exc}\n"
+                        f"stdout: {out.getvalue()[-1000:]}")
+        ran += 1
+    assert ran, f"{path}: every python block is skipped"
+
+
+def test_skips_are_rare():
+    blocks = [b for p in check.markdown_files() for b in python_blocks(p)]
+    skipped = [b for b in blocks if b[2] is not None]
+    assert len(skipped) <= max(1, len(blocks) // 10), f"{len(skipped)} of {len(blocks)} python blocks skipped"
