@@ -373,9 +373,14 @@ def run_trainer(name: str, args, device_kwargs: dict, device, variants: list[str
                    f"./{TPO_BUFFER} written in the private working directory ({size} bytes on disk), "
                    "removed with it")
     if name == "flowrl":
-        checks.add("reference_policy_is_lora_off_palm", trainer.palm is actor_palm(name, trainer),
+        palm_, probe = actor_palm(name, trainer), trainer.prompt_token_ids[:1]
+        with torch.no_grad():  # after the update the actor's LoRA moved, so LoRA off must differ
+            ref_differs = not torch.equal(trainer.palm(probe, finetune_scope=None),
+                                          palm_(probe, finetune_scope="actor"))
+        checks.add("reference_policy_is_lora_off_palm", trainer.palm is palm_ and ref_differs,
                    "learn() scores pi_ref with self.palm(..., finetune_scope=None): the actor's own "
-                   "PaLM with LoRA off")
+                   f"PaLM (same object: {trainer.palm is palm_}) with LoRA off (logits differ from "
+                   f"the actor's after the update: {ref_differs})")
 
     prompt = trainer.prompt_token_ids[0]
     prompt = prompt[prompt != PAD_ID]
