@@ -6,6 +6,7 @@ Facts under test come from palm_rlhf_pytorch 0.8.0: grpo.py, tpo.py, flowrl.py, 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -273,7 +274,8 @@ def section(markdown: str, heading: str) -> str:
 def table(markdown: str, heading: str) -> list[list[str]]:
     """Body rows of the first markdown table under ``heading``, cells stripped."""
     rows = [line for line in section(markdown, heading).splitlines() if line.startswith("|")]
-    return [[cell.strip() for cell in row.strip().strip("|").split("|")] for row in rows[2:]]
+    split = lambda row: re.split(r"(?<!\\)\|", row.strip()[1:-1])  # GFM: \| is a literal pipe
+    return [[cell.strip().replace("\\|", "|") for cell in split(row)] for row in rows[2:]]
 
 
 def code(cell: str) -> str:
@@ -299,6 +301,11 @@ def flatten(value, path: str, found: dict[str, set], copies: set[str] = frozense
                 flatten(inner, f"{path}[].{key}", found, copies)
 
 
+def report_keys(report: dict) -> list[str]:
+    (result,) = report["results"].values()
+    return list(result)
+
+
 def test_documented_json_schema_matches_real_output(reports, all_cli, smoke, tmp_path):
     doc = WORKFLOWS.read_text(encoding="utf-8")
     rows = {code(r[0]): r for r in table(doc, "### JSON report")}
@@ -306,8 +313,19 @@ def test_documented_json_schema_matches_real_output(reports, all_cli, smoke, tmp
     code_, file_report = run_main(smoke, tmp_path, "--trainer", "grpo", "--construct-only",
                                   "--prompt-style", "file")
     assert code_ == 0
+    failures = []  # the library raising in the constructor and at the first update
+    for extra, failed in (({"no_such_argument": 1}, "trainer_constructed"),
+                          ({"partition_function_hidden_dim": 768}, "update_ran")):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setitem(smoke.TRAINERS, "flowrl", dataclasses.replace(smoke.TRAINERS["flowrl"], extra=extra))
+            code_, report = run_main(smoke, tmp_path, "--trainer", "flowrl")
+        assert code_ == 1 and [c["name"] for c in report["checks"] if not c["passed"]] == [failed]
+        failures.append(report)
+    absent = {key.rsplit(".", 1)[1] for key, r in rows.items()
+              if key.startswith("results.<trainer>.") and key.count(".") == 2 and "absent when" in r[2]}
+    assert absent == set(report_keys(file_report)) - set(failures[0]["results"]["flowrl"])
     found: dict[str, set] = {}
-    singles = [report for _, report, _ in reports.values()] + [file_report]
+    singles = [report for _, report, _ in reports.values()] + [file_report, *failures]
     for report in singles:
         (trainer,) = report["results"]
         for key in copies & report.keys():  # single trainer: the top-level copy is that entry
@@ -404,6 +422,7 @@ COLUMNS = ["ppo", "grpo", "tpo", "flowrl"]
 
 def selection_rows(heading: str) -> dict[str, dict[str, str]]:
     rows = table(SELECTION.read_text(encoding="utf-8"), heading)
+    assert all(len(row) == 1 + len(COLUMNS) for row in rows), [row[0] for row in rows if len(row) != 5]
     return {row[0]: dict(zip(COLUMNS, row[1:])) for row in rows}
 
 
@@ -488,6 +507,13 @@ def test_selection_critic_optimizers_and_extra_models(built):
     assert inspect.signature(type(flowrl)).parameters["partition_function_hidden_dim"].default == 768
     assert "(default 768)" in rows["extra models held"]["flowrl"]
     assert "finetune_scope = None" in inspect.getsource(type(flowrl).learn)
+    learn = inspect.getsource(type(flowrl).learn)  # the probability-not-log-probability quirk
+    assert "action_probs = action_logits.softmax(dim = -1)" in learn
+    assert "action_log_probs = einx.get_at('b n [l], b n -> b n', action_probs, sequences)" in learn
+    assert "ref_log_probs = einx.get_at('b n [l], b n -> b n', ref_probs, sequences)" in learn
+    grpo_train = inspect.getsource(type(built["grpo"]).train)
+    assert "divisor = default(self.dr_grpo_constant, action_sample_times + 1)" in grpo_train
+    assert "divisor = rewards.mean().abs()" in grpo_train and "divisor = rewards.std()" in grpo_train
     # FlowRL accepts kl_div_loss_weight but its learn() never reads it (PPO's and GRPO's do)
     assert "kl_div_loss_weight" not in inspect.getsource(type(flowrl).learn)
     assert all("kl_div_loss_weight" in inspect.getsource(type(built[n]).learn) for n in ("ppo", "grpo"))
@@ -570,3 +596,10 @@ def test_skill_md_links_both_references_with_a_condition():
     for ref in (WORKFLOWS, SELECTION):  # their own relative links resolve
         for target in re.findall(r"\]\(([^)#:]+)\)", ref.read_text(encoding="utf-8")):
             assert (ref.parent / target).is_file(), (ref.name, target)
+
+
+def test_last_partial_minibatch_is_a_step(smoke, tmp_path):
+    """5 PPO rollouts with minibatch_size 2: ceil(5 / 2) = 3 steps, the last batch of 1 included."""
+    code, report = run_main(smoke, tmp_path, "--trainer", "ppo", "--rollouts", "5")
+    assert code == 0 and report["optimizer_steps"]["observed"] == {"actor": 3, "critic": 3}
+    assert report["optimizer_steps"]["expected"] == 3
