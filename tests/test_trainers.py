@@ -34,12 +34,23 @@ def run_main(smoke, cwd, *argv) -> tuple[int, dict]:
 
 @pytest.fixture(scope="module")
 def reports(smoke, tmp_path_factory) -> dict[str, tuple[int, dict, list]]:
-    """One in-process train smoke per trainer: (exit code, report, what was left in its cwd)."""
-    found = {}
+    """One in-process train smoke per trainer: (exit code, report, what was left in its cwd or in
+    the temp root that held the helper's private working directory)."""
+    import tempfile
+
+    found, saved = {}, tempfile.tempdir
     for name in TRAINERS:
-        cwd = tmp_path_factory.mktemp(f"cwd-{name}")
-        code, report = run_main(smoke, cwd, "--trainer", name)
-        found[name] = (code, report, sorted(os.listdir(cwd)))
+        cwd, tmp = tmp_path_factory.mktemp(f"cwd-{name}"), tmp_path_factory.mktemp(f"tmp-{name}")
+        tempfile.tempdir = str(tmp)  # where the helper's private working directory is created
+        try:
+            code, report = run_main(smoke, cwd, "--trainer", name)
+        finally:
+            tempfile.tempdir = saved
+        # what stayed in the caller's directory, plus any private working directory left in the
+        # temp root (torch may leave its own torchinductor_<user> cache there: not the helper's)
+        private = [p for p in os.listdir(tmp) if p.startswith("palm-rlhf-skill-")]
+        assert all(p.startswith(("palm-rlhf-skill-", "torchinductor_")) for p in os.listdir(tmp))
+        found[name] = (code, report, sorted(os.listdir(cwd)) + private)
     return found
 
 
