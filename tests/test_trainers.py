@@ -407,15 +407,6 @@ def test_documented_step_table_matches_real_runs(reports, smoke):
         assert documented == observed, (name, steps, observed)
 
 
-def test_documented_recipe_runs(tmp_path, monkeypatch):
-    block = re.search(r"```python\n(.*?)```", section(WORKFLOWS.read_text(encoding="utf-8"),
-                                                      "## Recipe: one bounded update for any trainer"), re.S)
-    monkeypatch.chdir(tmp_path)
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        exec(compile(block.group(1), "workflows.md recipe", "exec"), {})  # asserts its own step count
-    assert list(tmp_path.iterdir()) == []
-
-
 def test_documented_prompt_styles(reports, smoke, tmp_path):
     text = section(WORKFLOWS.read_text(encoding="utf-8"), "### Prompt styles")
     assert "(4, max_len)" in text and reports["ppo"][1]["prompts"]["count"] == 4
