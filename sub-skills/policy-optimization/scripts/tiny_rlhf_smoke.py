@@ -159,30 +159,7 @@ def parse_variants(values: list[str] | None) -> list[str]:
 
 # prompts ---------------------------------------------------------------------------------------
 
-class ByteTokenizer:
-    """Byte-level tokenizer: UTF-8 byte b -> id b + 1, so id 0 stays the pad id.
-
-    ``__call__(prompts: list[str]) -> LongTensor (num_prompts, max_bytes)``, right-padded with 0.
-    Empty strings are dropped (counted in ``dropped_empty``): the trainers split ``prompts_path``
-    on '\\n', so a file's trailing newline becomes an empty prompt whose rollout would crash.
-    """
-
-    vocab_size = 257
-
-    def __init__(self) -> None:
-        self.dropped_empty = 0
-
-    def __call__(self, prompts: list[str]):
-        import torch
-        kept = [p for p in prompts if p.strip()]
-        self.dropped_empty += len(prompts) - len(kept)
-        if not kept:
-            raise rt.SkillError("no non-empty prompts to tokenize")
-        rows = [[b + 1 for b in p.encode("utf-8")] for p in kept]
-        out = torch.full((len(rows), max(map(len, rows))), PAD_ID, dtype=torch.long)
-        for i, row in enumerate(rows):
-            out[i, :len(row)] = torch.tensor(row, dtype=torch.long)
-        return out
+ByteTokenizer = rt.ByteTokenizer  # one implementation, shared with the reward-modeling smoke
 
 
 def random_prompt_token_ids(seed: int, num_prompts: int = 4, lengths: tuple[int, int] = (3, 6)):
