@@ -55,6 +55,16 @@ def tiny_rlhf_smoke() -> int:
     return run_script(SMOKE_SCRIPT, "tiny-rlhf-smoke", sys.argv[1:])
 
 
+def tiny_palm_smoke() -> int:
+    """``tiny-palm-smoke``: the palm-modeling smoke helper (same file as in the tree)."""
+    return run_script("sub-skills/palm-modeling/scripts/tiny_palm_smoke.py", "tiny-palm-smoke", sys.argv[1:])
+
+
+def tiny_reward_smoke() -> int:
+    """``tiny-reward-smoke``: the reward-modeling smoke helper (same file as in the tree)."""
+    return run_script("sub-skills/reward-modeling/scripts/tiny_reward_smoke.py", "tiny-reward-smoke", sys.argv[1:])
+
+
 def main(argv: list[str] | None = None) -> int:
     """``palm-rlhf-skill [--version] COMMAND ...``: dispatch to a subcommand."""
     argv = sys.argv[1:] if argv is None else argv
