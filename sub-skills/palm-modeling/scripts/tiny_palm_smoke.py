@@ -90,7 +90,7 @@ def check_loss_step(palm, batch, args, checks: rt.Checks) -> dict[str, Any]:
         optim.zero_grad()
         loss.backward()
         optim.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
     palm.eval()
     with torch.no_grad():
         after = float(palm(batch, return_loss=True))

@@ -71,9 +71,11 @@ def build_parser() -> rt.OneLineParser:
 
 # data ------------------------------------------------------------------------------------------
 
-def load_pairs(path: Path = RESPONSES_FILE) -> list[tuple[str, str]]:
-    """(chosen, rejected) reply pairs: consecutive lines of ``path``, the chosen one containing
-    KEYWORD and the rejected one not. Raises SkillError(2) when the file is missing or malformed."""
+def load_pairs(path: Path | None = None) -> list[tuple[str, str]]:
+    """(chosen, rejected) reply pairs: consecutive lines of ``path`` (default RESPONSES_FILE), the
+    chosen one containing KEYWORD and the rejected one not. Raises SkillError(2) when the file is
+    missing or malformed."""
+    path = path or RESPONSES_FILE
     if not path.is_file():
         raise rt.SkillError(f"responses file missing: {path} (reinstall the skill tree)")
     lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
@@ -116,21 +118,30 @@ def pairwise_accuracy(reward_model, pairs, device) -> float:
     return float((chosen > rejected).float().mean())
 
 
-def train(reward_model, replies, labels, args, device) -> list[float]:
-    """Full-batch Adam on ``reward_model.finetune_parameters()`` (LoRA scope 'reward' + head)."""
+def eval_loss(reward_model, inputs, labels) -> float:
+    """The labelled loss in eval mode (dropout off), so before and after compare like with like."""
+    import torch
+    reward_model.eval()
+    with torch.no_grad():
+        return reward_model(**inputs, labels=labels).item()
+
+
+def train(reward_model, replies, labels, args, device) -> tuple[float, float]:
+    """Full-batch Adam on ``reward_model.finetune_parameters()`` (LoRA scope 'reward' + head).
+
+    Returns the eval-mode loss before and after ``args.steps`` steps (training runs with the
+    model's dropout, 0.1 by default, so per-step training values are noisy)."""
     import torch
     optim = torch.optim.Adam(reward_model.finetune_parameters(), lr=args.lr)
     inputs = encode(replies, device)
+    before = eval_loss(reward_model, inputs, labels)
     reward_model.train()
-    losses = []
     for _ in range(args.steps):
         loss = reward_model(**inputs, labels=labels)
         optim.zero_grad()
         loss.backward()
         optim.step()
-        losses.append(float(loss))
-    reward_model.eval()
-    return losses
+    return before, eval_loss(reward_model, inputs, labels)
 
 
 def check_scalar(palm, train_pairs, held_pairs, args, device, checks: rt.Checks) -> dict[str, Any]:
@@ -140,20 +151,21 @@ def check_scalar(palm, train_pairs, held_pairs, args, device, checks: rt.Checks)
     replies = [r for pair in train_pairs for r in pair]
     labels = torch.tensor([rating(r) for r in replies], device=device)
     before = pairwise_accuracy(reward_model, held_pairs, device)
-    losses = train(reward_model, replies, labels, args, device)
+    loss_before, loss_after = train(reward_model, replies, labels, args, device)
     after = pairwise_accuracy(reward_model, held_pairs, device)
     train_acc = pairwise_accuracy(reward_model, train_pairs, device)
     with torch.no_grad():
         scores = reward_model(**encode(held_pairs[0], device))
     checks.add("scalar_rewards_shape", tuple(scores.shape) == (2,) and scores.dtype == torch.float32,
                f"scalar RewardModel returns one float32 score per sequence: {tuple(scores.shape)}")
-    checks.add("scalar_mse_loss_decreases", math.isfinite(losses[-1]) and losses[-1] < losses[0],
-               f"MSE on ratings {losses[0]:.4f} -> {losses[-1]:.4f} over {args.steps} Adam steps (lr {args.lr})")
+    checks.add("scalar_mse_loss_decreases", math.isfinite(loss_after) and loss_after < loss_before,
+               f"MSE on ratings (eval mode) {loss_before:.4f} -> {loss_after:.4f} after {args.steps} Adam "
+               f"steps (lr {args.lr})")
     checks.add("held_out_accuracy_above_chance", after > CHANCE,
                f"held-out pairwise accuracy {after:.3f} on {len(held_pairs)} unseen pairs (chance {CHANCE}; "
                f"before training {before:.3f}; train pairs {train_acc:.3f})")
     return {"train_pairs": len(train_pairs), "held_out_pairs": len(held_pairs), "steps": args.steps,
-            "lr": args.lr, "loss_first": losses[0], "loss_last": losses[-1],
+            "lr": args.lr, "loss_before": loss_before, "loss_after": loss_after,
             "held_out_accuracy_before": before, "held_out_accuracy": after,
             "train_accuracy": train_acc, "chance": CHANCE}
 
@@ -164,15 +176,16 @@ def check_binned(palm, train_pairs, args, device, checks: rt.Checks) -> dict[str
     reward_model = RewardModel(palm, num_binned_output=NUM_BINS).to(device)
     replies = [r for pair in train_pairs for r in pair]
     labels = torch.tensor([int(rating(r)) for r in replies], device=device)  # class index = bin
-    losses = train(reward_model, replies, labels, args, device)
+    loss_before, loss_after = train(reward_model, replies, labels, args, device)
     with torch.no_grad():
         bins = reward_model(**encode(replies[:4], device))
-    checks.add("binned_cross_entropy_decreases", math.isfinite(losses[-1]) and losses[-1] < losses[0],
-               f"cross-entropy over {NUM_BINS} bins {losses[0]:.4f} -> {losses[-1]:.4f} over {args.steps} steps")
+    checks.add("binned_cross_entropy_decreases", math.isfinite(loss_after) and loss_after < loss_before,
+               f"cross-entropy over {NUM_BINS} bins (eval mode) {loss_before:.4f} -> {loss_after:.4f} after "
+               f"{args.steps} steps")
     checks.add("binned_inference_returns_bin_index",
                bins.dtype == torch.long and tuple(bins.shape) == (4,) and bool(((bins >= 0) & (bins < NUM_BINS)).all()),
                f"without labels it returns Gumbel-sampled bin indices: {bins.tolist()} ({bins.dtype})")
-    return {"num_bins": NUM_BINS, "loss_first": losses[0], "loss_last": losses[-1],
+    return {"num_bins": NUM_BINS, "loss_before": loss_before, "loss_after": loss_after,
             "inference_sample": bins.tolist()}
 
 
@@ -198,6 +211,7 @@ def check_implicit_prm(train_pairs, args, device, checks: rt.Checks) -> dict[str
     rewards = prm(seq).detach()
     bce = F.binary_cross_entropy_with_logits(rewards, labels[:, None].expand_as(rewards))
     out.backward()
+    out = out.item()
     policy_grads = [p.grad for p in policy.parameters()]
     ref_grads = [p.grad for p in prm.ref_model.parameters()]
     nonzero = sum(g is not None and bool(g.abs().sum() > 0) for g in policy_grads)
@@ -206,27 +220,27 @@ def check_implicit_prm(train_pairs, args, device, checks: rt.Checks) -> dict[str
                and all(not p.requires_grad for p in prm.ref_model.parameters()),
                f"labelled output backpropagates: {nonzero}/{len(policy_grads)} policy tensors got a nonzero "
                f"gradient; reference tensors with a gradient: {sum(g is not None for g in ref_grads)}")
-    diff = abs(float(out) + float(bce))
+    diff = abs(out + float(bce))
     with torch.no_grad():  # one gradient step that minimizes -prm(seq, labels), i.e. raises it
         for p in policy.parameters():
             p.add_(p.grad, alpha=PRM_ASCENT_LR)
         bce_after = float(F.binary_cross_entropy_with_logits(prm(seq), labels[:, None].expand_as(rewards)))
-    checks.add("implicit_prm_output_is_minus_bce", diff < 1e-5 and float(out) <= 0 and bce_after < float(bce),
-               f"prm(seq, labels) = {float(out):.5f} = -BCE(rewards, labels) (|diff| {diff:.2g}), a log-"
+    checks.add("implicit_prm_output_is_minus_bce", diff < 1e-5 and out <= 0 and bce_after < float(bce),
+               f"prm(seq, labels) = {out:.5f} = -BCE(rewards, labels) (|diff| {diff:.2g}), a log-"
                f"likelihood: one step minimizing its negative (lr {PRM_ASCENT_LR}) lowers the BCE "
                f"{float(bce):.5f} -> {bce_after:.5f}")
     return {"sequence_shape": list(seq.shape), "rewards_shape": list(fresh.shape),
-            "labelled_output": float(out), "bce": float(bce), "bce_after_step": bce_after, "policy_tensors_with_grad": nonzero,
+            "labelled_output": out, "bce": float(bce), "bce_after_step": bce_after, "policy_tensors_with_grad": nonzero,
             "reference_tensors_with_grad": sum(g is not None for g in ref_grads)}
 
 
-def run_smoke(args, device) -> dict[str, Any]:
+def run_smoke(args, device, pairs: list[tuple[str, str]]) -> dict[str, Any]:
     """All reward-model checks; returns the per-part results (JSON-ready) and the checks."""
     from accelerate.utils import set_seed
     from palm_rlhf_pytorch import PaLM
 
     checks, timer, result = rt.Checks(), rt.Timer(), {}
-    train_pairs, held_pairs = split(load_pairs())
+    train_pairs, held_pairs = split(pairs)
     set_seed(args.seed)
     palm = PaLM(**TINY_PALM).to(device)  # each RewardModel deep-copies it
     with timer.stage("scalar"):
@@ -257,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         raise rt.SkillError("--steps must be at least 2 (a loss needs a before and an after)")
     if args.lr < 0:
         raise rt.SkillError("--lr must be >= 0")
+    pairs = load_pairs()  # before torch: a missing asset is a one-line exit 2
     env = rt.check_versions(args.allow_untested)
     timer = rt.Timer()
     with timer.stage("import"):
@@ -266,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     caller = os.getcwd()
     caller_before = sorted(os.listdir(caller))
     with rt.private_workdir(), rt.capture_library_output() as captured:
-        result = run_smoke(args, device)
+        result = run_smoke(args, device, pairs)
     checks: rt.Checks = result.pop("checks")
     checks.items.append(rt.caller_directory_check(caller, caller_before))
     report: dict[str, Any] = {

@@ -1,0 +1,219 @@
+"""The palm-modeling sub-skill: its smoke helper (in-process, by path, console script) and the
+facts its markdown states about palm-rlhf-pytorch's PaLM."""
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import re
+import sys
+import warnings
+
+import pytest
+
+from conftest import BIN, REPO, load_script, run, run_json
+
+SUBSKILL = REPO / "sub-skills" / "palm-modeling"
+PALM_SMOKE = SUBSKILL / "scripts" / "tiny_palm_smoke.py"
+CHECK_NAMES = ["constructed", "next_token_loss_decreases", "generate_with_prompt", "generate_without_prompt",
+               "fresh_lora_scope_is_identity", "lora_scope_isolated", "merge_reproduces_scoped_logits",
+               "save_load_round_trip", "caller_directory_untouched"]
+TOP_KEYS = {"status", "device", "seed", "versions", "tested", "warnings", "config", "model", "loss",
+            "generate", "lora", "save_load", "checks", "library_output", "timings_s"}
+TINY = dict(num_tokens=257, dim=32, depth=1, heads=2, dim_head=16)
+
+
+@pytest.fixture(scope="module")
+def palm_smoke():
+    return load_script(PALM_SMOKE, "tiny_palm_smoke")
+
+
+# One intra-op thread: on a shared 2-core CI machine torch's default thread pool makes these tiny
+# models several times slower (measured: 15 s vs 0.8 s for the reward training under load).
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def inprocess(module, capsys, monkeypatch, cwd, *argv):
+    monkeypatch.chdir(cwd)
+    code = module.main(["--json", "--device", "cpu", *argv])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_in_process_report(palm_smoke, capsys, monkeypatch, empty_dir):
+    code, report = inprocess(palm_smoke, capsys, monkeypatch, empty_dir)
+    assert code == 0, [c for c in report["checks"] if not c["passed"]]
+    assert report["status"] == "ok" and report["device"] == "cpu" and TOP_KEYS <= report.keys()
+    assert [c["name"] for c in report["checks"]] == CHECK_NAMES
+    assert report["config"] == TINY
+    assert report["loss"]["after"] < report["loss"]["before"] and len(report["loss"]["per_step"]) == 3
+    assert report["generate"]["with_prompt"] == {"prompt_shape": [2, 5], "shape": [2, 7], "full_shape": [2, 12]}
+    assert report["generate"]["without_prompt"]["shape"] == [1, 12]
+    lora = report["lora"]
+    assert lora["merge_max_abs_diff"] <= lora["merge_atol"] == 1e-4 and lora["scoped_max_abs_effect"] > 1e-3
+    assert lora["tensors"] == 8  # q, k, v, out: A and B each, one layer
+    assert report["save_load"]["max_abs_diff"] == 0.0 and report["save_load"]["bytes"] > 0
+    assert set(report["timings_s"]) == {"import", "construct", "loss_step", "generate", "lora", "save_load", "total"}
+    assert list(empty_dir.iterdir()) == []
+
+
+def test_deterministic_under_seed(palm_smoke, capsys, monkeypatch, empty_dir):
+    _, a = inprocess(palm_smoke, capsys, monkeypatch, empty_dir, "--seed", "3")
+    _, b = inprocess(palm_smoke, capsys, monkeypatch, empty_dir, "--seed", "3")
+    assert a["loss"] == b["loss"] and a["lora"] == b["lora"]
+
+
+def test_cli_by_path_json_from_empty_dir(empty_dir):
+    proc, report = run_json([sys.executable, str(PALM_SMOKE), "--json"], empty_dir, env=ONE_THREAD)
+    assert proc.returncode == 0 and report["status"] == "ok", proc.stderr[-2000:]
+    assert report["device"] == "cpu" and report["checks"][-1]["passed"]
+    assert list(empty_dir.iterdir()) == []
+
+
+def test_installed_console_script(empty_dir):
+    exe = BIN / "tiny-palm-smoke"
+    assert exe.exists(), "install the package first: pip install '.[test]'"
+    proc, report = run_json([str(exe), "--json", "--device", "cpu"], empty_dir, env=ONE_THREAD)
+    assert proc.returncode == 0 and report["status"] == "ok", proc.stderr[-2000:]
+    assert list(empty_dir.iterdir()) == []
+
+
+def test_forced_failure_exits_1(palm_smoke, capsys, monkeypatch, empty_dir):
+    code, report = inprocess(palm_smoke, capsys, monkeypatch, empty_dir, "--lr", "0")
+    assert code == 1 and report["status"] == "failed"
+    assert [c["name"] for c in report["checks"] if not c["passed"]] == ["next_token_loss_decreases"]
+
+
+@pytest.mark.parametrize("argv", [["--bogus"], ["--steps", "0"], ["--lr", "-1"]])
+def test_usage_errors_one_line_exit_2(empty_dir, argv):
+    proc = run([sys.executable, "-X", "importtime", str(PALM_SMOKE), *argv], empty_dir)
+    assert proc.returncode == 2, proc.stderr[-1000:]
+    errors = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
+    assert len(errors) == 1 and "error:" in errors[0], errors
+    assert not any(line.rstrip().endswith("| torch") for line in proc.stderr.splitlines())
+
+
+def test_help_without_torch(empty_dir):
+    proc = run([sys.executable, "-X", "importtime", str(PALM_SMOKE), "--help"], empty_dir)
+    assert proc.returncode == 0 and "--steps" in proc.stdout and "exit codes" in proc.stdout
+    assert not any(line.rstrip().endswith("| torch") for line in proc.stderr.splitlines())
+
+
+# facts stated in sub-skills/palm-modeling/*.md ------------------------------------------------
+
+def python_blocks(path):
+    return re.findall(r"```python\n(.*?)```", path.read_text(encoding="utf-8"), re.S)
+
+
+@pytest.mark.parametrize("name", ["palm-api.md", "lora-scopes.md"])
+def test_reference_code_blocks_run(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    blocks = python_blocks(SUBSKILL / "references" / name)
+    assert blocks
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        for i, block in enumerate(blocks):
+            exec(compile(block, f"{name}[{i}]", "exec"), {"__name__": "__main__"})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_constructor_table_matches_signature():
+    from palm_rlhf_pytorch import PaLM
+    doc = (SUBSKILL / "references" / "palm-api.md").read_text(encoding="utf-8")
+    rows = dict(re.findall(r"^\| `(\w+)` \| (required|`[^`]*`) \|", doc, re.M))
+    params = {n: p for n, p in inspect.signature(PaLM.__init__).parameters.items() if n != "self"}
+    assert set(rows) == set(params)
+    for name, param in params.items():
+        assert param.kind is inspect.Parameter.KEYWORD_ONLY
+        if param.default is inspect.Parameter.empty:
+            assert rows[name] == "required"
+        else:
+            assert eval(rows[name].strip("`"), {}) == param.default, name
+
+
+def test_generate_and_forward_signatures_as_documented():
+    from palm_rlhf_pytorch import PaLM
+    doc = (SUBSKILL / "references" / "palm-api.md").read_text(encoding="utf-8")
+    # generate is wrapped by eval_decorator (no functools.wraps): read its definition from the source
+    import ast
+    import palm_rlhf_pytorch.palm as palm_module
+    tree = ast.parse(inspect.getsource(palm_module))
+    palm_class = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "PaLM")
+    gen_def = next(n for n in palm_class.body if isinstance(n, ast.FunctionDef) and n.name == "generate")
+    names = [a.arg for a in gen_def.args.args] + [gen_def.args.kwarg.arg]
+    defaults = dict(zip([a.arg for a in gen_def.args.args][-len(gen_def.args.defaults):],
+                        [ast.unparse(d) for d in gen_def.args.defaults]))
+    assert defaults == {"prompt": "None", "temperature": "1.0", "filter_logits_fn": "top_k", "filter_thres": "0.9",
+                        "pad_value": "0.0", "eos_token": "None", "return_seq_without_prompt": "True",
+                        "use_tqdm": "False"}
+    assert "filter_thres=0.9" in doc and "temperature=1.," in doc and "pad_value=0.," in doc
+    assert names[1:] == ["seq_len", "prompt", "temperature", "filter_logits_fn",
+                                               "filter_thres", "pad_value", "eos_token",
+                                               "return_seq_without_prompt", "use_tqdm", "kwargs"]
+    assert "(26 of 257)" in doc
+    assert math.ceil((1 - 0.9) * 257) == 26
+    fwd = inspect.signature(PaLM.forward)
+    assert list(fwd.parameters)[1:] == ["x", "return_loss", "disable_lora", "finetune_scope", "extra_embed",
+                                        "return_only_embedding", "return_logits_with_embedding"]
+
+
+def test_flash_attn_matches_and_warns():
+    import torch
+    from palm_rlhf_pytorch import PaLM
+    torch.manual_seed(0)
+    plain = PaLM(**TINY).eval()
+    flash = PaLM(**TINY, flash_attn=True).eval()
+    flash.load_state_dict(plain.state_dict())
+    x = torch.randint(1, 257, (2, 9))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        diff = (flash(x) - plain(x)).abs().max().item()
+    assert diff < 1e-6
+    assert any(w.category is FutureWarning and "sdp_kernel" in str(w.message) for w in caught)
+
+
+def test_scoped_training_also_reaches_base_weights():
+    import torch
+    from palm_rlhf_pytorch import PaLM
+    palm = PaLM(**TINY)
+    palm.add_finetune_params("task")
+    palm(torch.randint(1, 257, (2, 8)), return_loss=True, finetune_scope="task").backward()
+    assert palm.token_emb.weight.grad is not None  # so optimize finetune_parameters(scope) only
+    assert isinstance(palm.palm_parameters(), set)
+    assert palm.set_dropout(0.) is palm
+
+
+def test_lora_init_and_rank():
+    from palm_rlhf_pytorch import PaLM
+    palm = PaLM(**TINY)
+    palm.add_finetune_params("a")
+    palm.add_finetune_params("b", lora_r=2)
+    q, k, v, o = palm.finetune_modules["a"][0]
+    assert q.A.shape == (32, 8) and q.B.shape == (8, 32) and k.B.shape == (8, 16) and o.A.shape == (32, 8)
+    assert q.scale == 1.0 and all((m.B == 0).all() for m in (q, k, v, o))
+    assert palm.finetune_modules["b"][0][0].A.shape == (32, 2)
+    removed = palm.remove_finetune_params("b")
+    assert type(removed).__name__ == "ModuleList" and list(palm.finetune_modules) == ["a"]
+    with pytest.raises(AssertionError, match="finetune scope a already found"):
+        palm.add_finetune_params("a")
+
+
+def test_skill_md_frontmatter_and_links():
+    text = (SUBSKILL / "SKILL.md").read_text(encoding="utf-8")
+    assert re.search(r"^name: palm-modeling$", text, re.M)
+    assert re.search(r"^disable-model-invocation: true$", text, re.M)
+    description = re.search(r"^description: (.+)$", text, re.M).group(1)
+    assert len(description) <= 1024 and "reward-modeling" in description and "policy-optimization" in description
+    for md in [SUBSKILL / "SKILL.md", *sorted((SUBSKILL / "references").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)#]+\.md)\)", md.read_text(encoding="utf-8")):
+            assert (md.parent / target).resolve().is_file(), f"{md.name} links missing {target}"
+    do_not_use = text.split("## Do not use for")[1].split("##")[0]
+    assert "../policy-optimization/SKILL.md" in do_not_use and "../reward-modeling/SKILL.md" in do_not_use
