@@ -217,3 +217,25 @@ def test_skill_md_frontmatter_and_links():
             assert (md.parent / target).resolve().is_file(), f"{md.name} links missing {target}"
     do_not_use = text.split("## Do not use for")[1].split("##")[0]
     assert "../policy-optimization/SKILL.md" in do_not_use and "../reward-modeling/SKILL.md" in do_not_use
+
+
+def test_generate_details_as_documented():
+    import torch
+    from palm_rlhf_pytorch import PaLM
+    from palm_rlhf_pytorch.utils import top_p
+    import palm_rlhf_pytorch.attention as attention
+    torch.manual_seed(0)
+    palm = PaLM(**TINY)
+    prompt = torch.randint(1, 257, (2, 4))
+    palm.train()
+    assert palm.generate(6, prompt=prompt[0]).shape == (2,)        # 1-D prompt, 1-D result
+    assert palm.training                                             # training mode restored
+    assert palm.generate(6, prompt=prompt, filter_logits_fn=top_p).shape == (2, 2)
+    assert palm.generate(6, prompt=prompt, filter_logits_fn=None).shape == (2, 2)
+    with pytest.raises(AssertionError):                              # **kwargs reach forward
+        palm.generate(6, prompt=prompt, finetune_scope="no-such-scope")
+    assert palm.layers[0].fn.rotary_emb.use_xpos
+    assert not PaLM(**TINY, causal=False).layers[0].fn.rotary_emb.use_xpos  # xPos only when causal
+    assert "must be using pytorch 2.0 or above" in inspect.getsource(attention)
+    palm.add_finetune_params("actor")
+    assert any(k.startswith("finetune_modules.actor.") for k in palm.state_dict())

@@ -280,3 +280,30 @@ def test_glossary_names_exist():
     assert "self.partition_function = " in inspect.getsource(importlib.import_module("palm_rlhf_pytorch.flowrl"))
     critic_src = inspect.getsource(ActorCritic)
     assert "self.value_head" in critic_src and "self.critic" in critic_src
+
+
+def test_reward_model_details_as_documented(reward_smoke):
+    import torch
+    from palm_rlhf_pytorch import PaLM, RewardModel
+    torch.manual_seed(0)
+    reward_model = RewardModel(PaLM(**TINY)).eval()
+    assert all(m.p == 0.1 for m in reward_model.palm.modules() if isinstance(m, torch.nn.Dropout))
+    head = reward_model.to_pred[0]
+    assert isinstance(head, torch.nn.Linear) and head.out_features == 1 and head.bias is None
+    for embed in (reward_model.prompt_embed, reward_model.response_embed):
+        assert embed.shape == (1, 1, 32) and (embed == 0).all()
+    x = torch.cat([torch.randint(1, 257, (2, 5)), torch.zeros(2, 4, dtype=torch.long)], dim=1)
+    assert not torch.allclose(reward_model(x), reward_model(x, mask=x != 0))  # padding averaged in
+    args = reward_smoke.build_parser().parse_args([])
+    assert args.steps == 20 and args.lr == 3e-3                             # "lr 3e-3, 20 steps"
+    pyproject = (REPO / "pyproject.toml").read_text(encoding="utf-8")
+    assert 'tiny-palm-smoke = "palm_rlhf_skill.cli:tiny_palm_smoke"' in pyproject
+    assert 'tiny-reward-smoke = "palm_rlhf_skill.cli:tiny_reward_smoke"' in pyproject
+
+
+def test_trainers_pad_with_zero():
+    import importlib
+    for module, cls in [("palm_rlhf_pytorch.ppo", "RLHFTrainer"), ("palm_rlhf_pytorch.grpo", "RLHFTrainer"),
+                        ("palm_rlhf_pytorch.tpo", "RLHFTrainer"), ("palm_rlhf_pytorch.flowrl", "FlowRLTrainer")]:
+        trainer = getattr(importlib.import_module(module), cls)
+        assert inspect.signature(trainer.__init__).parameters["pad_value"].default == 0
