@@ -107,23 +107,7 @@ def test_help_without_torch(empty_dir):
     assert not any(line.rstrip().endswith("| torch") for line in proc.stderr.splitlines())
 
 
-# facts stated in sub-skills/palm-modeling/*.md ------------------------------------------------
-
-def python_blocks(path):
-    return re.findall(r"```python\n(.*?)```", path.read_text(encoding="utf-8"), re.S)
-
-
-@pytest.mark.parametrize("name", ["palm-api.md", "lora-scopes.md"])
-def test_reference_code_blocks_run(name, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    blocks = python_blocks(SUBSKILL / "references" / name)
-    assert blocks
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        for i, block in enumerate(blocks):
-            exec(compile(block, f"{name}[{i}]", "exec"), {"__name__": "__main__"})
-    assert list(tmp_path.iterdir()) == []
-
+# facts stated in sub-skills/palm-modeling/*.md (their code blocks run in test_doc_code_blocks.py)
 
 def test_constructor_table_matches_signature():
     from palm_rlhf_pytorch import PaLM

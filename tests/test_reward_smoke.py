@@ -130,21 +130,7 @@ def test_responses_file_is_pairs_of_thanking_and_plain_replies(reward_smoke):
     assert len(train) == 21 and len(held) == 7 and not set(train) & set(held)
 
 
-# facts stated in sub-skills/reward-modeling/*.md ----------------------------------------------
-
-def python_blocks(path):
-    return re.findall(r"```python\n(.*?)```", path.read_text(encoding="utf-8"), re.S)
-
-
-@pytest.mark.parametrize("name", ["reward-api.md", "implicit-prm.md"])
-def test_reference_code_blocks_run(name, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    blocks = python_blocks(SUBSKILL / "references" / name)
-    assert blocks
-    for i, block in enumerate(blocks):
-        exec(compile(block, f"{name}[{i}]", "exec"), {"__name__": "__main__"})
-    assert list(tmp_path.iterdir()) == []
-
+# facts stated in sub-skills/reward-modeling/*.md (their code blocks run in test_doc_code_blocks.py)
 
 def test_reward_model_signature_as_documented():
     from palm_rlhf_pytorch import RewardModel
@@ -188,6 +174,10 @@ def test_trainers_declare_reward_model_and_reject_implicit_prm():
         RLHFTrainer(palm=PaLM(**TINY), reward_model=ImplicitPRM(PaLM(**TINY)),
                     prompt_token_ids=torch.randint(1, 257, (2, 3)))
     assert "prompt_mask" not in inspect.signature(ImplicitPRM.forward).parameters
+    from palm_rlhf_pytorch import ActorCritic
+    critic_type = inspect.signature(ActorCritic.__init__).parameters["critic"].annotation
+    assert "ImplicitPRM" in str(critic_type) and "PaLM" in str(critic_type)
+    assert "ImplicitPRM" in str(inspect.signature(RLHFTrainer.__init__).parameters["critic"].annotation)
 
 
 def test_grpo_trains_with_a_binned_reward_model(tmp_path, monkeypatch):
