@@ -18,7 +18,7 @@ PALM_SMOKE = SUBSKILL / "scripts" / "tiny_palm_smoke.py"
 CHECK_NAMES = ["constructed", "next_token_loss_decreases", "generate_with_prompt", "generate_without_prompt",
                "fresh_lora_scope_is_identity", "lora_scope_isolated", "merge_reproduces_scoped_logits",
                "save_load_round_trip", "caller_directory_untouched"]
-TOP_KEYS = {"status", "device", "seed", "versions", "tested", "warnings", "config", "model", "loss",
+TOP_KEYS = {"status", "device", "seed", "cpu_threads", "versions", "tested", "warnings", "config", "model", "loss",
             "generate", "lora", "save_load", "checks", "library_output", "timings_s"}
 TINY = dict(num_tokens=257, dim=32, depth=1, heads=2, dim_head=16)
 
@@ -28,19 +28,6 @@ def palm_smoke():
     return load_script(PALM_SMOKE, "tiny_palm_smoke")
 
 
-# One intra-op thread: on a shared 2-core CI machine torch's default thread pool makes these tiny
-# models several times slower (measured: 15 s vs 0.8 s for the reward training under load).
-ONE_THREAD = {"OMP_NUM_THREADS": "1"}
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    import torch
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 def inprocess(module, capsys, monkeypatch, cwd, *argv):
     monkeypatch.chdir(cwd)
@@ -49,9 +36,13 @@ def inprocess(module, capsys, monkeypatch, cwd, *argv):
 
 
 def test_in_process_report(palm_smoke, capsys, monkeypatch, empty_dir):
+    import torch
+    threads = torch.get_num_threads()
     code, report = inprocess(palm_smoke, capsys, monkeypatch, empty_dir)
+    assert torch.get_num_threads() == threads  # --cpu-threads applies only while the checks run
     assert code == 0, [c for c in report["checks"] if not c["passed"]]
     assert report["status"] == "ok" and report["device"] == "cpu" and TOP_KEYS <= report.keys()
+    assert report["cpu_threads"] == 1
     assert [c["name"] for c in report["checks"]] == CHECK_NAMES
     assert report["config"] == TINY
     assert report["loss"]["after"] < report["loss"]["before"] and len(report["loss"]["per_step"]) == 3
@@ -72,7 +63,7 @@ def test_deterministic_under_seed(palm_smoke, capsys, monkeypatch, empty_dir):
 
 
 def test_cli_by_path_json_from_empty_dir(empty_dir):
-    proc, report = run_json([sys.executable, str(PALM_SMOKE), "--json"], empty_dir, env=ONE_THREAD)
+    proc, report = run_json([sys.executable, str(PALM_SMOKE), "--json"], empty_dir)
     assert proc.returncode == 0 and report["status"] == "ok", proc.stderr[-2000:]
     assert report["device"] == "cpu" and report["checks"][-1]["passed"]
     assert list(empty_dir.iterdir()) == []
@@ -81,7 +72,7 @@ def test_cli_by_path_json_from_empty_dir(empty_dir):
 def test_installed_console_script(empty_dir):
     exe = BIN / "tiny-palm-smoke"
     assert exe.exists(), "install the package first: pip install '.[test]'"
-    proc, report = run_json([str(exe), "--json", "--device", "cpu"], empty_dir, env=ONE_THREAD)
+    proc, report = run_json([str(exe), "--json", "--device", "cpu"], empty_dir)
     assert proc.returncode == 0 and report["status"] == "ok", proc.stderr[-2000:]
     assert list(empty_dir.iterdir()) == []
 
@@ -92,7 +83,7 @@ def test_forced_failure_exits_1(palm_smoke, capsys, monkeypatch, empty_dir):
     assert [c["name"] for c in report["checks"] if not c["passed"]] == ["next_token_loss_decreases"]
 
 
-@pytest.mark.parametrize("argv", [["--bogus"], ["--steps", "0"], ["--lr", "-1"]])
+@pytest.mark.parametrize("argv", [["--bogus"], ["--steps", "0"], ["--lr", "-1"], ["--cpu-threads", "0"]])
 def test_usage_errors_one_line_exit_2(empty_dir, argv):
     proc = run([sys.executable, "-X", "importtime", str(PALM_SMOKE), *argv], empty_dir)
     assert proc.returncode == 2, proc.stderr[-1000:]

@@ -62,6 +62,9 @@ def build_parser() -> rt.OneLineParser:
                         help="full-batch Adam steps for each reward model (default: 20)")
     parser.add_argument("--lr", type=float, default=3e-3,
                         help="Adam learning rate (default: 3e-3; 0 makes the training checks fail)")
+    parser.add_argument("--cpu-threads", type=int, default=1, metavar="N",
+                        help="torch intra-op threads while the checks run (default: 1; tiny models "
+                             "gain nothing from more)")
     parser.add_argument("--seed", type=int, default=0, help="seed for random, numpy and torch (default: 0)")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     parser.add_argument("--allow-untested", action="store_true",
@@ -271,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
         raise rt.SkillError("--steps must be at least 2 (a loss needs a before and an after)")
     if args.lr < 0:
         raise rt.SkillError("--lr must be >= 0")
+    if args.cpu_threads < 1:
+        raise rt.SkillError("--cpu-threads must be at least 1")
     pairs = load_pairs()  # before torch: a missing asset is a one-line exit 2
     env = rt.check_versions(args.allow_untested)
     timer = rt.Timer()
@@ -280,12 +285,14 @@ def main(argv: list[str] | None = None) -> int:
     _, device = rt.resolve_device(args.device)
     caller = os.getcwd()
     caller_before = sorted(os.listdir(caller))
-    with rt.private_workdir(), rt.capture_library_output() as captured:
+    with rt.private_workdir(), rt.torch_threads(args.cpu_threads) as threads, \
+            rt.capture_library_output() as captured:
         result = run_smoke(args, device, pairs)
     checks: rt.Checks = result.pop("checks")
     checks.items.append(rt.caller_directory_check(caller, caller_before))
     report: dict[str, Any] = {
         "status": "ok" if checks.passed else "failed", "device": str(device), "seed": args.seed,
+        "cpu_threads": threads,
         "versions": env["versions"], "tested": env["tested"], "warnings": env["warnings"],
         "config": dict(TINY_PALM), **result, "checks": checks.items,
         "library_output": captured.stdout.strip() or None,
