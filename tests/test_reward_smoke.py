@@ -144,7 +144,8 @@ def test_use_lora_false_trains_the_whole_copy():
     assert tuple(logits.shape) == (3, 5) and logits.is_floating_point()
 
 
-def test_trainers_declare_reward_model_and_reject_implicit_prm():
+def test_trainers_declare_reward_model_and_reject_implicit_prm(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # TPO writes ./tpo_memmap_replay_buffer
     import importlib
     import torch
     from palm_rlhf_pytorch import ImplicitPRM, PaLM, RewardModel
@@ -161,6 +162,14 @@ def test_trainers_declare_reward_model_and_reject_implicit_prm():
         RLHFTrainer(palm=PaLM(**TINY), reward_model=ImplicitPRM(PaLM(**TINY)),
                     prompt_token_ids=torch.randint(1, 257, (2, 3)))
     assert "prompt_mask" not in inspect.signature(ImplicitPRM.forward).parameters
+    # GRPO, TPO and FlowRL have no beartype: they accept an ImplicitPRM and fail at the first rollout
+    for module, cls, extra in [("palm_rlhf_pytorch.grpo", "RLHFTrainer", {}), ("palm_rlhf_pytorch.tpo", "RLHFTrainer", {}),
+                               ("palm_rlhf_pytorch.flowrl", "FlowRLTrainer", {"partition_function_hidden_dim": TINY["dim"]})]:
+        trainer = getattr(importlib.import_module(module), cls)(
+            palm=PaLM(**TINY), reward_model=ImplicitPRM(PaLM(**TINY)),
+            prompt_token_ids=torch.randint(1, 257, (2, 3)), **extra)
+        with pytest.raises(TypeError, match="unexpected keyword argument 'prompt_mask'"):
+            trainer.train(num_episodes=1, max_timesteps=1, update_timesteps=1, max_seq_len=6)
     from palm_rlhf_pytorch import ActorCritic
     critic_type = inspect.signature(ActorCritic.__init__).parameters["critic"].annotation
     assert "ImplicitPRM" in str(critic_type) and "PaLM" in str(critic_type)
