@@ -14,6 +14,7 @@ Usage:
     tiny_rlhf_smoke.py --construct-only --device cpu
     tiny_rlhf_smoke.py --prompt-style text              # raw-text prompts via prompts=
     tiny_rlhf_smoke.py --prompt-style file              # the same file via prompts_path=
+    tiny_rlhf_smoke.py --dim 128 --depth 2 --prompt-len 16 --new-tokens 32   # a bigger smoke
 
 Runs inside a private temporary directory and leaves nothing in the caller's directory.
 The JSON schema and exit codes are documented in references/workflows.md.
@@ -38,6 +39,11 @@ PROMPTS_FILE = Path(__file__).resolve().parents[1] / "assets" / "prompts.txt"
 TINY_PALM = dict(num_tokens=257, dim=32, depth=1, heads=2, dim_head=16)
 PAD_ID = 0             # the trainers' default pad_value; byte-level ids are byte + 1, never 0
 NEW_TOKENS = 8         # tokens sampled after the longest prompt
+PROMPT_LENGTHS = (3, 6)  # random token-ids prompt lengths, inclusive
+# torch CPU intra-op threads: at dim 32 every op is microseconds, so a parallel region costs more
+# than it saves, and on a busy machine the idle OpenMP workers spin: 2 threads made the PPO update
+# ~10x slower in CPU time than 1 on a shared 2-core host (bench_smoke.py measures it).
+CPU_THREADS = 1
 GROUP_SAMPLES = 3      # extra samples per prompt for GRPO/TPO/FlowRL: group size = 3 + 1
 NUM_GENERATE_SAMPLES = 2
 
@@ -114,7 +120,9 @@ def build_parser() -> rt.OneLineParser:
                "  tiny-rlhf-smoke --trainer all --json\n"
                "  tiny-rlhf-smoke --trainer grpo --grpo-variant spo\n"
                "  tiny-rlhf-smoke --construct-only --device cpu\n"
-               "  tiny-rlhf-smoke --prompt-style file\n\n" + rt.EXIT_CODES_EPILOG,
+               "  tiny-rlhf-smoke --prompt-style file\n"
+               "  tiny-rlhf-smoke --dim 128 --depth 2 --prompt-len 16 --new-tokens 32\n\n"
+               + rt.EXIT_CODES_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trainer", choices=[*TRAINERS, "all"], default="ppo",
                         help="ppo (root RLHFTrainer), grpo, tpo, flowrl, or all four (default: ppo)")
@@ -135,6 +143,19 @@ def build_parser() -> rt.OneLineParser:
                         help="rollouts before the single learn() (default: computed so every "
                              "trainable tensor moves; fewer makes the weight checks fail)")
     parser.add_argument("--seed", type=int, default=0, help="seed for random, numpy and torch (default: 0)")
+    parser.add_argument("--threads", type=int, default=CPU_THREADS, metavar="N",
+                        help=f"torch CPU intra-op threads, torch.set_num_threads (default: {CPU_THREADS}; "
+                             "more only pays off for a much bigger model)")
+    size = parser.add_argument_group("model size (to size a bigger smoke; defaults: the tiny config)")
+    size.add_argument("--dim", type=int, default=TINY_PALM["dim"], metavar="N",
+                      help=f"PaLM model dimension (default: {TINY_PALM['dim']})")
+    size.add_argument("--depth", type=int, default=TINY_PALM["depth"], metavar="N",
+                      help=f"PaLM layers (default: {TINY_PALM['depth']})")
+    size.add_argument("--prompt-len", type=int, metavar="N",
+                      help="every token-ids prompt exactly N tokens (default: random "
+                           f"{PROMPT_LENGTHS[0]}-{PROMPT_LENGTHS[1]})")
+    size.add_argument("--new-tokens", type=int, default=NEW_TOKENS, metavar="N",
+                      help=f"tokens sampled per rollout: max_seq_len = longest prompt + N (default: {NEW_TOKENS})")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     parser.add_argument("--verbose", action="store_true",
                         help="echo the library's own prints (losses) to stderr")
@@ -162,7 +183,7 @@ def parse_variants(values: list[str] | None) -> list[str]:
 ByteTokenizer = rt.ByteTokenizer  # one implementation, shared with the reward-modeling smoke
 
 
-def random_prompt_token_ids(seed: int, num_prompts: int = 4, lengths: tuple[int, int] = (3, 6)):
+def random_prompt_token_ids(seed: int, num_prompts: int = 4, lengths: tuple[int, int] = PROMPT_LENGTHS):
     """Padded ``(num_prompts, max_len)`` int64 prompt ids in [1, vocab), right-padded with 0."""
     import torch
     gen = torch.Generator().manual_seed(seed)
@@ -172,10 +193,10 @@ def random_prompt_token_ids(seed: int, num_prompts: int = 4, lengths: tuple[int,
     return ids.masked_fill(~keep, PAD_ID)
 
 
-def prompt_kwargs(style: str, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
+def prompt_kwargs(style: str, seed: int, prompt_len: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Trainer prompt arguments for a style, plus a description for the report."""
     if style == "token-ids":
-        ids = random_prompt_token_ids(seed)
+        ids = random_prompt_token_ids(seed, lengths=(prompt_len, prompt_len) if prompt_len else PROMPT_LENGTHS)
         return {"prompt_token_ids": ids}, {"style": style, "count": ids.shape[0], "max_len": ids.shape[1]}
     if not PROMPTS_FILE.is_file():
         raise rt.SkillError(f"prompts file missing: {PROMPTS_FILE} (reinstall the skill tree)")
@@ -231,8 +252,8 @@ def run_trainer(name: str, args, device_kwargs: dict, device, variants: list[str
     result: dict[str, Any] = {"trainer": name, "status": "failed", "mode": mode_name(args)}
     set_seed(args.seed)
     with timer.stage("construct"):
-        prompt_args, prompt_info = prompt_kwargs(args.prompt_style, args.seed)
-        palm = PaLM(**TINY_PALM).to(device)
+        prompt_args, prompt_info = prompt_kwargs(args.prompt_style, args.seed, args.prompt_len)
+        palm = PaLM(**palm_config(args)).to(device)
         reward_model = RewardModel(palm, num_binned_output=0).to(device)  # deep-copies palm
         if "prompt_token_ids" in prompt_args:
             prompt_args["prompt_token_ids"] = prompt_args["prompt_token_ids"].to(device)
@@ -285,7 +306,7 @@ def run_trainer(name: str, args, device_kwargs: dict, device, variants: list[str
 
     rollouts = args.rollouts or spec.rollouts_for(spec.required_steps)
     expected_steps = spec.steps_for(rollouts)
-    max_seq_len = int(trainer.prompt_token_ids.shape[1]) + NEW_TOKENS
+    max_seq_len = int(trainer.prompt_token_ids.shape[1]) + args.new_tokens
     before = {key: rt.snapshot((names[id(p)], p) for p in ps) for key, ps in groups.items()}
     frozen_before = rt.snapshot(frozen)
 
@@ -395,6 +416,11 @@ def finish(result: dict[str, Any], checks: rt.Checks) -> dict[str, Any]:
     return result
 
 
+def palm_config(args) -> dict[str, int]:
+    """PaLM keyword arguments: the tiny config with --dim and --depth applied."""
+    return {**TINY_PALM, "dim": args.dim, "depth": args.depth}
+
+
 def mode_name(args) -> str:
     return "construct-only" if args.construct_only else "train-smoke"
 
@@ -423,13 +449,19 @@ def main(argv: list[str] | None = None) -> int:
     variants = parse_variants(args.grpo_variant)
     if args.rollouts is not None and args.rollouts < 1:
         raise rt.SkillError("--rollouts must be at least 1")
+    for option in ("threads", "dim", "depth", "prompt_len", "new_tokens"):
+        if getattr(args, option) is not None and getattr(args, option) < 1:
+            raise rt.SkillError(f"--{option.replace('_', '-')} must be at least 1")
+    if args.prompt_len is not None and args.prompt_style != "token-ids":
+        raise rt.SkillError("--prompt-len applies to --prompt-style token-ids")
     env = rt.check_versions(args.allow_untested)
 
     timer = rt.Timer()
     with timer.stage("import"):
-        import torch  # noqa: F401  (the import floor, timed)
+        import torch  # the import floor, timed
         import palm_rlhf_pytorch  # noqa: F401
         import accelerate  # noqa: F401
+    torch.set_num_threads(args.threads)
     device_kwargs, device = rt.resolve_device(args.device)
     names = list(TRAINERS) if args.trainer == "all" else [args.trainer]
     args.caller_dir = os.getcwd()
@@ -446,7 +478,8 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {
         "status": "ok" if ok else "failed", "mode": mode_name(args), "trainer": args.trainer,
         "device": str(device), "seed": args.seed, "versions": env["versions"], "tested": env["tested"],
-        "warnings": env["warnings"], "config": {**TINY_PALM, "new_tokens": NEW_TOKENS},
+        "warnings": env["warnings"], "config": {**palm_config(args), "new_tokens": args.new_tokens,
+                                           "prompt_len": args.prompt_len, "threads": args.threads},
     }
     first = results[names[0]]
     stage_sum = lambda key: None if any(r["timings_s"][key] is None for r in results.values()) \
