@@ -27,6 +27,8 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "uninstall": ("module", "palm_rlhf_skill.install:uninstall_main", "remove an installed copy"),
     "list": ("module", "palm_rlhf_skill.install:list_main", "show where copies are installed"),
     "doctor": ("module", "palm_rlhf_skill.doctor", "check that this environment can run the trainers"),
+    "bench": ("script", "sub-skills/policy-optimization/scripts/bench_smoke.py",
+              "time the smoke helper against the import floor; --scaling: the sizing table"),
 }
 
 

@@ -259,6 +259,8 @@ def run_trainer(name: str, args, device_kwargs: dict, device, variants: list[str
             prompt_args["prompt_token_ids"] = prompt_args["prompt_token_ids"].to(device)
         kwargs = dict(palm=palm, reward_model=reward_model, minibatch_size=spec.minibatch_size,
                       epochs=1, accelerate_kwargs=device_kwargs, **spec.extra, **prompt_args)
+        if "partition_function_hidden_dim" in kwargs:  # FlowRL: must equal the PaLM dim
+            kwargs["partition_function_hidden_dim"] = args.dim
         if spec.group_kwarg:
             kwargs[spec.group_kwarg] = GROUP_SAMPLES
         if name == "grpo":

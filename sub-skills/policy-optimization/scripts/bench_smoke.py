@@ -1,0 +1,456 @@
+#!/usr/bin/env python3
+"""Benchmark the smoke helper against its floor: a bare ``import palm_rlhf_pytorch``.
+
+Runs every case as a fresh child process, ``--repeat`` times, interleaved (each repeat runs every
+case once, in an order rotated per repeat, so machine noise hits all cases alike), and reports per
+trainer and mode the median and spread of the child's whole-process wall time, CPU time
+(user + system) and peak resident memory, taken from the operating system's own accounting of the
+child (``os.wait4`` rusage: ``ru_utime + ru_stime``, ``ru_maxrss``). Each figure is also given as
+a ratio to the import floor, paired per repeat (``case / floor`` within one repeat, then the
+median), next to the in-process stage timings the smoke reports in its JSON (import, construct,
+update, generate). Then it checks the budgets below and prints each with pass or fail.
+
+``--scaling`` instead measures how the PPO and GRPO train smoke's update and generate time and
+peak memory grow with dim, depth, prompt length and max_seq_len; ``--markdown`` prints that as the
+"Sizing a bigger smoke (measured)" section of references/workflows.md.
+
+Usage:
+    bench_smoke.py                                   # all trainers, 5 repeats, table on stderr
+    bench_smoke.py --trainer ppo --repeat 1 --json   # quick form (CI): one JSON object on stdout
+    bench_smoke.py --scaling --markdown              # regenerate the sizing table of the docs
+
+Children run in a private temporary directory; nothing is left in the caller's directory.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
+import skill_runtime as rt  # noqa: E402  (shared runtime at the skill root, imported by path)
+
+SMOKE = Path(__file__).resolve().parent / "tiny_rlhf_smoke.py"
+THIS = Path(__file__).resolve()
+SINGLE_TRAINERS = ("ppo", "grpo", "tpo", "flowrl")
+FLOOR_CODE = "import palm_rlhf_pytorch"
+METRICS = ("wall_s", "cpu_s", "peak_rss_mib")
+STAGES = ("import", "construct", "update", "generate", "total")
+
+# (name, case key, metric, max ratio to the import floor) -- issue 8's budgets, one run's ratios.
+BUDGETS = (
+    ("construct_only_wall", "ppo/construct-only", "wall_s", 1.10),
+    ("ppo_train_wall", "ppo/train-smoke", "wall_s", 1.25),
+    ("all_train_wall", "all/train-smoke", "wall_s", 1.60),
+    ("ppo_train_peak_rss", "ppo/train-smoke", "peak_rss_mib", 1.20),
+)
+
+# Scaling sweep: one axis varied at a time around the base point (smoke options of the same name).
+SCALING_TRAINERS = ("ppo", "grpo")
+SCALING_BASE = {"dim": 32, "depth": 1, "prompt-len": 8, "new-tokens": 8}
+SCALING_AXES = {
+    "dim": (32, 64, 128, 256),
+    "depth": (1, 2, 4),
+    "prompt-len": (8, 32, 128),
+    "new-tokens": (8, 32, 128),
+}
+SCALING_HEADER = ("trainer", "varied", "dim", "depth", "prompt len", "max_seq_len",
+                  "update (s)", "generate (s)", "peak RSS (MiB)")
+SECTION_TITLE = "## Sizing a bigger smoke (measured)"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One child process to time: the import floor, or one smoke invocation."""
+    key: str
+    label: str
+    argv: tuple[str, ...]  # arguments after the python executable
+
+    @property
+    def is_floor(self) -> bool:
+        return self.key == "floor"
+
+
+def floor_case() -> Case:
+    return Case("floor", "import floor", ("-c", FLOOR_CODE))
+
+
+def smoke_case(trainer: str, mode: str, device: str, extra: tuple[str, ...] = ()) -> Case:
+    argv = (str(SMOKE), "--json", "--device", device, "--trainer", trainer, f"--{mode}", *extra)
+    return Case(f"{trainer}/{mode}", f"{trainer} {mode}", argv)
+
+
+def bench_cases(trainers: list[str], device: str) -> list[Case]:
+    """The floor, then construct-only and train-smoke for each single trainer, then ``all``."""
+    cases = [floor_case()]
+    for name in (t for t in SINGLE_TRAINERS if t in trainers):
+        cases += [smoke_case(name, "construct-only", device), smoke_case(name, "train-smoke", device)]
+    if "all" in trainers:
+        cases.append(smoke_case("all", "train-smoke", device))
+    return cases
+
+
+def scaling_points(trainers: list[str] | None = None, axes: list[str] | None = None) -> list[dict[str, Any]]:
+    """The sweep's rows, in table order: ``{trainer, axis, value, config}`` (no measurement).
+
+    ``config`` holds dim, depth, prompt_len, new_tokens and max_seq_len (= prompt_len + new_tokens,
+    what the smoke passes to ``train()`` and ``generate()``).
+    """
+    rows = []
+    for trainer in trainers or SCALING_TRAINERS:
+        for axis in axes or SCALING_AXES:
+            for value in SCALING_AXES[axis]:
+                point = {**SCALING_BASE, axis: value}
+                config = {"dim": point["dim"], "depth": point["depth"], "prompt_len": point["prompt-len"],
+                          "new_tokens": point["new-tokens"],
+                          "max_seq_len": point["prompt-len"] + point["new-tokens"]}
+                rows.append({"trainer": trainer, "axis": axis, "value": value, "config": config})
+    return rows
+
+
+def scaling_case(trainer: str, config: dict[str, int], device: str) -> Case:
+    extra = ("--dim", str(config["dim"]), "--depth", str(config["depth"]),
+             "--prompt-len", str(config["prompt_len"]), "--new-tokens", str(config["new_tokens"]))
+    case = smoke_case(trainer, "train-smoke", device, extra)
+    key = f"{trainer}/d{config['dim']}-l{config['depth']}-p{config['prompt_len']}-n{config['new_tokens']}"
+    return Case(key, key, case.argv)
+
+
+# measuring -------------------------------------------------------------------------------------
+
+def rss_mib(ru_maxrss: int) -> float:
+    """ru_maxrss in MiB: the kernel reports KiB on Linux, bytes on macOS (getrusage(2))."""
+    return ru_maxrss / (1024 * 1024) if sys.platform == "darwin" else ru_maxrss / 1024
+
+
+def run_child(argv: list[str]) -> dict[str, Any]:
+    """Run one child to completion; its wall time, CPU time and peak RSS from ``os.wait4``.
+
+    Returns ``{wall_s, cpu_s, peak_rss_mib, exit_code, report, stderr_tail}``; ``report`` is the
+    child's JSON stdout (None when it printed none). stdout/stderr go to temporary files, so a
+    chatty child can never block on a full pipe while the parent waits.
+    """
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read().decode("utf-8", "replace"), err.read().decode("utf-8", "replace")
+    try:
+        report = json.loads(stdout) if stdout.strip() else None
+    except json.JSONDecodeError:
+        report = None
+    return {"wall_s": round(wall, 4), "cpu_s": round(usage.ru_utime + usage.ru_stime, 4),
+            "peak_rss_mib": round(rss_mib(usage.ru_maxrss), 1), "exit_code": proc.returncode,
+            "report": report, "stderr_tail": stderr.strip().splitlines()[-1:] or [""]}
+
+
+def spread(values: list[float]) -> dict[str, Any]:
+    """``{median, min, max, n}`` of the values (None entries dropped); None when there are none."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    return {"median": round(statistics.median(values), 4), "min": round(min(values), 4),
+            "max": round(max(values), 4), "n": len(values)}
+
+
+def measure(cases: list[Case], repeat: int, warmup: int, progress: bool) -> dict[str, list[dict]]:
+    """Run every case ``repeat`` times, interleaved; ``{case key: [run per repeat]}``.
+
+    Repeat r runs the cases rotated by r, so no case always runs first or right after another.
+    ``warmup`` unmeasured floor runs go first (disk cache). A smoke usage or dependency error
+    (exit 2 or 3) stops the bench with that error.
+    """
+    for _ in range(warmup):
+        run_child([sys.executable, *floor_case().argv])
+    runs: dict[str, list[dict]] = {case.key: [] for case in cases}
+    total, done = repeat * len(cases), 0
+    for r in range(repeat):
+        shift = r % len(cases)
+        for case in cases[shift:] + cases[:shift]:
+            run = run_child([sys.executable, *case.argv])
+            run["repeat"] = r
+            done += 1
+            if run["exit_code"] in (rt.EXIT_USAGE, rt.EXIT_DEPENDENCY):
+                raise rt.SkillError(f"{case.label}: {run['stderr_tail'][0]}", run["exit_code"])
+            if progress:
+                sys.stderr.write(f"bench-smoke: [{done}/{total}] {case.label}: {run['wall_s']:.2f} s wall, "
+                                 f"exit {run['exit_code']}\n")
+            runs[case.key].append(run)
+    return runs
+
+
+def help_check() -> dict[str, Any]:
+    """``--help`` of the smoke and of this bench, under ``python -X importtime``: no torch import."""
+    found = {}
+    for path in (SMOKE, THIS):
+        proc = subprocess.run([sys.executable, "-X", "importtime", str(path), "--help"],
+                              capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        torch_lines = [line for line in proc.stderr.splitlines() if line.rstrip().endswith("| torch")]
+        found[path.name] = {"exit_code": proc.returncode, "imports_torch": bool(torch_lines)}
+    passed = all(v["exit_code"] == 0 and not v["imports_torch"] for v in found.values())
+    return {"name": "help_without_torch", "passed": passed, "limit": None, "ratio": None,
+            "detail": "; ".join(f"{k} --help: exit {v['exit_code']}, "
+                                f"{'imports' if v['imports_torch'] else 'no'} torch" for k, v in found.items())}
+
+
+def summarize(cases: list[Case], runs: dict[str, list[dict]]) -> dict[str, dict[str, Any]]:
+    """Per case: spread of each metric, paired ratios to the floor, stage timings, child status."""
+    floor = {run["repeat"]: run for run in runs["floor"]}
+    out = {}
+    for case in cases:
+        case_runs = runs[case.key]
+        entry: dict[str, Any] = {"label": case.label, "argv": ["python", *case.argv]}
+        for metric in METRICS:
+            entry[metric] = spread([run[metric] for run in case_runs])
+            entry[f"{metric}_x_floor"] = spread(
+                [run[metric] / floor[run["repeat"]][metric] for run in case_runs
+                 if floor.get(run["repeat"]) and floor[run["repeat"]][metric]])
+        reports = [run["report"] for run in case_runs if run["report"]]
+        entry["stages_s"] = None if case.is_floor else {
+            stage: spread([rep["timings_s"].get(stage) for rep in reports]) for stage in STAGES}
+        entry["exit_codes"] = [run["exit_code"] for run in case_runs]
+        entry["ok"] = all(run["exit_code"] == 0 for run in case_runs) and (
+            case.is_floor or all(rep.get("status") == "ok" for rep in reports) and len(reports) == len(case_runs))
+        if reports:
+            entry["config"] = reports[0].get("config")
+            entry["trainable_numel"] = (reports[0].get("parameters") or {}).get("trainable_numel")
+        out[case.key] = entry
+    return out
+
+
+def check_budgets(summary: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each ratio budget: passed when the median paired ratio is at most the limit."""
+    results = []
+    for name, key, metric, limit in BUDGETS:
+        ratio = (summary.get(key) or {}).get(f"{metric}_x_floor")
+        if ratio is None:
+            results.append({"name": name, "passed": None, "limit": limit, "ratio": None,
+                            "detail": f"not measured: {key} not among the selected cases"})
+            continue
+        results.append({"name": name, "passed": ratio["median"] <= limit, "limit": limit,
+                        "ratio": ratio["median"],
+                        "detail": f"{key} {metric} {ratio['median']:.3f}x the import floor "
+                                  f"(limit {limit:.2f}x; paired ratios {ratio['min']:.3f}-{ratio['max']:.3f})"})
+    return results
+
+
+def machine() -> dict[str, Any]:
+    """Where it ran: OS, CPU model and count, load average; for the report and the docs."""
+    model = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+                 if line.startswith("model name")]
+        model = names[0] if names else model
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return {"system": f"{platform.system()} {platform.release()}", "cpu": model,
+            "cpu_count": os.cpu_count(), "load_average_1min": load}
+
+
+# reporting -------------------------------------------------------------------------------------
+
+def fmt(s: dict | None, digits: int = 2) -> str:
+    return "-" if s is None else f"{s['median']:.{digits}f}"
+
+
+def fmt_range(s: dict | None, digits: int = 2) -> str:
+    return "-" if s is None else f"{s['median']:.{digits}f} [{s['min']:.{digits}f}-{s['max']:.{digits}f}]"
+
+
+def bench_summary(report: dict[str, Any]) -> str:
+    """The human-readable table: per case median [min-max] and x floor; then the budgets."""
+    lines = [f"bench-smoke: {report['repeat']} interleaved repeat(s) per case on {report['device']}, "
+             f"{report['machine']['cpu_count']} CPUs ({report['machine']['cpu']}), load average "
+             f"{report['machine']['load_average_1min']} at start; torch {report['versions']['torch']}, "
+             f"palm-rlhf-pytorch {report['versions']['palm-rlhf-pytorch']}",
+             "median [min-max] of fresh processes; x floor = median of per-repeat ratios to the import floor",
+             f"{'case':<22} {'wall s':>20} {'x floor':>7} {'cpu s':>20} {'x floor':>7} "
+             f"{'peak MiB':>22} {'x floor':>7}   in-process s: import construct update generate"]
+    for key, c in report["cases"].items():
+        stages = c["stages_s"] or {}
+        lines.append(
+            f"{c['label']:<22} {fmt_range(c['wall_s']):>20} {fmt(c['wall_s_x_floor'], 3):>7} "
+            f"{fmt_range(c['cpu_s']):>20} {fmt(c['cpu_s_x_floor'], 3):>7} "
+            f"{fmt_range(c['peak_rss_mib'], 0):>22} {fmt(c['peak_rss_mib_x_floor'], 3):>7}   "
+            + (" ".join(f"{fmt(stages.get(s), 3):>6}" for s in STAGES[:4]) if stages else "-")
+            + ("" if c["ok"] else f"   CHILD FAILED (exit codes {c['exit_codes']})"))
+    lines.append("budgets:")
+    for b in report["budgets"]:
+        word = "skip" if b["passed"] is None else ("PASS" if b["passed"] else "FAIL")
+        lines.append(f"  {word} {b['name']}: {b['detail']}")
+    lines.append(f"bench-smoke: {report['status'].upper()}")
+    return "\n".join(lines)
+
+
+def scaling_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Markdown table lines for scaling rows (measured rows carry update_s, generate_s, peak_rss_mib)."""
+    lines = ["| " + " | ".join(SCALING_HEADER) + " |",
+             "|" + "|".join("---" if i < 2 else "---:" for i in range(len(SCALING_HEADER))) + "|"]
+    for row in rows:
+        cfg = row["config"]
+        cells = [row["trainer"], f"{row['axis']} = {row['value']}", cfg["dim"], cfg["depth"],
+                 cfg["prompt_len"], cfg["max_seq_len"], fmt(row.get("update_s")),
+                 fmt(row.get("generate_s"), 3), fmt(row.get("peak_rss_mib"), 0)]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return lines
+
+
+def scaling_markdown(report: dict[str, Any]) -> str:
+    """The docs section, regenerated verbatim by ``bench_smoke.py --scaling --markdown``."""
+    m, v = report["machine"], report["versions"]
+    floor = report["floor"]
+    text = [
+        SECTION_TITLE, "",
+        f"Measured {report['date']} on {m['system']}, {m['cpu']} ({m['cpu_count']} CPUs, load average "
+        f"{m['load_average_1min']} at start), Python {v['python']}, torch {v['torch']}, "
+        f"palm-rlhf-pytorch {v['palm-rlhf-pytorch']}, accelerate {v['accelerate']}; device "
+        f"{report['device']}, {report['threads']} torch thread, median of {report['repeat']} fresh "
+        "processes per row.", "",
+        f"Each row is one `tiny-rlhf-smoke --trainer T --train-smoke` run with one size option changed "
+        f"from the base point (`--dim {SCALING_BASE['dim']} --depth {SCALING_BASE['depth']} --prompt-len "
+        f"{SCALING_BASE['prompt-len']} --new-tokens {SCALING_BASE['new-tokens']}`); max_seq_len is "
+        "prompt len + new tokens. update: the one bounded `train()` call (every rollout plus one "
+        "`learn()`); generate: one `trainer.generate()` of 2 samples; peak RSS: the whole process, "
+        f"of which importing palm-rlhf-pytorch alone takes {fmt(floor['peak_rss_mib'], 0)} MiB "
+        f"({fmt(floor['wall_s'])} s wall) here. Timings vary with machine load; compare rows, not machines.",
+        "",
+        "Regenerate (then replace this section with the output):", "",
+        "```bash",
+        "python sub-skills/policy-optimization/scripts/bench_smoke.py --scaling --markdown",
+        "```", "",
+        *scaling_table(report["rows"]),
+    ]
+    return "\n".join(text) + "\n"
+
+
+# commands --------------------------------------------------------------------------------------
+
+def run_bench(args, env: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    trainers = list(dict.fromkeys(args.trainer or [*SINGLE_TRAINERS, "all"]))
+    cases = bench_cases(trainers, args.device)
+    report: dict[str, Any] = {"kind": "bench", "device": args.device, "repeat": args.repeat,
+                              "trainers": trainers, "machine": machine(), "versions": env["versions"],
+                              "warnings": env["warnings"], "floor_command": f"python -c \"{FLOOR_CODE}\""}
+    runs = measure(cases, args.repeat, args.warmup, progress=not args.quiet)
+    report["cases"] = summarize(cases, runs)
+    report["budgets"] = [help_check(), *check_budgets(report["cases"])]
+    children_ok = all(c["ok"] for c in report["cases"].values())
+    ok = children_ok and all(b["passed"] is not False for b in report["budgets"])
+    report["children_ok"] = children_ok
+    report["status"] = "ok" if ok else "failed"
+    return report, ok
+
+
+def run_scaling(args, env: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    trainers = [t for t in dict.fromkeys(args.trainer or SCALING_TRAINERS)]
+    bad = [t for t in trainers if t not in SCALING_TRAINERS]
+    if bad:
+        raise rt.SkillError(f"--scaling measures {' and '.join(SCALING_TRAINERS)}, not {', '.join(bad)}")
+    rows = scaling_points(trainers, list(dict.fromkeys(args.axis)) if args.axis else None)
+    cases = {}
+    for row in rows:  # the base point appears once per axis; measure it once
+        case = scaling_case(row["trainer"], row["config"], args.device)
+        cases.setdefault(case.key, case)
+        row["case"] = case.key
+    all_cases = [floor_case(), *cases.values()]
+    runs = measure(all_cases, args.repeat, args.warmup, progress=not args.quiet)
+    summary = summarize(all_cases, runs)
+    for row in rows:
+        entry = summary[row.pop("case")]
+        row.update(update_s=entry["stages_s"]["update"], generate_s=entry["stages_s"]["generate"],
+                   peak_rss_mib=entry["peak_rss_mib"], wall_s=entry["wall_s"], ok=entry["ok"],
+                   trainable_numel=entry.get("trainable_numel"))
+    ok = all(row["ok"] for row in rows)
+    threads = next((e["config"].get("threads") for key, e in summary.items()
+                    if key != "floor" and e.get("config")), None)
+    report = {"kind": "scaling", "status": "ok" if ok else "failed", "device": args.device,
+              "repeat": args.repeat, "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
+              "machine": machine(), "versions": env["versions"], "warnings": env["warnings"],
+              "threads": threads, "base": SCALING_BASE,
+              "floor": {k: summary["floor"][k] for k in METRICS}, "rows": rows}
+    return report, ok
+
+
+def build_parser() -> rt.OneLineParser:
+    parser = rt.OneLineParser(
+        prog=Path(sys.argv[0]).name,
+        description="Time the smoke helper as fresh processes against the floor set by importing "
+                    "palm-rlhf-pytorch: wall time, CPU time and peak memory from the OS's accounting "
+                    "of each child, their ratios to the floor, the smoke's stage timings, and the "
+                    "budgets (pass/fail). --scaling: how update, generate and memory grow with size.",
+        epilog="budgets (ratios to the import floor, measured in one interleaved run):\n"
+               "  --help of the smoke and of this bench import no torch\n"
+               + "".join(f"  {name}: {key} {metric} <= {limit:.2f}x\n" for name, key, metric, limit in BUDGETS)
+               + "\nexamples:\n"
+               "  palm-rlhf-skill bench\n"
+               "  palm-rlhf-skill bench --trainer ppo --trainer all --repeat 7\n"
+               "  palm-rlhf-skill bench --trainer ppo --repeat 1 --json\n"
+               "  palm-rlhf-skill bench --scaling --markdown\n"
+               "  palm-rlhf-skill bench --scaling --trainer ppo --axis dim --repeat 1 --json\n\n"
+               "exit codes: 0 ok (every child passed, every measured budget passed); 1 a child's "
+               "check or a budget failed; 2 usage or environment error; 3 palm-rlhf-pytorch or "
+               "torch missing or outside the tested range",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trainer", action="append", choices=[*SINGLE_TRAINERS, "all"], metavar="NAME",
+                        help="ppo, grpo, tpo, flowrl or all (the smoke's --trainer all); repeat to "
+                             "select several (default: every one; with --scaling: ppo and grpo)")
+    parser.add_argument("--repeat", type=int, default=5, metavar="N",
+                        help="fresh processes per case, interleaved (default: 5; with --scaling use 3)")
+    parser.add_argument("--warmup", type=int, default=1, metavar="N",
+                        help="unmeasured floor runs first, to warm the disk cache (default: 1)")
+    parser.add_argument("--device", default="cpu", help="passed to the smoke: auto, cpu, cuda, cuda:N (default: cpu)")
+    parser.add_argument("--scaling", action="store_true",
+                        help="measure the sizing table (PPO and GRPO train smoke) instead of the budgets")
+    parser.add_argument("--axis", action="append", choices=list(SCALING_AXES), metavar="NAME",
+                        help="with --scaling: " + ", ".join(SCALING_AXES) + "; repeat to select several "
+                             "(default: all)")
+    out = parser.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    out.add_argument("--markdown", action="store_true",
+                     help="with --scaling: print the docs section (references/workflows.md) on stdout")
+    parser.add_argument("--quiet", action="store_true", help="no per-run progress lines on stderr")
+    parser.add_argument("--allow-untested", action="store_true",
+                        help="warn instead of exiting 3 when palm-rlhf-pytorch is outside the tested range")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.repeat < 1 or args.warmup < 0:
+        raise rt.SkillError("--repeat must be at least 1 and --warmup at least 0")
+    if (args.axis or args.markdown) and not args.scaling:
+        raise rt.SkillError("--axis and --markdown apply to --scaling")
+    if not hasattr(os, "wait4"):
+        raise rt.SkillError("the bench reads child rusage with os.wait4: Linux or macOS only")
+    env = rt.check_versions(args.allow_untested)
+    caller = os.getcwd()
+    with rt.private_workdir():  # children inherit it: TPO's replay buffer never lands in `caller`
+        report, ok = (run_scaling if args.scaling else run_bench)(args, env)
+    assert os.getcwd() == caller
+    if args.markdown:
+        sys.stdout.write(scaling_markdown(report))
+    else:
+        rt.emit(report, args.json, scaling_summary if args.scaling else bench_summary)
+    return rt.EXIT_OK if ok else rt.EXIT_CHECK_FAILED
+
+
+def scaling_summary(report: dict[str, Any]) -> str:
+    return scaling_markdown(report) + f"bench-smoke --scaling: {report['status'].upper()}"
+
+
+if __name__ == "__main__":
+    sys.exit(rt.run_cli(main))

@@ -1,0 +1,163 @@
+"""The smoke benchmark (bench_smoke.py / ``palm-rlhf-skill bench``): it runs, its JSON has the
+documented shape, its budget logic can fail, and the sizing table in the docs has the shape the
+command produces. Timings are never asserted: the machine is shared and noisy."""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from importlib import metadata
+
+import pytest
+
+from conftest import BIN, REPO, SMOKE, load_script, run, run_json
+
+BENCH = REPO / "sub-skills" / "policy-optimization" / "scripts" / "bench_smoke.py"
+WORKFLOWS = REPO / "sub-skills" / "policy-optimization" / "references" / "workflows.md"
+BUDGET_NAMES = ["help_without_torch", "construct_only_wall", "ppo_train_wall", "all_train_wall",
+                "ppo_train_peak_rss"]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return load_script(BENCH, "bench_smoke")
+
+
+def torch_imported(stderr: str) -> bool:
+    return any(line.rstrip().endswith("| torch") for line in stderr.splitlines())
+
+
+def test_help_lists_budgets_without_importing_torch(empty_dir):
+    proc = run([sys.executable, "-X", "importtime", str(BENCH), "--help"], empty_dir)
+    assert proc.returncode == 0 and not torch_imported(proc.stderr)
+    for text in ("--repeat", "--scaling", "--markdown", "exit codes", "ppo_train_wall", "1.25x"):
+        assert text in proc.stdout
+
+
+@pytest.mark.parametrize("argv", [["--repeat", "0"], ["--axis", "dim"], ["--markdown"],
+                                  ["--scaling", "--trainer", "tpo"], ["--trainer", "sac"]])
+def test_usage_errors_are_one_line_exit_2(empty_dir, argv):
+    proc = run([sys.executable, "-X", "importtime", str(BENCH), *argv], empty_dir)
+    errors = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "error:" in errors[0], errors
+    assert not torch_imported(proc.stderr) and proc.stdout == ""
+
+
+def test_quick_bench_through_the_console_script(empty_dir):
+    """CI's quick form: one repeat, one trainer; checks it works and reports, not its timings."""
+    exe = BIN / "palm-rlhf-skill"
+    assert exe.exists(), "install the package first: pip install '.[test]'"
+    proc, report = run_json([str(exe), "bench", "--trainer", "ppo", "--repeat", "1", "--warmup", "0",
+                             "--json"], empty_dir, timeout=600)
+    assert proc.returncode == (0 if report["status"] == "ok" else 1), proc.stderr[-2000:]
+    assert report["kind"] == "bench" and report["children_ok"] is True and report["repeat"] == 1
+    assert list(report["cases"]) == ["floor", "ppo/construct-only", "ppo/train-smoke"]
+    for key, case in report["cases"].items():
+        assert case["ok"] and case["exit_codes"] == [0]
+        for metric in ("wall_s", "cpu_s", "peak_rss_mib"):
+            assert case[metric]["n"] == 1 and case[metric]["median"] > 0
+            assert case[f"{metric}_x_floor"]["median"] > 0
+        if key == "floor":
+            assert case["stages_s"] is None
+            assert all(case[f"{m}_x_floor"]["median"] == 1 for m in ("wall_s", "cpu_s", "peak_rss_mib"))
+    train = report["cases"]["ppo/train-smoke"]["stages_s"]
+    assert set(train) == {"import", "construct", "update", "generate", "total"}
+    assert train["update"]["median"] > 0 and train["generate"]["median"] > 0
+    assert report["cases"]["ppo/construct-only"]["stages_s"]["update"] is None
+    budgets = {b["name"]: b for b in report["budgets"]}
+    assert list(budgets) == BUDGET_NAMES
+    assert budgets["help_without_torch"]["passed"] is True
+    assert budgets["all_train_wall"]["passed"] is None  # --trainer all was not selected
+    for name in ("construct_only_wall", "ppo_train_wall", "ppo_train_peak_rss"):
+        assert isinstance(budgets[name]["passed"], bool) and budgets[name]["ratio"] > 0
+    assert list(empty_dir.iterdir()) == []
+
+
+def fake_runs(bench, floor_wall, case_walls):
+    """Runs as measure() returns them, with chosen wall times and fixed CPU and memory."""
+    def one(r, wall, rss):
+        return {"repeat": r, "wall_s": wall, "cpu_s": wall / 2, "peak_rss_mib": rss, "exit_code": 0,
+                "report": None, "stderr_tail": [""]}
+    return {"floor": [one(r, w, 300.0) for r, w in enumerate(floor_wall)],
+            "ppo/train-smoke": [one(r, w, 390.0) for r, w in enumerate(case_walls)]}
+
+
+def test_budgets_use_paired_ratios_and_can_fail(bench):
+    cases = [bench.floor_case(), bench.smoke_case("ppo", "train-smoke", "cpu")]
+    # repeat 1 ran on a loaded machine: 2x slower for both; the paired ratios are 1.2, 1.2, 1.3
+    runs = fake_runs(bench, [3.0, 6.0, 3.0], [3.6, 7.2, 3.9])
+    for run_ in runs["ppo/train-smoke"]:
+        run_["report"] = {"status": "ok", "timings_s": {"update": 0.5, "generate": 0.1}}
+    summary = bench.summarize(cases, runs)
+    assert summary["ppo/train-smoke"]["wall_s_x_floor"] == {"median": 1.2, "min": 1.2, "max": 1.3, "n": 3}
+    assert summary["ppo/train-smoke"]["stages_s"]["update"]["median"] == 0.5
+    budgets = {b["name"]: b for b in bench.check_budgets(summary)}
+    assert budgets["ppo_train_wall"]["passed"] is True and budgets["ppo_train_wall"]["ratio"] == 1.2
+    assert budgets["ppo_train_peak_rss"]["passed"] is False  # 390 / 300 = 1.3 > 1.2
+    assert budgets["construct_only_wall"]["passed"] is None
+    runs = fake_runs(bench, [3.0, 3.0, 3.0], [4.0, 4.0, 4.0])
+    for run_ in runs["ppo/train-smoke"]:
+        run_["report"] = {"status": "ok", "timings_s": {}}
+    budgets = {b["name"]: b for b in bench.check_budgets(bench.summarize(cases, runs))}
+    assert budgets["ppo_train_wall"]["passed"] is False and "1.333x" in budgets["ppo_train_wall"]["detail"]
+
+
+def doc_section() -> str:
+    text = WORKFLOWS.read_text(encoding="utf-8")
+    assert text.count("## Sizing a bigger smoke (measured)") == 1
+    section = text.split("## Sizing a bigger smoke (measured)", 1)[1]
+    return re.split(r"\n## ", section, maxsplit=1)[0]
+
+
+def table_rows(lines: list[str]) -> list[list[str]]:
+    return [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in lines
+            if line.startswith("|")]
+
+
+def test_docs_sizing_table_has_the_commands_shape(bench):
+    section = doc_section()
+    assert "bench_smoke.py --scaling --markdown" in section
+    assert f"palm-rlhf-pytorch {metadata.version('palm-rlhf-pytorch')}" in section
+    assert re.search(r"Measured \d{4}-\d{2}-\d{2} on ", section)
+    rows = table_rows(section.splitlines())
+    expected = table_rows(bench.scaling_table(bench.scaling_points()))
+    assert rows[0] == list(bench.SCALING_HEADER) == expected[0]
+    assert len(rows) == len(expected)
+    for row, want in zip(rows[2:], expected[2:]):
+        assert row[:6] == want[:6]  # trainer, varied, dim, depth, prompt len, max_seq_len
+        assert all(re.fullmatch(r"\d+(\.\d+)?", cell) for cell in row[6:]), row
+
+
+def test_quick_scaling_run_renders_the_docs_rows(bench, empty_dir):
+    proc, report = run_json([sys.executable, str(BENCH), "--scaling", "--trainer", "ppo", "--axis", "depth",
+                             "--repeat", "1", "--warmup", "0", "--json"], empty_dir, timeout=600)
+    assert proc.returncode == 0 and report["status"] == "ok", proc.stderr[-2000:]
+    assert [(r["trainer"], r["axis"], r["value"]) for r in report["rows"]] == [("ppo", "depth", d) for d in (1, 2, 4)]
+    assert report["threads"] == 1 and report["floor"]["peak_rss_mib"]["median"] > 0
+    numel = [r["trainable_numel"] for r in report["rows"]]
+    assert numel[0] < numel[1] < numel[2]  # LoRA and value head grow with depth
+    produced = table_rows(bench.scaling_markdown(report).splitlines())
+    documented = [row for row in table_rows(doc_section().splitlines())
+                  if row[0] == "ppo" and row[1].startswith("depth =")]
+    assert [row[:6] for row in produced[2:]] == [row[:6] for row in documented]
+    assert list(empty_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize("trainer", ["grpo", "flowrl"])
+def test_smoke_size_options(smoke, capsys, monkeypatch, empty_dir, trainer):
+    monkeypatch.chdir(empty_dir)
+    code = smoke.main(["--json", "--device", "cpu", "--trainer", trainer, "--dim", "48", "--depth", "2",
+                       "--prompt-len", "5", "--new-tokens", "4"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0, [c for c in report["checks"] if not c["passed"]]
+    assert {k: report["config"][k] for k in ("dim", "depth", "prompt_len", "new_tokens", "threads")} == \
+        {"dim": 48, "depth": 2, "prompt_len": 5, "new_tokens": 4, "threads": 1}
+    assert report["prompts"]["max_len"] == 5 and report["generated"]["shape"] == [5 + 4]
+
+
+@pytest.mark.parametrize("argv", [["--dim", "0"], ["--threads", "0"], ["--prompt-len", "4", "--prompt-style", "text"]])
+def test_smoke_size_option_errors(empty_dir, argv):
+    proc = run([sys.executable, "-X", "importtime", str(SMOKE), *argv], empty_dir)
+    errors = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "error:" in errors[0], errors
+    assert not torch_imported(proc.stderr)
