@@ -256,7 +256,7 @@ def machine() -> dict[str, Any]:
         names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
                  if line.startswith("model name")]
         model = names[0] if names else model
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    load = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
     return {"system": f"{platform.system()} {platform.release()}", "cpu": model,
             "cpu_count": os.cpu_count(), "load_average_1min": load}
 
