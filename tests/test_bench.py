@@ -132,7 +132,8 @@ def test_quick_scaling_run_renders_the_docs_rows(bench, empty_dir):
     proc, report = run_json([sys.executable, str(BENCH), "--scaling", "--trainer", "ppo", "--axis", "depth",
                              "--repeat", "1", "--warmup", "0", "--json"], empty_dir, timeout=600)
     assert proc.returncode == 0 and report["status"] == "ok", proc.stderr[-2000:]
-    assert [(r["trainer"], r["axis"], r["value"]) for r in report["rows"]] == [("ppo", "depth", d) for d in (1, 2, 4)]
+    depths = bench.SCALING_AXES["depth"]
+    assert [(r["trainer"], r["axis"], r["value"]) for r in report["rows"]] == [("ppo", "depth", d) for d in depths]
     assert report["threads"] == 1 and report["floor"]["peak_rss_mib"]["median"] > 0
     numel = [r["trainable_numel"] for r in report["rows"]]
     assert numel[0] < numel[1] < numel[2]  # LoRA and value head grow with depth

@@ -59,10 +59,10 @@ BUDGETS = (
 SCALING_TRAINERS = ("ppo", "grpo")
 SCALING_BASE = {"dim": 32, "depth": 1, "prompt-len": 8, "new-tokens": 8}
 SCALING_AXES = {
-    "dim": (32, 64, 128, 256),
-    "depth": (1, 2, 4),
-    "prompt-len": (8, 32, 128),
-    "new-tokens": (8, 32, 128),
+    "dim": (32, 256, 1024, 2048),
+    "depth": (1, 4, 16),
+    "prompt-len": (8, 128, 512),
+    "new-tokens": (8, 128, 512),
 }
 SCALING_HEADER = ("trainer", "varied", "dim", "depth", "prompt len", "max_seq_len",
                   "update (s)", "generate (s)", "peak RSS (MiB)")
@@ -324,7 +324,9 @@ def scaling_markdown(report: dict[str, Any]) -> str:
         f"from the base point (`--dim {SCALING_BASE['dim']} --depth {SCALING_BASE['depth']} --prompt-len "
         f"{SCALING_BASE['prompt-len']} --new-tokens {SCALING_BASE['new-tokens']}`); max_seq_len is "
         "prompt len + new tokens. update: the one bounded `train()` call (every rollout plus one "
-        "`learn()`); generate: one `trainer.generate()` of 2 samples; peak RSS: the whole process, "
+        "`learn()`, including the library's one-time first-call work: einx traces each expression "
+        "and solves its shapes with sympy); generate: one `trainer.generate()` of 2 samples; peak "
+        "RSS: the whole process, "
         f"of which importing palm-rlhf-pytorch alone takes {fmt(floor['peak_rss_mib'], 0)} MiB "
         f"({fmt(floor['wall_s'])} s wall) here. Timings vary with machine load; compare rows, not machines.",
         "",
