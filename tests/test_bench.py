@@ -134,7 +134,7 @@ def test_quick_scaling_run_renders_the_docs_rows(bench, empty_dir):
     assert proc.returncode == 0 and report["status"] == "ok", proc.stderr[-2000:]
     depths = bench.SCALING_AXES["depth"]
     assert [(r["trainer"], r["axis"], r["value"]) for r in report["rows"]] == [("ppo", "depth", d) for d in depths]
-    assert report["threads"] == 1 and report["floor"]["peak_rss_mib"]["median"] > 0
+    assert report["cpu_threads"] == 1 and report["floor"]["peak_rss_mib"]["median"] > 0
     numel = [r["trainable_numel"] for r in report["rows"]]
     assert numel[0] < numel[1] < numel[2]  # LoRA and value head grow with depth
     produced = table_rows(bench.scaling_markdown(report).splitlines())
@@ -151,12 +151,12 @@ def test_smoke_size_options(smoke, capsys, monkeypatch, empty_dir, trainer):
                        "--prompt-len", "5", "--new-tokens", "4"])
     report = json.loads(capsys.readouterr().out)
     assert code == 0, [c for c in report["checks"] if not c["passed"]]
-    assert {k: report["config"][k] for k in ("dim", "depth", "prompt_len", "new_tokens", "threads")} == \
-        {"dim": 48, "depth": 2, "prompt_len": 5, "new_tokens": 4, "threads": 1}
+    assert {k: report["config"][k] for k in ("dim", "depth", "prompt_len", "new_tokens", "cpu_threads")} == \
+        {"dim": 48, "depth": 2, "prompt_len": 5, "new_tokens": 4, "cpu_threads": 1}
     assert report["prompts"]["max_len"] == 5 and report["generated"]["shape"] == [5 + 4]
 
 
-@pytest.mark.parametrize("argv", [["--dim", "0"], ["--threads", "0"], ["--prompt-len", "4", "--prompt-style", "text"]])
+@pytest.mark.parametrize("argv", [["--dim", "0"], ["--cpu-threads", "0"], ["--prompt-len", "4", "--prompt-style", "text"]])
 def test_smoke_size_option_errors(empty_dir, argv):
     proc = run([sys.executable, "-X", "importtime", str(SMOKE), *argv], empty_dir)
     errors = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]

@@ -318,7 +318,7 @@ def scaling_markdown(report: dict[str, Any]) -> str:
         f"Measured {report['date']} on {m['system']}, {m['cpu']} ({m['cpu_count']} CPUs, load average "
         f"{m['load_average_1min']} at start), Python {v['python']}, torch {v['torch']}, "
         f"palm-rlhf-pytorch {v['palm-rlhf-pytorch']}, accelerate {v['accelerate']}; device "
-        f"{report['device']}, {report['threads']} torch thread, median of {report['repeat']} fresh "
+        f"{report['device']}, {report['cpu_threads']} torch thread, median of {report['repeat']} fresh "
         "processes per row.", "",
         f"Each row is one `tiny-rlhf-smoke --trainer T --train-smoke` run with one size option changed "
         f"from the base point (`--dim {SCALING_BASE['dim']} --depth {SCALING_BASE['depth']} --prompt-len "
@@ -377,12 +377,12 @@ def run_scaling(args, env: dict[str, Any]) -> tuple[dict[str, Any], bool]:
                    peak_rss_mib=entry["peak_rss_mib"], wall_s=entry["wall_s"], ok=entry["ok"],
                    trainable_numel=entry.get("trainable_numel"))
     ok = all(row["ok"] for row in rows)
-    threads = next((e["config"].get("threads") for key, e in summary.items()
+    threads = next((e["config"].get("cpu_threads") for key, e in summary.items()
                     if key != "floor" and e.get("config")), None)
     report = {"kind": "scaling", "status": "ok" if ok else "failed", "device": args.device,
               "repeat": args.repeat, "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
               "machine": machine(), "versions": env["versions"], "warnings": env["warnings"],
-              "threads": threads, "base": SCALING_BASE,
+              "cpu_threads": threads, "base": SCALING_BASE,
               "floor": {k: summary["floor"][k] for k in METRICS}, "rows": rows}
     return report, ok
 

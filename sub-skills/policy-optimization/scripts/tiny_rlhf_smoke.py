@@ -40,10 +40,6 @@ TINY_PALM = dict(num_tokens=257, dim=32, depth=1, heads=2, dim_head=16)
 PAD_ID = 0             # the trainers' default pad_value; byte-level ids are byte + 1, never 0
 NEW_TOKENS = 8         # tokens sampled after the longest prompt
 PROMPT_LENGTHS = (3, 6)  # random token-ids prompt lengths, inclusive
-# torch CPU intra-op threads: at dim 32 every op is microseconds, so a parallel region costs more
-# than it saves, and on a busy machine the idle OpenMP workers spin: 2 threads made the PPO update
-# ~10x slower in CPU time than 1 on a shared 2-core host (bench_smoke.py measures it).
-CPU_THREADS = 1
 GROUP_SAMPLES = 3      # extra samples per prompt for GRPO/TPO/FlowRL: group size = 3 + 1
 NUM_GENERATE_SAMPLES = 2
 
@@ -143,9 +139,9 @@ def build_parser() -> rt.OneLineParser:
                         help="rollouts before the single learn() (default: computed so every "
                              "trainable tensor moves; fewer makes the weight checks fail)")
     parser.add_argument("--seed", type=int, default=0, help="seed for random, numpy and torch (default: 0)")
-    parser.add_argument("--threads", type=int, default=CPU_THREADS, metavar="N",
-                        help=f"torch CPU intra-op threads, torch.set_num_threads (default: {CPU_THREADS}; "
-                             "more only pays off for a much bigger model)")
+    parser.add_argument("--cpu-threads", type=int, default=1, metavar="N",
+                        help="torch intra-op threads while the smoke runs (default: 1; tiny models "
+                             "gain nothing from more, and on a busy CPU they multiply the update time)")
     size = parser.add_argument_group("model size (to size a bigger smoke; defaults: the tiny config)")
     size.add_argument("--dim", type=int, default=TINY_PALM["dim"], metavar="N",
                       help=f"PaLM model dimension (default: {TINY_PALM['dim']})")
@@ -259,8 +255,8 @@ def run_trainer(name: str, args, device_kwargs: dict, device, variants: list[str
             prompt_args["prompt_token_ids"] = prompt_args["prompt_token_ids"].to(device)
         kwargs = dict(palm=palm, reward_model=reward_model, minibatch_size=spec.minibatch_size,
                       epochs=1, accelerate_kwargs=device_kwargs, **spec.extra, **prompt_args)
-        if "partition_function_hidden_dim" in kwargs:  # FlowRL: must equal the PaLM dim
-            kwargs["partition_function_hidden_dim"] = args.dim
+        if kwargs.get("partition_function_hidden_dim") == TINY_PALM["dim"]:  # FlowRL: must equal
+            kwargs["partition_function_hidden_dim"] = args.dim                # the PaLM dim (--dim)
         if spec.group_kwarg:
             kwargs[spec.group_kwarg] = GROUP_SAMPLES
         if name == "grpo":
@@ -451,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     variants = parse_variants(args.grpo_variant)
     if args.rollouts is not None and args.rollouts < 1:
         raise rt.SkillError("--rollouts must be at least 1")
-    for option in ("threads", "dim", "depth", "prompt_len", "new_tokens"):
+    for option in ("cpu_threads", "dim", "depth", "prompt_len", "new_tokens"):
         if getattr(args, option) is not None and getattr(args, option) < 1:
             raise rt.SkillError(f"--{option.replace('_', '-')} must be at least 1")
     if args.prompt_len is not None and args.prompt_style != "token-ids":
@@ -460,15 +456,14 @@ def main(argv: list[str] | None = None) -> int:
 
     timer = rt.Timer()
     with timer.stage("import"):
-        import torch  # the import floor, timed
+        import torch  # noqa: F401  (the import floor, timed)
         import palm_rlhf_pytorch  # noqa: F401
         import accelerate  # noqa: F401
-    torch.set_num_threads(args.threads)
     device_kwargs, device = rt.resolve_device(args.device)
     names = list(TRAINERS) if args.trainer == "all" else [args.trainer]
     args.caller_dir = os.getcwd()
     caller_before = sorted(os.listdir(args.caller_dir))
-    with rt.private_workdir():
+    with rt.private_workdir(), rt.torch_threads(args.cpu_threads) as threads:
         results = {name: run_trainer(name, args, device_kwargs, device, variants) for name in names}
     caller_after = sorted(os.listdir(args.caller_dir))
     workdir_check = {"name": "caller_directory_untouched", "passed": caller_before == caller_after,
@@ -481,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
         "status": "ok" if ok else "failed", "mode": mode_name(args), "trainer": args.trainer,
         "device": str(device), "seed": args.seed, "versions": env["versions"], "tested": env["tested"],
         "warnings": env["warnings"], "config": {**palm_config(args), "new_tokens": args.new_tokens,
-                                           "prompt_len": args.prompt_len, "threads": args.threads},
+                                           "prompt_len": args.prompt_len, "cpu_threads": threads},
     }
     first = results[names[0]]
     stage_sum = lambda key: None if any(r["timings_s"][key] is None for r in results.values()) \
