@@ -410,8 +410,8 @@ def build_parser() -> rt.OneLineParser:
     parser.add_argument("--trainer", action="append", choices=[*SINGLE_TRAINERS, "all"], metavar="NAME",
                         help="ppo, grpo, tpo, flowrl or all (the smoke's --trainer all); repeat to "
                              "select several (default: every one; with --scaling: ppo and grpo)")
-    parser.add_argument("--repeat", type=int, default=5, metavar="N",
-                        help="fresh processes per case, interleaved (default: 5; with --scaling use 3)")
+    parser.add_argument("--repeat", type=int, metavar="N",
+                        help="fresh processes per case, interleaved (default: 5; with --scaling: 3)")
     parser.add_argument("--warmup", type=int, default=1, metavar="N",
                         help="unmeasured floor runs first, to warm the disk cache (default: 1)")
     parser.add_argument("--device", default="cpu", help="passed to the smoke: auto, cpu, cuda, cuda:N (default: cpu)")
@@ -432,6 +432,8 @@ def build_parser() -> rt.OneLineParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.repeat is None:
+        args.repeat = 3 if args.scaling else 5
     if args.repeat < 1 or args.warmup < 0:
         raise rt.SkillError("--repeat must be at least 1 and --warmup at least 0")
     if (args.axis or args.markdown) and not args.scaling:
