@@ -2,8 +2,10 @@
 multi-process), without editing the library.
 
 Call ``apply_ddp_fixes(trainer)`` once, right after building a trainer, and save checkpoints with
-``save_checkpoint(trainer, path)`` instead of ``trainer.save(path)``. Each fix is a no-op in a
-single process (Accelerate's ``DistributedType.NO``), so the same script runs either way.
+``save_checkpoint(trainer, path)`` instead of ``trainer.save(path)``. Each fix is a no-op when
+Accelerate did not wrap the trainer's model in DDP (``DistributedType.NO``), so the same script runs
+either way. Accelerate wraps whenever it runs multi-process, even with one process (``torchrun
+--nproc_per_node 1``), and the fixes apply then too.
 
 What each fix works around (upstream files under ``palm_rlhf_pytorch/``):
 - ppo.py ``RLHFTrainer.learn``: one forward, then ``backward(policy_loss)``, ``actor_optim.step()``,
@@ -38,8 +40,12 @@ RANK_FOLDER = "rank{rank}"                # per-rank working folder for TPO's re
 
 
 def is_distributed(trainer) -> bool:
-    """True when the trainer's Accelerator runs more than one process (DDP-wrapped models)."""
-    return trainer.accelerate.num_processes > 1
+    """True when Accelerate wrapped the trainer's policy (PPO: actor-critic, else actor) for DDP.
+
+    Accelerate wraps under MULTI_CPU / MULTI_GPU whatever the number of processes, one included.
+    """
+    module = trainer.actor_critic if trainer_kind(trainer) == "ppo" else trainer.actor
+    return trainer.accelerate.unwrap_model(module) is not module
 
 
 def trainer_kind(trainer) -> str:
@@ -65,7 +71,7 @@ def allreduce_mean_grads(params: Iterable, accelerator) -> None:
     import torch.distributed as dist
 
     params = [p for p in params if p.requires_grad]
-    if not params or accelerator.num_processes == 1:
+    if not params or accelerator.num_processes == 1:  # the mean over one rank is its own gradient
         return
     device = params[0].device
     present = torch.tensor([p.grad is not None for p in params], dtype=torch.uint8, device=device)

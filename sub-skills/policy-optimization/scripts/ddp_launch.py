@@ -363,6 +363,7 @@ def worker(argv: list[str]) -> int:
                 if check["name"] == "losses_finite" and check["detail"] == "no loss printed":
                     check.update(passed=True, detail="not printed here: the trainers print with "
                                  "Accelerator.print, main process only (rank 0 checks its losses)")
+            result["status"] = "ok" if all(c["passed"] for c in result["checks"]) else "failed"
         sync = rank_checks(name, recorder, smoke, fixes, state)
         per_rank = gather(result)
         results[name] = merge(name, per_rank, sync, state_info)
