@@ -143,6 +143,7 @@ def test_fixes_are_no_ops_in_one_process(smoke, empty_dir, monkeypatch):
     assert fixes.save_checkpoint(trainer, empty_dir / "ckpt.pt") is True
     keys = set(torch.load(empty_dir / "ckpt.pt", weights_only=True))
     assert keys == set(trainer.actor.state_dict()) and not any(k.startswith("module.") for k in keys)
+    trainer.load(empty_dir / "ckpt.pt")  # the page: trainer.load reads it in a single process
     with pytest.raises(ValueError, match="not a palm_rlhf_pytorch trainer"):
         fixes.trainer_kind(object())
 
@@ -257,20 +258,21 @@ PPO_EXACT = textwrap.dedent("""
     import tiny_rlhf_smoke as smoke, ddp_fixes
     from accelerate.utils import set_seed
     from palm_rlhf_pytorch import PaLM, RewardModel, RLHFTrainer
-    set_seed(0)
-    palm = PaLM(**smoke.TINY_PALM)
-    trainer = RLHFTrainer(palm=palm, reward_model=RewardModel(palm, num_binned_output=0),
-                          prompt_token_ids=smoke.random_prompt_token_ids(0), minibatch_size=2,
-                          accelerate_kwargs=dict(cpu=True))
-    if sys.argv[2] == "fixed":
-        ddp_fixes.apply_ddp_fixes(trainer)
-    set_seed(1)
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        trainer.train(num_episodes=1, max_timesteps=6, update_timesteps=6, max_seq_len=14)
-    digest = hashlib.sha256()
-    for _, p in sorted(trainer.accelerate.unwrap_model(trainer.actor_critic).named_parameters()):
-        digest.update(p.detach().numpy().tobytes())
-    print("digest", sys.argv[2], trainer.accelerate.distributed_type, digest.hexdigest())
+    for mode in sys.argv[2:]:
+        set_seed(0)
+        palm = PaLM(**smoke.TINY_PALM)
+        trainer = RLHFTrainer(palm=palm, reward_model=RewardModel(palm, num_binned_output=0),
+                              prompt_token_ids=smoke.random_prompt_token_ids(0), minibatch_size=2,
+                              accelerate_kwargs=dict(cpu=True))
+        if mode == "fixed":
+            ddp_fixes.apply_ddp_fixes(trainer)
+        set_seed(1)
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            trainer.train(num_episodes=1, max_timesteps=6, update_timesteps=6, max_seq_len=14)
+        digest = hashlib.sha256()
+        for _, p in sorted(trainer.accelerate.unwrap_model(trainer.actor_critic).named_parameters()):
+            digest.update(p.detach().numpy().tobytes())
+        print("digest", mode, trainer.accelerate.distributed_type, digest.hexdigest(), flush=True)
 """)
 
 
@@ -284,20 +286,136 @@ def test_fix_ppo_reproduces_single_process_training_bitwise(tmp_path):
     script.write_text(PPO_EXACT)
     env = {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
 
-    def digest(mode, launcher=(), extra=None):
-        proc = run([*launcher, str(script), str(SCRIPTS), mode], tmp_path, env={**env, **(extra or {})},
+    def digests(launcher, modes, extra=None):
+        proc = run([*launcher, str(script), str(SCRIPTS), *modes], tmp_path, env={**env, **(extra or {})},
                    timeout=180)
-        lines = [line.split() for line in proc.stdout.splitlines() if line.startswith("digest")]
-        assert len(lines) == 1, proc.stderr[-2000:]
-        return lines[0][2], lines[0][3]
+        lines = [line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("digest")]
+        assert [line[0] for line in lines] == modes, proc.stderr[-2000:]
+        return {mode: (kind, digest) for mode, kind, digest in lines}
 
-    def one_rank(mode):
-        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1",
-                    "--master_addr", "127.0.0.1", "--master_port", str(launch.free_port())]
-        return digest(mode, torchrun, {"ACCELERATE_USE_CPU": "true"})
+    found = digests([sys.executable], ["plain"])
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1",
+                "--master_addr", "127.0.0.1", "--master_port", str(launch.free_port())]
+    found.update(digests(torchrun, ["unfixed", "fixed"], {"ACCELERATE_USE_CPU": "true"}))
+    assert found["plain"][0] == "DistributedType.NO"
+    assert found["unfixed"][0] == found["fixed"][0] == "DistributedType.MULTI_CPU"
+    assert found["fixed"][1] == found["plain"][1]
+    assert found["unfixed"][1] != found["plain"][1]
 
-    plain = digest("plain", [sys.executable])
-    unfixed, fixed = one_rank("unfixed"), one_rank("fixed")
-    assert plain[0] == "DistributedType.NO" and unfixed[0] == fixed[0] == "DistributedType.MULTI_CPU"
-    assert fixed[1] == plain[1]
-    assert unfixed[1] != plain[1]
+
+# references/distributed.md -----------------------------------------------------------------------
+
+DOC = REPO / "sub-skills" / "policy-optimization" / "references" / "distributed.md"
+
+
+def doc_block(marker: str) -> str:
+    """The fenced python block of distributed.md that contains ``marker``."""
+    blocks = DOC.read_text(encoding="utf-8").split("```python\n")[1:]
+    found = [b.split("```")[0] for b in blocks if marker in b]
+    assert len(found) == 1, marker
+    return found[0]
+
+
+def test_doc_training_script_runs_on_two_ranks_in_sync(tmp_path):
+    """The page's training script, then its sync-check snippet and its DDP load line, on 2 ranks."""
+    launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
+    script = doc_block("apply_ddp_fixes(trainer)").replace(
+        '"sub-skills/policy-optimization/scripts"', repr(str(SCRIPTS)))
+    script += doc_block("all_gather_object") + textwrap.dedent("""
+        from ddp_fixes import checkpoint_module
+        import os
+        checkpoint_module(trainer).load_state_dict(torch.load("checkpoint.pt"))
+        print("doc-run", dist.get_rank(), dist.get_world_size(), len(digests), drifted, flush=True)
+    """)
+    (tmp_path / "train.py").write_text(script)
+    cwd = tmp_path / "run"
+    cwd.mkdir()
+    proc = run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
+                "127.0.0.1", "--master_port", str(launch.free_port()), str(tmp_path / "train.py")], cwd,
+               env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("doc-run"))
+    assert len(lines) == 2 and all(line.endswith(" 2 47 []") for line in lines), lines
+    import torch
+    keys = torch.load(cwd / "checkpoint.pt", weights_only=True)
+    assert keys and not any(k.startswith("module.") for k in keys)
+    assert sorted(p.name for p in cwd.iterdir()) == ["checkpoint.pt"]
+
+
+DDP_FLAGS = textwrap.dedent("""
+    import contextlib, io, os, sys, tempfile
+    sys.path.insert(0, sys.argv[1])
+    import tiny_rlhf_smoke as smoke, ddp_fixes
+    from accelerate.utils import DistributedDataParallelKwargs, set_seed
+    from palm_rlhf_pytorch import PaLM, RewardModel, RLHFTrainer
+    from palm_rlhf_pytorch.tpo import RLHFTrainer as TPOTrainer
+    rank = os.environ["RANK"]
+
+    def build(cls, **kwargs):
+        set_seed(0)
+        palm = PaLM(**smoke.TINY_PALM)
+        return cls(palm=palm, reward_model=RewardModel(palm, num_binned_output=0),
+                   prompt_token_ids=smoke.random_prompt_token_ids(0), **kwargs)
+
+    def attempt(label, trainer, **train_kwargs):
+        set_seed(0, device_specific=True)
+        try:
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                trainer.train(**train_kwargs)
+            outcome = "ok"
+        except Exception as exc:
+            outcome = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        with open(f"{label}-{rank}.txt", "w") as f:
+            f.write(outcome)
+
+    for flag in ("find_unused_parameters", "static_graph"):
+        handler = DistributedDataParallelKwargs(**{flag: True})
+        trainer = build(RLHFTrainer, minibatch_size=2, accelerate_kwargs=dict(cpu=True, kwargs_handlers=[handler]))
+        attempt(f"ppo-{flag}", trainer, num_episodes=1, max_timesteps=4, update_timesteps=4, max_seq_len=12)
+    trainer = build(TPOTrainer, minibatch_size=1, num_times_sample_rewards=3, accelerate_kwargs=dict(cpu=True))
+    ddp_fixes.expose_wrapped_attributes(trainer.actor, ["generate"])  # fix_tpo without the rank folder
+    attempt("tpo-shared-folder", trainer, num_episodes=2, max_timesteps=2, update_timesteps=2, max_seq_len=12)
+""")
+
+
+def test_doc_failures_of_ddp_flags_and_shared_tpo_buffer(tmp_path):
+    """Canaries for the page's table: PPO with find_unused_parameters / static_graph, and TPO ranks
+    sharing ./tpo_memmap_replay_buffer (the per-rank folder of fix_tpo)."""
+    launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
+    (tmp_path / "flags.py").write_text(DDP_FLAGS)
+    cwd = tmp_path / "run"
+    cwd.mkdir()
+    run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+         "--master_port", str(launch.free_port()), str(tmp_path / "flags.py"), str(SCRIPTS)], cwd,
+        env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true"}, timeout=240)
+    outcome = {f.stem: f.read_text() for f in cwd.glob("*.txt")}
+    for rank in ("0", "1"):
+        for flag in ("find_unused_parameters", "static_graph"):
+            assert outcome[f"ppo-{flag}-{rank}"].startswith(
+                "RuntimeError: Trying to backward through the graph a second time"), outcome
+        assert outcome[f"tpo-shared-folder-{rank}"].startswith(
+            "ValueError: You exceeded the `max_timesteps` (2) set on the replay buffer"), outcome
+    text = DOC.read_text(encoding="utf-8")
+    assert "Trying to backward through the graph a second time" in text
+    assert "You exceeded the `max_timesteps`" in text
+
+
+def test_doc_gpu_backend_fact_matches_accelerate_source():
+    from accelerate import PartialState
+    source = inspect.getsource(PartialState._prepare_backend)
+    assert 'backend = "nccl"' in source and "distributed_type = DistributedType.MULTI_GPU" in source
+    assert 'int(os.environ.get("LOCAL_RANK", -1)) != -1 and not cpu' in source
+
+
+def test_doc_names_exist():
+    fixes = load_script(SCRIPTS / "ddp_fixes.py", "ddp_fixes")
+    launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
+    text = DOC.read_text(encoding="utf-8")
+    for name in ("fix_ppo", "fix_tpo", "fix_flowrl", "apply_ddp_fixes", "save_checkpoint", "checkpoint_module"):
+        assert f"`{name}" in text and callable(getattr(fixes, name))
+    assert "`tensor_digest`" in text and callable(launch.tensor_digest)
+    names = {row.split("`")[0] for row in text.split("\n| `")[1:]}  # the checks table
+    assert names == {"accelerate_multi_process", "ranks_in_sync", "ranks_drew_different_prompts",
+                     "only_main_process_wrote", "replay_buffer_per_rank", "all_ranks_passed"}
+    help_text = run([sys.executable, str(SMOKE), "--help"], REPO).stdout
+    assert "--nproc" in help_text and "--no-ddp-fixes" in help_text

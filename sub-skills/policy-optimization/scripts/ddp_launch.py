@@ -86,7 +86,6 @@ def worker_env(device: str) -> dict[str, str]:
     env = dict(os.environ)
     if device == "cpu":
         env["ACCELERATE_USE_CPU"] = "true"
-        env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "")
     env.setdefault("OMP_NUM_THREADS", "1")
     if sys.platform.startswith("linux") and Path("/sys/class/net/lo").exists():
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo pairs on loopback, like the rendezvous
