@@ -7,6 +7,7 @@ Select with ``pytest -m distributed``; they also run in the default suite.
 from __future__ import annotations
 
 import inspect
+import json
 import sys
 import textwrap
 from pathlib import Path
@@ -419,3 +420,20 @@ def test_doc_names_exist():
                      "only_main_process_wrote", "replay_buffer_per_rank", "all_ranks_passed"}
     help_text = run([sys.executable, str(SMOKE), "--help"], REPO).stdout
     assert "--nproc" in help_text and "--no-ddp-fixes" in help_text
+
+
+def test_workers_dying_without_report_is_a_failed_report(smoke, capsys, monkeypatch, empty_dir):
+    """Every rank exits before rank 0 writes the report: one JSON report, status failed, exit 1."""
+    launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
+    rt = sys.modules["skill_runtime"]
+    args = smoke.build_parser().parse_args(["--nproc", "2", "--device", "cpu", "--json"])
+    monkeypatch.chdir(empty_dir)
+    env = rt.check_versions()
+    # the workers parse the forwarded arguments again; an unknown one makes each rank exit 2
+    code = launch.launch(args, ["--device", "cpu", "--bogus-for-workers"], env, smoke.summary)
+    report = json.loads(capsys.readouterr().out)
+    assert code == 1 and report["status"] == "failed" and report["results"] == {}
+    failed = {c["name"]: c for c in report["checks"] if not c["passed"]}
+    assert "workers_finished" in failed and "--bogus-for-workers" in failed["workers_finished"]["detail"]
+    assert report["launcher"]["returncode"] not in (0, None)
+    assert list(empty_dir.iterdir()) == []

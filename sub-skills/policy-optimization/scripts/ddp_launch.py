@@ -26,6 +26,7 @@ import importlib.util
 import json
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -121,8 +122,13 @@ def launch(args, argv: list[str], env_info: dict[str, Any], summary) -> int:
     if report is None:  # a rank died before rank 0 wrote the report (crash, timeout, launcher error)
         report = {"status": "failed", "mode": "train-smoke", "trainer": args.trainer, "device": device,
                   "seed": args.seed, "results": {}, "checks": [], "timings_s": {}}
+        # the workers' own last lines: what precedes torchrun's failure log (E<date> ... elastic)
+        workers_out = re.split(r"^[EWI]\d{4} [^\n]*torch/distributed/elastic", out + err, maxsplit=1,
+                               flags=re.MULTILINE)[0]
+        last = [line.strip() for line in workers_out.splitlines() if line.strip()][-4:]
         report["checks"].append({"name": "workers_finished", "passed": False,
-                                 "detail": f"launcher exit {returncode}, no report; output tail: {tail}"})
+                                 "detail": f"launcher exit {returncode}, no report; workers' last lines: "
+                                           f"{' | '.join(last) or 'none'} (more in launcher.output_tail)"})
     workdir_check = {"name": "caller_directory_untouched", "passed": caller_before == caller_after,
                      "detail": f"added: {sorted(set(caller_after) - set(caller_before)) or 'nothing'}"}
     for result in report["results"].values():
@@ -367,7 +373,9 @@ def worker(argv: list[str]) -> int:
         per_rank = gather(result)
         results[name] = merge(name, per_rank, sync, state_info)
     if state.is_main_process:
-        stage_sum = lambda key: round(sum((r["timings_s"].get(key) or 0) for r in results.values()), 4)
+        def stage_sum(key):  # None when no trainer reached the stage (e.g. --construct-only)
+            values = [r["timings_s"].get(key) for r in results.values()]
+            return None if all(v is None for v in values) else round(sum(v or 0 for v in values), 4)
         report = {"status": "ok" if all(r["status"] == "ok" for r in results.values()) else "failed",
                   "mode": smoke.mode_name(args), "trainer": args.trainer, "device": str(device),
                   "seed": args.seed, "nproc": state.num_processes,
