@@ -27,6 +27,7 @@ import json
 import os
 import random
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -41,6 +42,7 @@ import skill_runtime as rt  # noqa: E402  (shared runtime at the skill root, imp
 REPORT_NAME = "report.json"
 CHECKPOINT_NAME = "checkpoint.pt"
 LAUNCH_TIMEOUT_S = 1800        # whole multi-process run, every trainer
+STOP_GRACE_S = 60             # after the timeout, time torchrun gets to stop its ranks
 COLLECTIVE_TIMEOUT_S = 600     # one collective (a rank stuck in the library fails the run, no hang)
 MAX_DIFF_NAMES = 8             # mismatched tensors whose max |difference| is gathered and reported
 
@@ -93,6 +95,26 @@ def worker_env(device: str) -> dict[str, str]:
     return env
 
 
+def run_launcher(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[int | None, str, str]:
+    """Run torchrun; past LAUNCH_TIMEOUT_S send it SIGTERM, on which it stops its ranks (each rank
+    runs in a session of its own, so only torchrun can reach them), SIGKILL after STOP_GRACE_S.
+
+    Returns (exit code, or None on timeout; stdout; stderr)."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        out, err = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
+        return proc.returncode, out, err
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            out, err = proc.communicate(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        return None, out, err + f"\nstopped after {LAUNCH_TIMEOUT_S} s"
+
+
 def launch(args, argv: list[str], env_info: dict[str, Any], summary) -> int:
     """Run the smoke on ``args.nproc`` processes; print one report; return the exit code."""
     timer = rt.Timer()
@@ -106,13 +128,7 @@ def launch(args, argv: list[str], env_info: dict[str, Any], summary) -> int:
                "--master_port", str(port), "--max_restarts", "0",
                str(Path(__file__).resolve()), "--run-dir", str(run_dir), "--", *argv]
         with timer.stage("launch"):
-            try:
-                proc = subprocess.run(cmd, cwd=run_dir, env=worker_env(device), capture_output=True,
-                                      text=True, timeout=LAUNCH_TIMEOUT_S)
-                returncode, out, err = proc.returncode, proc.stdout, proc.stderr
-            except subprocess.TimeoutExpired as exc:
-                returncode, out, err = None, exc.stdout or "", f"timed out after {LAUNCH_TIMEOUT_S} s"
-                out, err = (out.decode() if isinstance(out, bytes) else out), err
+            returncode, out, err = run_launcher(cmd, run_dir, worker_env(device))
         if args.verbose:
             sys.stderr.write(out + err)
         report_path = run_dir / REPORT_NAME
@@ -120,7 +136,8 @@ def launch(args, argv: list[str], env_info: dict[str, Any], summary) -> int:
     caller_after = sorted(os.listdir(caller))
     tail = (out + err)[-2000:]
     if report is None:  # a rank died before rank 0 wrote the report (crash, timeout, launcher error)
-        report = {"status": "failed", "mode": "train-smoke", "trainer": args.trainer, "device": device,
+        mode = "construct-only" if args.construct_only else "train-smoke"
+        report = {"status": "failed", "mode": mode, "trainer": args.trainer, "device": device,
                   "seed": args.seed, "results": {}, "checks": [], "timings_s": {}}
         # the workers' own last lines: what precedes torchrun's failure log (E<date> ... elastic)
         workers_out = re.split(r"^[EWI]\d{4} [^\n]*torch/distributed/elastic", out + err, maxsplit=1,
