@@ -207,14 +207,28 @@ def save_checkpoint(trainer, path: str | os.PathLike = "./checkpoint.pt") -> boo
     """Save what ``trainer.save(path)`` saves, but unwrapped (no ``module.`` key prefix) and only from
     the main process, after all processes reach this call (``wait_for_everyone``).
 
+    The file is serialized in memory, written to ``<path>.tmp``, flushed to disk (fsync) and renamed
+    over ``path``, so a rank that reads it right after this call returns never sees a partial file
+    (seen once under load with ``torch.save(obj, path)``: rank 1's ``torch.load`` right after the
+    barrier did not find a complete zip file).
     Returns True in the process that wrote the file. ``trainer.load(path)`` reads it back in a
     single process; under DDP load into ``checkpoint_module(trainer)`` instead.
     """
+    import io
+    import torch
+
     accelerator = trainer.accelerate
     accelerator.wait_for_everyone()
     wrote = False
     if accelerator.is_main_process:
-        accelerator.save(checkpoint_module(trainer).state_dict(), path)
+        buffer = io.BytesIO()
+        torch.save(checkpoint_module(trainer).state_dict(), buffer)
+        tmp = Path(f"{os.fspath(path)}.tmp")
+        with open(tmp, "wb") as f:
+            f.write(buffer.getvalue())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
         wrote = True
     accelerator.wait_for_everyone()
     return wrote
