@@ -14,6 +14,7 @@ Usage:
     tiny_rlhf_smoke.py --construct-only --device cpu
     tiny_rlhf_smoke.py --prompt-style text              # raw-text prompts via prompts=
     tiny_rlhf_smoke.py --prompt-style file              # the same file via prompts_path=
+    tiny_rlhf_smoke.py --trainer all --nproc 2 --json   # 2 DDP processes, ranks checked in sync
     tiny_rlhf_smoke.py --dim 128 --depth 2 --prompt-len 16 --new-tokens 32   # a bigger smoke
 
 Runs inside a private temporary directory and leaves nothing in the caller's directory.
@@ -117,6 +118,7 @@ def build_parser() -> rt.OneLineParser:
                "  tiny-rlhf-smoke --trainer grpo --grpo-variant spo\n"
                "  tiny-rlhf-smoke --construct-only --device cpu\n"
                "  tiny-rlhf-smoke --prompt-style file\n"
+               "  tiny-rlhf-smoke --trainer all --nproc 2 --json\n"
                "  tiny-rlhf-smoke --dim 128 --depth 2 --prompt-len 16 --new-tokens 32\n\n"
                + rt.EXIT_CODES_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -138,6 +140,12 @@ def build_parser() -> rt.OneLineParser:
     parser.add_argument("--rollouts", type=int, metavar="N",
                         help="rollouts before the single learn() (default: computed so every "
                              "trainable tensor moves; fewer makes the weight checks fail)")
+    parser.add_argument("--nproc", type=int, metavar="N",
+                        help="launch N processes with torch.distributed.run (Accelerate MULTI_CPU or "
+                             "MULTI_GPU, one GPU each), train on every rank with the DDP fixes of "
+                             "ddp_fixes.py, and check the ranks stay in sync (see ddp_launch.py)")
+    parser.add_argument("--no-ddp-fixes", action="store_true",
+                        help="with --nproc: skip the DDP fixes, to see what breaks without them")
     parser.add_argument("--seed", type=int, default=0, help="seed for random, numpy and torch (default: 0)")
     parser.add_argument("--cpu-threads", type=int, default=1, metavar="N",
                         help="torch intra-op threads while the smoke runs (default: 1; tiny models "
@@ -237,8 +245,12 @@ def optimizers(name: str, trainer) -> dict[str, Any]:
     return {k: getattr(opt, "optimizer", opt) for k, opt in found.items()}
 
 
-def run_trainer(name: str, args, device_kwargs: dict, device, variants: list[str]) -> dict[str, Any]:
-    """Build (and unless construct-only, train and sample from) one trainer; return its report."""
+def run_trainer(name: str, args, device_kwargs: dict, device, variants: list[str],
+                after_build=None) -> dict[str, Any]:
+    """Build (and unless construct-only, train and sample from) one trainer; return its report.
+
+    ``after_build(name, trainer)``, when given, runs right after construction (the multi-process
+    worker in ddp_launch.py applies its DDP fixes and per-rank seeding there)."""
     import importlib
     import torch
     from accelerate.utils import set_seed
@@ -273,6 +285,8 @@ def run_trainer(name: str, args, device_kwargs: dict, device, variants: list[str
             return finish(result, checks)
         # the trainer registers prompt ids as a buffer of its own (not prepared by Accelerate)
         trainer.prompt_token_ids = trainer.prompt_token_ids.to(device)
+        if after_build is not None:
+            after_build(name, trainer)
 
     tokenizer = prompt_info.pop("tokenizer", None)
     if tokenizer is not None:
@@ -361,12 +375,12 @@ def run_trainer(name: str, args, device_kwargs: dict, device, variants: list[str
     checks.add("losses_finite", rt.all_finite(losses),
                f"{len(values)} printed values ({', '.join(losses)})" if values else "no loss printed")
     if name == "tpo":
-        buffer = Path(TPO_BUFFER)
+        buffer = Path(getattr(args, "tpo_buffer", TPO_BUFFER))  # ddp_launch.py: a per-rank folder
         size = sum(f.stat().st_size for f in buffer.rglob("*") if f.is_file()) if buffer.is_dir() else 0
-        result["replay_buffer"] = {"path": f"./{TPO_BUFFER}", "bytes": size}
+        result["replay_buffer"] = {"path": f"./{buffer}", "bytes": size}
         checks.add("replay_buffer_in_private_dir",
                    buffer.is_dir() and Path.cwd().resolve() != Path(args.caller_dir).resolve(),
-                   f"./{TPO_BUFFER} written in the private working directory ({size} bytes on disk), "
+                   f"./{buffer} written in the private working directory ({size} bytes on disk), "
                    "removed with it")
     if name == "flowrl":
         palm_, probe = actor_palm(name, trainer), trainer.prompt_token_ids[:1]
@@ -452,7 +466,13 @@ def main(argv: list[str] | None = None) -> int:
             raise rt.SkillError(f"--{option.replace('_', '-')} must be at least 1")
     if args.prompt_len is not None and args.prompt_style != "token-ids":
         raise rt.SkillError("--prompt-len applies to --prompt-style token-ids")
+    if args.nproc is not None and args.nproc < 1:
+        raise rt.SkillError("--nproc must be at least 1")
+    if args.no_ddp_fixes and args.nproc is None:
+        raise rt.SkillError("--no-ddp-fixes applies to --nproc runs")
     env = rt.check_versions(args.allow_untested)
+    if args.nproc is not None:  # multi-process run: launcher, workers and rank checks live there
+        return load_ddp_launch().launch(args, sys.argv[1:] if argv is None else argv, env, summary)
 
     timer = rt.Timer()
     with timer.stage("import"):
@@ -492,6 +512,17 @@ def main(argv: list[str] | None = None) -> int:
     report["timings_s"]["total"] = round(time.perf_counter() - START, 4)
     rt.emit(report, args.json, summary)
     return rt.EXIT_OK if ok else rt.EXIT_CHECK_FAILED
+
+
+def load_ddp_launch():
+    """ddp_launch.py next to this file, imported by path (it imports this file back the same way)."""
+    import importlib.util
+    path = Path(__file__).resolve().with_name("ddp_launch.py")
+    spec = importlib.util.spec_from_file_location("ddp_launch", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 START = time.perf_counter()

@@ -1,0 +1,441 @@
+"""Multi-process (DDP) training: the smoke's --nproc mode, the user-side fixes in ddp_fixes.py and
+their canaries, and the Accelerate launch facts that references/distributed.md states.
+
+Each 2-process run is tiny (dim 32, depth 1, a few rollouts) over gloo on 127.0.0.1.
+Select with ``pytest -m distributed``; they also run in the default suite.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import BIN, REPO, SMOKE, load_script, run, run_json
+
+SCRIPTS = REPO / "sub-skills" / "policy-optimization" / "scripts"
+TRAINERS = ["ppo", "grpo", "tpo", "flowrl"]
+pytestmark = pytest.mark.distributed
+
+
+def checks_of(result: dict) -> dict[str, dict]:
+    return {c["name"]: c for c in result["checks"]}
+
+
+@pytest.fixture(scope="module")
+def fixed_run(tmp_path_factory):
+    """`tiny-rlhf-smoke --trainer all --nproc 2 --json` (installed console script) from an empty dir."""
+    cwd = tmp_path_factory.mktemp("fixed")
+    exe = BIN / "tiny-rlhf-smoke"
+    assert exe.exists(), "install the package first: pip install '.[test]'"
+    proc, report = run_json([str(exe), "--trainer", "all", "--nproc", "2", "--json"], cwd)
+    return proc, report, cwd
+
+
+@pytest.fixture(scope="module")
+def unfixed_run(tmp_path_factory):
+    """The same run without ddp_fixes.py: what each trainer does under plain DDP."""
+    cwd = tmp_path_factory.mktemp("unfixed")
+    proc, report = run_json([sys.executable, str(SMOKE), "--trainer", "all", "--nproc", "2",
+                             "--no-ddp-fixes", "--json"], cwd)
+    return proc, report, cwd
+
+
+def test_all_trainers_in_sync_with_fixes(fixed_run):
+    proc, report, cwd = fixed_run
+    assert proc.returncode == 0, [(n, c) for n, r in report["results"].items()
+                                  for c in r["checks"] if not c["passed"]]
+    assert report["status"] == "ok" and report["nproc"] == 2 and report["distributed_type"] == "MULTI_CPU"
+    assert report["launcher"]["master"].startswith("127.0.0.1:") and report["launcher"]["ddp_fixes"]
+    assert set(report["results"]) == set(TRAINERS)
+    for name, result in report["results"].items():
+        checks = checks_of(result)
+        for required in ("accelerate_multi_process", "ranks_in_sync", "ranks_drew_different_prompts",
+                         "only_main_process_wrote", "all_ranks_passed", "caller_directory_untouched",
+                         "update_ran", "actor_lora_changed", "base_weights_unchanged"):
+            assert checks[required]["passed"], (name, checks[required])
+        sync = result["rank_sync"]
+        assert sync["mismatched"] == 0 and sync["trainable_compared"] == result["parameters"]["trainable_total"]
+        assert sync["tensors_compared"] == result["parameters"]["trainable_total"] + result["parameters"]["frozen_total"]
+        assert [r["status"] for r in result["ranks"]] == ["ok", "ok"]
+        draws = [r["prompt_draws"] for r in result["ranks"]]
+        assert draws[0] != draws[1] and len(draws[0]) == result["optimizer_steps"]["rollouts"]
+        assert result["checkpoint"]["saves_per_rank"] == [1, 0]
+    tpo = checks_of(report["results"]["tpo"])
+    assert tpo["replay_buffer_per_rank"]["passed"] and "rank1/tpo_memmap_replay_buffer" in tpo["replay_buffer_per_rank"]["detail"]
+    assert list(cwd.iterdir()) == []
+
+
+def test_no_library_output_on_stdout(fixed_run):
+    proc, _, _ = fixed_run
+    assert "policy_loss:" not in proc.stdout and "training complete" not in proc.stdout
+    assert proc.stdout.lstrip().startswith("{") and proc.stdout.rstrip().endswith("}")
+
+
+# canaries: each asserts the upstream cause its fix works around; when one fails, upstream changed:
+# re-check the fix in ddp_fixes.py and drop it if it is no longer needed.
+
+def test_unfixed_ppo_drifts_between_ranks(unfixed_run):
+    """Canary for fix_ppo: PPO's actor steps before DDP has averaged its gradients."""
+    proc, report, cwd = unfixed_run
+    assert proc.returncode == 1 and report["status"] == "failed"
+    ppo = report["results"]["ppo"]
+    checks = checks_of(ppo)
+    assert checks["update_ran"]["passed"] and not checks["ranks_in_sync"]["passed"]
+    sync = ppo["rank_sync"]
+    assert sync["trainable_mismatched"] > 0 and sync["frozen_mismatched"] == 0 and sync["max_abs_diff"] > 0
+    assert all(".finetune_modules.actor." in n for n in sync["mismatched_names"])  # the actor LoRA
+    assert list(cwd.iterdir()) == []
+
+
+def test_unfixed_grpo_stays_in_sync(unfixed_run):
+    """GRPO needs no training fix: one backward per step, so DDP's own averaging is exact."""
+    checks = checks_of(unfixed_run[1]["results"]["grpo"])
+    assert checks["update_ran"]["passed"] and checks["ranks_in_sync"]["passed"]
+
+
+def test_unfixed_tpo_has_no_generate_on_ddp_wrapper(unfixed_run):
+    """Canary for fix_tpo (generate): tpo.py train() calls self.actor.generate on the DDP wrapper."""
+    detail = checks_of(unfixed_run[1]["results"]["tpo"])["update_ran"]["detail"]
+    assert detail == "AttributeError: 'DistributedDataParallel' object has no attribute 'generate'"
+
+
+def test_tpo_replay_buffer_folder_is_hard_coded():
+    """Canary for fix_tpo (per-rank folder): no argument sets the replay-buffer folder."""
+    from palm_rlhf_pytorch.tpo import RLHFTrainer
+    fixes = load_script(SCRIPTS / "ddp_fixes.py", "ddp_fixes")
+    source = inspect.getsource(RLHFTrainer.train)
+    assert f"folder = './{fixes.TPO_BUFFER}'" in source
+    params = [*inspect.signature(RLHFTrainer.train).parameters, *inspect.signature(RLHFTrainer).parameters]
+    assert not any("folder" in p or "buffer" in p for p in params)
+
+
+def test_unfixed_flowrl_reads_actor_palm_off_ddp_wrapper(unfixed_run):
+    """Canary for fix_flowrl: flowrl.py learn() reads self.actor.actor_palm."""
+    detail = checks_of(unfixed_run[1]["results"]["flowrl"])["update_ran"]["detail"]
+    assert detail == "AttributeError: 'DistributedDataParallel' object has no attribute 'actor_palm'"
+
+
+def test_unfixed_save_writes_prefixed_keys_from_every_rank(unfixed_run):
+    """Canary for save_checkpoint: trainer.save() saves the DDP wrapper from every rank."""
+    result = unfixed_run[1]["results"]["grpo"]
+    assert result["checkpoint"]["saves_per_rank"] == [1, 1]
+    detail = checks_of(result)["only_main_process_wrote"]["detail"]
+    assert "19 keys, 19 with 'module.' prefix" in detail
+
+
+# single-process behaviour of the fixes ----------------------------------------------------------
+
+def test_fixes_are_no_ops_in_one_process(smoke, empty_dir, monkeypatch):
+    import torch
+    from palm_rlhf_pytorch import PaLM, RewardModel
+    from palm_rlhf_pytorch.tpo import RLHFTrainer
+    fixes = load_script(SCRIPTS / "ddp_fixes.py", "ddp_fixes")
+    monkeypatch.chdir(empty_dir)
+    palm = PaLM(**smoke.TINY_PALM)
+    trainer = RLHFTrainer(palm=palm, reward_model=RewardModel(palm, num_binned_output=0),
+                          prompt_token_ids=smoke.random_prompt_token_ids(0), accelerate_kwargs={"cpu": True})
+    train = trainer.train
+    assert fixes.apply_ddp_fixes(trainer) == "tpo" and not fixes.is_distributed(trainer)
+    assert trainer.train == train and "generate" not in vars(trainer.actor)
+    assert fixes.save_checkpoint(trainer, empty_dir / "ckpt.pt") is True
+    keys = set(torch.load(empty_dir / "ckpt.pt", weights_only=True))
+    assert keys == set(trainer.actor.state_dict()) and not any(k.startswith("module.") for k in keys)
+    trainer.load(empty_dir / "ckpt.pt")  # the page: trainer.load reads it in a single process
+    with pytest.raises(ValueError, match="not a palm_rlhf_pytorch trainer"):
+        fixes.trainer_kind(object())
+
+
+def test_expose_wrapped_attributes_registers_nothing():
+    import torch
+    fixes = load_script(SCRIPTS / "ddp_fixes.py", "ddp_fixes")
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+    inner = torch.nn.Module()
+    inner.actor_palm = torch.nn.Linear(2, 2)
+    wrapper = Wrapper(inner)
+    fixes.expose_wrapped_attributes(wrapper, ["actor_palm"])
+    assert wrapper.actor_palm is inner.actor_palm
+    assert list(wrapper.state_dict()) == ["module.actor_palm.weight", "module.actor_palm.bias"]
+
+
+def test_rank_workdir_returns_to_caller(tmp_path, monkeypatch):
+    import os
+    fixes = load_script(SCRIPTS / "ddp_fixes.py", "ddp_fixes")
+    monkeypatch.chdir(tmp_path)
+    with fixes.rank_workdir(1) as folder:
+        assert Path(os.getcwd()) == folder == tmp_path / "rank1"
+    assert Path(os.getcwd()) == tmp_path
+
+
+# launch facts stated in references/distributed.md ------------------------------------------------
+
+PROBE = textwrap.dedent("""
+    import os
+    from accelerate import Accelerator
+    a = Accelerator()
+    with open(f"probe-{os.getpid()}.txt", "w") as f:  # one file per process: no interleaving
+        f.write(f"probe {os.environ.get('RANK')} {a.distributed_type} {a.num_processes}")
+""")
+
+
+def probe_lines(cmd, cwd, env=None):
+    """What each started process's Accelerator selected: one line per process, sorted."""
+    for old in cwd.glob("probe-*.txt"):
+        old.unlink()
+    run(cmd, cwd, env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", **(env or {})}, timeout=120)
+    return sorted(f.read_text() for f in cwd.glob("probe-*.txt"))
+
+
+def torchrun(script, port):
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+            "--master_addr", "127.0.0.1", "--master_port", str(port), str(script)]
+
+
+def test_torchrun_on_cpu_needs_accelerate_use_cpu(empty_dir):
+    launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
+    script = empty_dir.parent / "probe.py"
+    script.write_text(PROBE)
+    plain = probe_lines(torchrun(script, launch.free_port()), empty_dir)
+    assert plain == ["probe 0 DistributedType.NO 1", "probe 1 DistributedType.NO 1"]
+    cpu = probe_lines(torchrun(script, launch.free_port()), empty_dir, env={"ACCELERATE_USE_CPU": "true"})
+    assert cpu == ["probe 0 DistributedType.MULTI_CPU 2", "probe 1 DistributedType.MULTI_CPU 2"]
+
+
+def test_accelerate_launch_cpu_starts_one_process(empty_dir):
+    script = empty_dir.parent / "probe.py"
+    script.write_text(PROBE)
+    lines = probe_lines([str(BIN / "accelerate"), "launch", "--cpu", "--num_processes", "2", str(script)], empty_dir)
+    assert lines == ["probe None DistributedType.NO 1"]
+
+
+MIXED = textwrap.dedent("""
+    import torch
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+    for mp in ("bf16", "fp16"):
+        a = Accelerator(cpu=True, mixed_precision=mp)
+        model = a.prepare(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)))
+        inner = []  # dtype inside the model (prepare converts the model's output back to fp32)
+        model[0].register_forward_hook(lambda m, i, o: inner.append(o.dtype))
+        out = model(torch.randn(2, 4))
+        print("mixed", mp, a.mixed_precision, a.native_amp, inner[0], out.dtype, flush=True)
+        AcceleratorState._reset_state(True)
+""")
+
+
+def test_mixed_precision_on_cpu(empty_dir):
+    proc = run([sys.executable, "-c", MIXED], empty_dir, timeout=120)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("mixed")]
+    assert lines == ["mixed bf16 bf16 True torch.bfloat16 torch.float32",  # bf16 autocast runs on CPU
+                     "mixed fp16 fp16 False torch.float32 torch.float32"], proc.stderr[-1500:]  # fp16: fp32
+
+
+# usage errors -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, message", [
+    (["--nproc", "0"], "--nproc must be at least 1"),
+    (["--no-ddp-fixes"], "--no-ddp-fixes applies to --nproc runs"),
+    (["--nproc", "2", "--device", "cuda"], "needs 2 visible CUDA devices"),
+    (["--nproc", "2", "--device", "cuda:1"], "use auto, cpu or cuda"),
+])
+def test_nproc_usage_errors_exit_2_one_line(empty_dir, argv, message):
+    proc = run([sys.executable, str(SMOKE), *argv], empty_dir)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr, proc.stderr
+    assert list(empty_dir.iterdir()) == []
+
+
+PPO_EXACT = textwrap.dedent("""
+    import contextlib, hashlib, io, sys
+    sys.path.insert(0, sys.argv[1])
+    import tiny_rlhf_smoke as smoke, ddp_fixes
+    from accelerate.utils import set_seed
+    from palm_rlhf_pytorch import PaLM, RewardModel, RLHFTrainer
+    for mode in sys.argv[2:]:
+        set_seed(0)
+        palm = PaLM(**smoke.TINY_PALM)
+        trainer = RLHFTrainer(palm=palm, reward_model=RewardModel(palm, num_binned_output=0),
+                              prompt_token_ids=smoke.random_prompt_token_ids(0), minibatch_size=2,
+                              accelerate_kwargs=dict(cpu=True))
+        if mode == "fixed":
+            ddp_fixes.apply_ddp_fixes(trainer)
+        set_seed(1)
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            trainer.train(num_episodes=1, max_timesteps=6, update_timesteps=6, max_seq_len=14)
+        digest = hashlib.sha256()
+        for _, p in sorted(trainer.accelerate.unwrap_model(trainer.actor_critic).named_parameters()):
+            digest.update(p.detach().numpy().tobytes())
+        print("digest", mode, trainer.accelerate.distributed_type, digest.hexdigest(), flush=True)
+""")
+
+
+def test_fix_ppo_reproduces_single_process_training_bitwise(tmp_path):
+    """One rank under torchrun (Accelerate still wraps DDP): unfixed PPO ends on different weights
+    than the same run without DDP (the reducer writes the averaged actor gradient back after the
+    actor already stepped, and the next minibatch accumulates onto it); with fix_ppo, bitwise equal.
+    The unfixed half is a canary for fix_ppo too."""
+    launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
+    script = tmp_path / "ppo_exact.py"
+    script.write_text(PPO_EXACT)
+    env = {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+
+    def digests(launcher, modes, extra=None):
+        proc = run([*launcher, str(script), str(SCRIPTS), *modes], tmp_path, env={**env, **(extra or {})},
+                   timeout=180)
+        lines = [line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("digest")]
+        assert [line[0] for line in lines] == modes, proc.stderr[-2000:]
+        return {mode: (kind, digest) for mode, kind, digest in lines}
+
+    found = digests([sys.executable], ["plain"])
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1",
+                "--master_addr", "127.0.0.1", "--master_port", str(launch.free_port())]
+    found.update(digests(torchrun, ["unfixed", "fixed"], {"ACCELERATE_USE_CPU": "true"}))
+    assert found["plain"][0] == "DistributedType.NO"
+    assert found["unfixed"][0] == found["fixed"][0] == "DistributedType.MULTI_CPU"
+    assert found["fixed"][1] == found["plain"][1]
+    assert found["unfixed"][1] != found["plain"][1]
+
+
+# references/distributed.md -----------------------------------------------------------------------
+
+DOC = REPO / "sub-skills" / "policy-optimization" / "references" / "distributed.md"
+
+
+def doc_block(marker: str) -> str:
+    """The fenced python block of distributed.md that contains ``marker``."""
+    blocks = DOC.read_text(encoding="utf-8").split("```python\n")[1:]
+    found = [b.split("```")[0] for b in blocks if marker in b]
+    assert len(found) == 1, marker
+    return found[0]
+
+
+def test_doc_training_script_runs_on_two_ranks_in_sync(tmp_path):
+    """The page's sync check and training script (skipped by test_doc_code_blocks: it needs
+    torchrun) on 2 ranks, then its DDP load line: no drift, one checkpoint without 'module.'."""
+    launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
+    script = doc_block("def drifted_parameters") + doc_block("apply_ddp_fixes(trainer)").replace(
+        '"sub-skills/policy-optimization/scripts"', repr(str(SCRIPTS)))
+    script += textwrap.dedent("""
+        from ddp_fixes import checkpoint_module
+        import torch.distributed as dist
+        checkpoint_module(trainer).load_state_dict(torch.load("checkpoint.pt"))
+        print("doc-run", dist.get_rank(), dist.get_world_size(), len(list(trainer.parameters())), drifted,
+              flush=True)
+    """)
+    (tmp_path / "train.py").write_text(script)
+    cwd = tmp_path / "run"
+    cwd.mkdir()
+    proc = run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
+                "127.0.0.1", "--master_port", str(launch.free_port()), str(tmp_path / "train.py")], cwd,
+               env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("doc-run"))
+    assert len(lines) == 2 and all(line.endswith(" 2 47 []") for line in lines), lines
+    import torch
+    keys = torch.load(cwd / "checkpoint.pt", weights_only=True)
+    assert keys and not any(k.startswith("module.") for k in keys)
+    assert sorted(p.name for p in cwd.iterdir()) == ["checkpoint.pt"]
+
+
+DDP_FLAGS = textwrap.dedent("""
+    import contextlib, io, os, sys, tempfile
+    sys.path.insert(0, sys.argv[1])
+    import tiny_rlhf_smoke as smoke, ddp_fixes
+    from accelerate.utils import DistributedDataParallelKwargs, set_seed
+    from palm_rlhf_pytorch import PaLM, RewardModel, RLHFTrainer
+    from palm_rlhf_pytorch.tpo import RLHFTrainer as TPOTrainer
+    rank = os.environ["RANK"]
+
+    def build(cls, **kwargs):
+        set_seed(0)
+        palm = PaLM(**smoke.TINY_PALM)
+        return cls(palm=palm, reward_model=RewardModel(palm, num_binned_output=0),
+                   prompt_token_ids=smoke.random_prompt_token_ids(0), **kwargs)
+
+    def attempt(label, trainer, **train_kwargs):
+        set_seed(0, device_specific=True)
+        try:
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                trainer.train(**train_kwargs)
+            outcome = "ok"
+        except Exception as exc:
+            outcome = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        with open(f"{label}-{rank}.txt", "w") as f:
+            f.write(outcome)
+
+    for flag in ("find_unused_parameters", "static_graph"):
+        handler = DistributedDataParallelKwargs(**{flag: True})
+        trainer = build(RLHFTrainer, minibatch_size=2, accelerate_kwargs=dict(cpu=True, kwargs_handlers=[handler]))
+        attempt(f"ppo-{flag}", trainer, num_episodes=1, max_timesteps=4, update_timesteps=4, max_seq_len=12)
+    trainer = build(TPOTrainer, minibatch_size=1, num_times_sample_rewards=3, accelerate_kwargs=dict(cpu=True))
+    ddp_fixes.expose_wrapped_attributes(trainer.actor, ["generate"])  # fix_tpo without the rank folder
+    attempt("tpo-shared-folder", trainer, num_episodes=2, max_timesteps=2, update_timesteps=2, max_seq_len=12)
+""")
+
+
+def test_doc_failures_of_ddp_flags_and_shared_tpo_buffer(tmp_path):
+    """Canaries for the page's table: PPO with find_unused_parameters / static_graph, and TPO ranks
+    sharing ./tpo_memmap_replay_buffer (the per-rank folder of fix_tpo)."""
+    launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
+    (tmp_path / "flags.py").write_text(DDP_FLAGS)
+    cwd = tmp_path / "run"
+    cwd.mkdir()
+    run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+         "--master_port", str(launch.free_port()), str(tmp_path / "flags.py"), str(SCRIPTS)], cwd,
+        env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true"}, timeout=240)
+    outcome = {f.stem: f.read_text() for f in cwd.glob("*.txt")}
+    for rank in ("0", "1"):
+        for flag in ("find_unused_parameters", "static_graph"):
+            assert outcome[f"ppo-{flag}-{rank}"].startswith(
+                "RuntimeError: Trying to backward through the graph a second time"), outcome
+        assert outcome[f"tpo-shared-folder-{rank}"].startswith(
+            "ValueError: You exceeded the `max_timesteps` (2) set on the replay buffer"), outcome
+    text = DOC.read_text(encoding="utf-8")
+    assert "Trying to backward through the graph a second time" in text
+    assert "You exceeded the `max_timesteps`" in text
+
+
+def test_doc_gpu_backend_fact_matches_accelerate_source():
+    from accelerate import PartialState
+    source = inspect.getsource(PartialState._prepare_backend)
+    assert 'backend = "nccl"' in source and "distributed_type = DistributedType.MULTI_GPU" in source
+    assert 'int(os.environ.get("LOCAL_RANK", -1)) != -1 and not cpu' in source
+
+
+def test_doc_names_exist():
+    fixes = load_script(SCRIPTS / "ddp_fixes.py", "ddp_fixes")
+    launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
+    text = DOC.read_text(encoding="utf-8")
+    for name in ("fix_ppo", "fix_tpo", "fix_flowrl", "apply_ddp_fixes", "save_checkpoint", "checkpoint_module"):
+        assert f"`{name}" in text and callable(getattr(fixes, name))
+    assert "`tensor_digest`" in text and callable(launch.tensor_digest)
+    names = {row.split("`")[0] for row in text.split("\n| `")[1:]}  # the checks table
+    assert names == {"accelerate_multi_process", "ranks_in_sync", "ranks_drew_different_prompts",
+                     "only_main_process_wrote", "replay_buffer_per_rank", "all_ranks_passed"}
+    help_text = run([sys.executable, str(SMOKE), "--help"], REPO).stdout
+    assert "--nproc" in help_text and "--no-ddp-fixes" in help_text
+
+
+def test_workers_dying_without_report_is_a_failed_report(smoke, capsys, monkeypatch, empty_dir):
+    """Every rank exits before rank 0 writes the report: one JSON report, status failed, exit 1."""
+    launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
+    rt = sys.modules["skill_runtime"]
+    args = smoke.build_parser().parse_args(["--nproc", "2", "--device", "cpu", "--json"])
+    monkeypatch.chdir(empty_dir)
+    env = rt.check_versions()
+    # the workers parse the forwarded arguments again; an unknown one makes each rank exit 2
+    code = launch.launch(args, ["--device", "cpu", "--bogus-for-workers"], env, smoke.summary)
+    report = json.loads(capsys.readouterr().out)
+    assert code == 1 and report["status"] == "failed" and report["results"] == {}
+    failed = {c["name"]: c for c in report["checks"] if not c["passed"]}
+    assert "workers_finished" in failed and "--bogus-for-workers" in failed["workers_finished"]["detail"]
+    assert report["launcher"]["returncode"] not in (0, None)
+    assert list(empty_dir.iterdir()) == []
