@@ -298,6 +298,61 @@ def emit(report: dict[str, Any], as_json: bool, summary: Callable[[dict[str, Any
         sys.stderr.write(summary(report) + "\n")
 
 
+def require_at_least(args: argparse.Namespace, minimums: dict[str, int]) -> None:
+    """Raise SkillError(exit 2) naming the first option (``dest`` -> ``--dest``) below its minimum;
+    options left as None are skipped."""
+    for dest, minimum in minimums.items():
+        value = getattr(args, dest)
+        if value is not None and value < minimum:
+            raise SkillError(f"--{dest.replace('_', '-')} must be at least {minimum}")
+
+
+def checks_summary(title: str, report: dict[str, Any]) -> str:
+    """The human summary of a single-report smoke: status line, one line per check, timings (s)."""
+    lines = [f"{title} on {report['device']}: {report['status'].upper()}"]
+    lines += [f"    {'ok  ' if c['passed'] else 'FAIL'} {c['name']}: {c['detail']}" for c in report["checks"]]
+    lines.append("timings (s): " + ", ".join(f"{k} {v}" for k, v in report["timings_s"].items()))
+    lines += [f"warning: {w}" for w in report.get("warnings", [])]
+    return "\n".join(lines)
+
+
+def run_checked_smoke(args: argparse.Namespace, title: str, config: dict[str, Any],
+                      body: Callable[[Any], dict[str, Any]], started: float) -> int:
+    """Shared main of the palm-modeling and reward-modeling smokes.
+
+    Version gate, timed import of torch and palm_rlhf_pytorch, ``--device`` via Accelerate, then
+    ``body(device)`` inside a private working directory with ``--cpu-threads`` torch threads and the
+    library's output captured. ``body`` returns JSON-ready results plus ``checks`` (Checks) and
+    ``timings_s`` (seconds per stage). Emits the report (``--json`` or summary) and returns exit 0
+    when every check passed, else 1. ``started`` is the script's ``time.perf_counter()`` at start.
+    Raises SkillError (exit 2 or 3) from the version gate and device resolution.
+    """
+    env = check_versions(args.allow_untested)
+    timer = Timer()
+    with timer.stage("import"):
+        import torch  # noqa: F401  (the import floor, timed)
+        import palm_rlhf_pytorch  # noqa: F401
+    _, device = resolve_device(args.device)
+    caller = os.getcwd()
+    caller_before = sorted(os.listdir(caller))
+    with private_workdir(), torch_threads(args.cpu_threads) as threads, \
+            capture_library_output() as captured:
+        result = body(device)
+    checks: Checks = result.pop("checks")
+    checks.items.append(caller_directory_check(caller, caller_before))
+    report: dict[str, Any] = {
+        "status": "ok" if checks.passed else "failed", "device": str(device), "seed": args.seed,
+        "cpu_threads": threads,
+        "versions": env["versions"], "tested": env["tested"], "warnings": env["warnings"],
+        "config": dict(config), **result, "checks": checks.items,
+        "library_output": captured.stdout.strip() or None,
+        "timings_s": {"import": timer.stages["import"], **result["timings_s"]},
+    }
+    report["timings_s"]["total"] = round(time.perf_counter() - started, 4)
+    emit(report, args.json, lambda r: checks_summary(title, r))
+    return EXIT_OK if checks.passed else EXIT_CHECK_FAILED
+
+
 def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
     """Run ``main`` and turn SkillError into one stderr line plus its exit code (no traceback)."""
     prog = Path(sys.argv[0]).name

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -213,46 +212,12 @@ def run_smoke(args, device) -> dict[str, Any]:
     return result
 
 
-def summary(report: dict[str, Any]) -> str:
-    lines = [f"tiny-palm-smoke on {report['device']}: {report['status'].upper()}"]
-    lines += [f"    {'ok  ' if c['passed'] else 'FAIL'} {c['name']}: {c['detail']}" for c in report["checks"]]
-    lines.append("timings (s): " + ", ".join(f"{k} {v}" for k, v in report["timings_s"].items()))
-    lines += [f"warning: {w}" for w in report.get("warnings", [])]
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.steps < 1:
-        raise rt.SkillError("--steps must be at least 1")
+    rt.require_at_least(args, {"steps": 1, "cpu_threads": 1})
     if args.lr < 0:
         raise rt.SkillError("--lr must be >= 0")
-    if args.cpu_threads < 1:
-        raise rt.SkillError("--cpu-threads must be at least 1")
-    env = rt.check_versions(args.allow_untested)
-    timer = rt.Timer()
-    with timer.stage("import"):
-        import torch  # noqa: F401  (the import floor, timed)
-        import palm_rlhf_pytorch  # noqa: F401
-    _, device = rt.resolve_device(args.device)
-    caller = os.getcwd()
-    caller_before = sorted(os.listdir(caller))
-    with rt.private_workdir(), rt.torch_threads(args.cpu_threads) as threads, \
-            rt.capture_library_output() as captured:
-        result = run_smoke(args, device)
-    checks: rt.Checks = result.pop("checks")
-    checks.items.append(rt.caller_directory_check(caller, caller_before))
-    report: dict[str, Any] = {
-        "status": "ok" if checks.passed else "failed", "device": str(device), "seed": args.seed,
-        "cpu_threads": threads,
-        "versions": env["versions"], "tested": env["tested"], "warnings": env["warnings"],
-        "config": dict(TINY_PALM), **result, "checks": checks.items,
-        "library_output": captured.stdout.strip() or None,
-        "timings_s": {"import": timer.stages["import"], **result["timings_s"]},
-    }
-    report["timings_s"]["total"] = round(time.perf_counter() - START, 4)
-    rt.emit(report, args.json, summary)
-    return rt.EXIT_OK if checks.passed else rt.EXIT_CHECK_FAILED
+    return rt.run_checked_smoke(args, "tiny-palm-smoke", TINY_PALM, lambda device: run_smoke(args, device), START)
 
 
 START = time.perf_counter()

@@ -459,15 +459,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.grpo_variant and args.trainer not in ("grpo", "all"):
         raise rt.SkillError("--grpo-variant applies to --trainer grpo or all")
     variants = parse_variants(args.grpo_variant)
-    if args.rollouts is not None and args.rollouts < 1:
-        raise rt.SkillError("--rollouts must be at least 1")
-    for option in ("cpu_threads", "dim", "depth", "prompt_len", "new_tokens"):
-        if getattr(args, option) is not None and getattr(args, option) < 1:
-            raise rt.SkillError(f"--{option.replace('_', '-')} must be at least 1")
+    rt.require_at_least(args, dict.fromkeys(
+        ("rollouts", "cpu_threads", "dim", "depth", "prompt_len", "new_tokens"), 1))
     if args.prompt_len is not None and args.prompt_style != "token-ids":
         raise rt.SkillError("--prompt-len applies to --prompt-style token-ids")
-    if args.nproc is not None and args.nproc < 1:
-        raise rt.SkillError("--nproc must be at least 1")
+    rt.require_at_least(args, {"nproc": 1})
     if args.no_ddp_fixes and args.nproc is None:
         raise rt.SkillError("--no-ddp-fixes applies to --nproc runs")
     env = rt.check_versions(args.allow_untested)
@@ -485,9 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     caller_before = sorted(os.listdir(args.caller_dir))
     with rt.private_workdir(), rt.torch_threads(args.cpu_threads) as threads:
         results = {name: run_trainer(name, args, device_kwargs, device, variants) for name in names}
-    caller_after = sorted(os.listdir(args.caller_dir))
-    workdir_check = {"name": "caller_directory_untouched", "passed": caller_before == caller_after,
-                     "detail": f"added: {sorted(set(caller_after) - set(caller_before)) or 'nothing'}"}
+    workdir_check = rt.caller_directory_check(args.caller_dir, caller_before)
     for result in results.values():
         result["checks"].append(workdir_check)
         result["status"] = "ok" if all(c["passed"] for c in result["checks"]) else "failed"
