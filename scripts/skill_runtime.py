@@ -53,6 +53,19 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
 
 
+def add_common_options(parser: argparse.ArgumentParser) -> None:
+    """The options every smoke shares: --device, --seed, --cpu-threads, --json, --allow-untested."""
+    parser.add_argument("--device", default="auto",
+                        help="auto (CUDA when available, else CPU), cpu, cuda or cuda:N (default: auto)")
+    parser.add_argument("--seed", type=int, default=0, help="seed for random, numpy and torch (default: 0)")
+    parser.add_argument("--cpu-threads", type=int, default=1, metavar="N",
+                        help="torch intra-op threads while the smoke runs (default: 1; tiny models gain "
+                             "nothing from more, and on a busy CPU they multiply the run time)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    parser.add_argument("--allow-untested", action="store_true",
+                        help="warn instead of exiting 3 when palm-rlhf-pytorch is outside the tested range")
+
+
 def load_api_record() -> dict[str, Any]:
     """The machine-checkable record of what the docs claim: tested version range and API facts."""
     return json.loads(API_RECORD_PATH.read_text(encoding="utf-8"))

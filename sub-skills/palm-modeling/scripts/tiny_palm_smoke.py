@@ -52,20 +52,12 @@ def build_parser() -> rt.OneLineParser:
                "  tiny-palm-smoke --device cpu --seed 1\n"
                "  tiny-palm-smoke --steps 10 --lr 1e-2\n\n" + rt.EXIT_CODES_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="auto",
-                        help="auto (CUDA when available, else CPU), cpu, cuda or cuda:N (default: auto)")
     parser.add_argument("--steps", type=int, default=3, metavar="N",
                         help="Adam steps on the fixed next-token batch (default: 3)")
     parser.add_argument("--lr", type=float, default=3e-3,
                         help="Adam learning rate for the loss steps (default: 3e-3; 0 makes the "
                              "loss check fail)")
-    parser.add_argument("--cpu-threads", type=int, default=1, metavar="N",
-                        help="torch intra-op threads while the checks run (default: 1; tiny models "
-                             "gain nothing from more)")
-    parser.add_argument("--seed", type=int, default=0, help="seed for random, numpy and torch (default: 0)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    parser.add_argument("--allow-untested", action="store_true",
-                        help="warn instead of exiting 3 when palm-rlhf-pytorch is outside the tested range")
+    rt.add_common_options(parser)
     return parser
 
 

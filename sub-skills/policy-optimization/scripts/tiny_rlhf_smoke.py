@@ -127,8 +127,7 @@ def build_parser() -> rt.OneLineParser:
     parser.add_argument("--grpo-variant", action="append", metavar="NAME",
                         help="GRPO advantage/objective variant: " + ", ".join(GRPO_VARIANTS)
                              + "; repeat or comma-separate to combine (default: default)")
-    parser.add_argument("--device", default="auto",
-                        help="auto (CUDA when available, else CPU), cpu, cuda or cuda:N (default: auto)")
+    rt.add_common_options(parser)
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--construct-only", action="store_true",
                       help="stop after building the models and trainer")
@@ -146,10 +145,6 @@ def build_parser() -> rt.OneLineParser:
                              "ddp_fixes.py, and check the ranks stay in sync (see ddp_launch.py)")
     parser.add_argument("--no-ddp-fixes", action="store_true",
                         help="with --nproc: skip the DDP fixes, to see what breaks without them")
-    parser.add_argument("--seed", type=int, default=0, help="seed for random, numpy and torch (default: 0)")
-    parser.add_argument("--cpu-threads", type=int, default=1, metavar="N",
-                        help="torch intra-op threads while the smoke runs (default: 1; tiny models "
-                             "gain nothing from more, and on a busy CPU they multiply the update time)")
     size = parser.add_argument_group("model size (to size a bigger smoke; defaults: the tiny config)")
     size.add_argument("--dim", type=int, default=TINY_PALM["dim"], metavar="N",
                       help=f"PaLM model dimension (default: {TINY_PALM['dim']})")
@@ -160,11 +155,8 @@ def build_parser() -> rt.OneLineParser:
                            f"{PROMPT_LENGTHS[0]}-{PROMPT_LENGTHS[1]})")
     size.add_argument("--new-tokens", type=int, default=NEW_TOKENS, metavar="N",
                       help=f"tokens sampled per rollout: max_seq_len = longest prompt + N (default: {NEW_TOKENS})")
-    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     parser.add_argument("--verbose", action="store_true",
                         help="echo the library's own prints (losses) to stderr")
-    parser.add_argument("--allow-untested", action="store_true",
-                        help="warn instead of exiting 3 when palm-rlhf-pytorch is outside the tested range")
     return parser
 
 

@@ -55,19 +55,11 @@ def build_parser() -> rt.OneLineParser:
                "  tiny-reward-smoke --device cpu --seed 2\n"
                "  tiny-reward-smoke --steps 40 --lr 1e-3\n\n" + rt.EXIT_CODES_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="auto",
-                        help="auto (CUDA when available, else CPU), cpu, cuda or cuda:N (default: auto)")
     parser.add_argument("--steps", type=int, default=20, metavar="N",
                         help="full-batch Adam steps for each reward model (default: 20)")
     parser.add_argument("--lr", type=float, default=3e-3,
                         help="Adam learning rate (default: 3e-3; 0 makes the training checks fail)")
-    parser.add_argument("--cpu-threads", type=int, default=1, metavar="N",
-                        help="torch intra-op threads while the checks run (default: 1; tiny models "
-                             "gain nothing from more)")
-    parser.add_argument("--seed", type=int, default=0, help="seed for random, numpy and torch (default: 0)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    parser.add_argument("--allow-untested", action="store_true",
-                        help="warn instead of exiting 3 when palm-rlhf-pytorch is outside the tested range")
+    rt.add_common_options(parser)
     return parser
 
 
