@@ -396,8 +396,8 @@ def validate_skills(files: list[Path]) -> list[dict[str, str]]:
         from skills_ref.parser import find_skill_md, parse_frontmatter
         from skills_ref.validator import validate_metadata
     except ImportError:
-        raise rt.SkillError("skills-ref is not installed: pip install skills-ref "
-                            "(or pip install 'palm-rlhf-skill[test]')", rt.EXIT_DEPENDENCY)
+        raise rt.SkillError("skills-ref is not installed: pip install 'skills-ref>=0.1.1' "
+                            "(a dependency of palm-rlhf-skill)", rt.EXIT_DEPENDENCY)
     drift = []
     with tempfile.TemporaryDirectory(prefix="palm-rlhf-skill-check-") as tmp:
         for md in files:

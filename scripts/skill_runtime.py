@@ -53,12 +53,51 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
 
 
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(?::(\d+))?")
+MAX_SEED = 2**32 - 1
+MAX_OPTIMIZER_STEPS = 1000  # --steps bound of the palm and reward smokes: they stay seconds long  # accelerate.utils.set_seed accepts 0 .. 2**32 - 1
+
+
+def bounded_int(low: int, high: int | None = None) -> Callable[[str], int]:
+    """argparse ``type=`` for an integer in ``[low, high]``: a bad value is a one-line usage error
+    (exit 2) before torch is imported, never a traceback from deep in the library."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid integer: {text!r}") from None
+        if value < low or (high is not None and value > high):
+            bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
+        return value
+    return parse
+
+
+def finite_nonnegative_float(text: str) -> float:
+    """argparse ``type=`` for a finite float >= 0 (a learning rate): nan, inf and negatives refused."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+def device_spec(text: str) -> str:
+    """argparse ``type=`` for ``--device``: the syntax auto|cpu|cuda|cuda:N, checked without torch."""
+    if not DEVICE_PATTERN.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of auto, cpu, cuda, cuda:N")
+    return text
+
+
 def add_common_options(parser: argparse.ArgumentParser) -> None:
     """The options every smoke shares: --device, --seed, --cpu-threads, --json, --allow-untested."""
-    parser.add_argument("--device", default="auto",
+    parser.add_argument("--device", default="auto", type=device_spec,
                         help="auto (CUDA when available, else CPU), cpu, cuda or cuda:N (default: auto)")
-    parser.add_argument("--seed", type=int, default=0, help="seed for random, numpy and torch (default: 0)")
-    parser.add_argument("--cpu-threads", type=int, default=1, metavar="N",
+    parser.add_argument("--seed", type=bounded_int(0, MAX_SEED), default=0,
+                        help=f"seed for random, numpy and torch, 0 to {MAX_SEED} (default: 0)")
+    parser.add_argument("--cpu-threads", type=bounded_int(1, os.cpu_count() or 1), default=1, metavar="N",
                         help="torch intra-op threads while the smoke runs (default: 1; tiny models gain "
                              "nothing from more, and on a busy CPU they multiply the run time)")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
@@ -126,7 +165,7 @@ def resolve_device(spec: str) -> tuple[dict[str, Any], Any]:
     import torch
     from accelerate import PartialState
 
-    match = re.fullmatch(r"auto|cpu|cuda(?::(\d+))?", spec)
+    match = DEVICE_PATTERN.fullmatch(spec)
     if not match:
         raise SkillError(f"--device {spec!r} is not one of auto, cpu, cuda, cuda:N")
     if spec.startswith("cuda"):
@@ -311,15 +350,6 @@ def emit(report: dict[str, Any], as_json: bool, summary: Callable[[dict[str, Any
         sys.stderr.write(summary(report) + "\n")
 
 
-def require_at_least(args: argparse.Namespace, minimums: dict[str, int]) -> None:
-    """Raise SkillError(exit 2) naming the first option (``dest`` -> ``--dest``) below its minimum;
-    options left as None are skipped."""
-    for dest, minimum in minimums.items():
-        value = getattr(args, dest)
-        if value is not None and value < minimum:
-            raise SkillError(f"--{dest.replace('_', '-')} must be at least {minimum}")
-
-
 def checks_summary(title: str, report: dict[str, Any]) -> str:
     """The human summary of a single-report smoke: status line, one line per check, timings (s)."""
     lines = [f"{title} on {report['device']}: {report['status'].upper()}"]
@@ -366,14 +396,34 @@ def run_checked_smoke(args: argparse.Namespace, title: str, config: dict[str, An
     return EXIT_OK if checks.passed else EXIT_CHECK_FAILED
 
 
+class Terminated(BaseException):
+    """Raised in the main thread on SIGTERM so context managers (the private temp dir) clean up;
+    a BaseException, like KeyboardInterrupt, so no `except Exception` swallows it."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated()
+
+
 def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
-    """Run ``main`` and turn SkillError into one stderr line plus its exit code (no traceback)."""
+    """Run ``main`` and turn SkillError into one stderr line plus its exit code (no traceback).
+
+    SIGINT exits 130 and SIGTERM 143, each with one line, after the private working directory is
+    removed (its ``finally`` runs because both arrive as exceptions).
+    """
+    import signal
     prog = Path(sys.argv[0]).name
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         return main(argv)
+    except Terminated:
+        sys.stderr.write(f"{prog}: terminated\n")
+        return 143
     except SkillError as err:
         sys.stderr.write(f"{prog}: error: {err}\n")
         return err.exit_code
     except KeyboardInterrupt:
         sys.stderr.write(f"{prog}: interrupted\n")
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)

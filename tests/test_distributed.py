@@ -241,7 +241,7 @@ def test_mixed_precision_on_cpu(empty_dir):
 # usage errors -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("argv, message", [
-    (["--nproc", "0"], "--nproc must be at least 1"),
+    (["--nproc", "0"], "--nproc: must be between 1 and 64"),
     (["--no-ddp-fixes"], "--no-ddp-fixes applies to --nproc runs"),
     (["--nproc", "2", "--device", "cuda"], "needs 2 visible CUDA devices"),
     (["--nproc", "2", "--device", "cuda:1"], "use auto, cpu or cuda"),

@@ -83,7 +83,8 @@ def test_forced_failure_exits_1(palm_smoke, capsys, monkeypatch, empty_dir):
     assert [c["name"] for c in report["checks"] if not c["passed"]] == ["next_token_loss_decreases"]
 
 
-@pytest.mark.parametrize("argv", [["--bogus"], ["--steps", "0"], ["--lr", "-1"], ["--cpu-threads", "0"]])
+@pytest.mark.parametrize("argv", [["--bogus"], ["--steps", "0"], ["--lr", "-1"], ["--cpu-threads", "0"],
+                                  ["--lr", "nan"], ["--steps", "100000000"], ["--seed", "-1"], ["--cpu-threads", "100000"], ["--device", "tpu"]])
 def test_usage_errors_one_line_exit_2(empty_dir, argv):
     proc = run([sys.executable, "-X", "importtime", str(PALM_SMOKE), *argv], empty_dir)
     assert proc.returncode == 2, proc.stderr[-1000:]

@@ -85,7 +85,8 @@ def test_forced_failure_exits_1(reward_smoke, capsys, monkeypatch, empty_dir):
     assert {"scalar_mse_loss_decreases", "binned_cross_entropy_decreases"} <= failed
 
 
-@pytest.mark.parametrize("argv", [["--bogus"], ["--steps", "1"], ["--lr", "-1"], ["--cpu-threads", "0"]])
+@pytest.mark.parametrize("argv", [["--bogus"], ["--steps", "1"], ["--lr", "-1"], ["--cpu-threads", "0"],
+                                  ["--lr", "inf"], ["--steps", "100000000"], ["--seed", "-1"], ["--cpu-threads", "100000"], ["--device", "tpu"]])
 def test_usage_errors_one_line_exit_2(empty_dir, argv):
     proc = run([sys.executable, "-X", "importtime", str(REWARD_SMOKE), *argv], empty_dir)
     assert proc.returncode == 2, proc.stderr[-1000:]

@@ -112,15 +112,49 @@ def test_cuda_without_cuda_exits_2_with_one_line(empty_dir):
     assert "CUDA is not available" in proc.stderr and "--device cpu" in proc.stderr
 
 
-@pytest.mark.parametrize("argv", [["--bogus"], ["--device", "tpu"], ["--construct-only", "--train-smoke"],
-                                  ["--trainer", "ppo", "--grpo-variant", "spo"], ["--rollouts", "0"]])
+@pytest.mark.parametrize("argv", [["--bogus"], ["--device", "tpu"], ["--device", "CPU"], ["--construct-only", "--train-smoke"],
+                                  ["--trainer", "ppo", "--grpo-variant", "spo"], ["--rollouts", "0"],
+                                  ["--rollouts", "100000000"], ["--seed", "-1"], ["--seed", "4294967296"],
+                                  ["--cpu-threads", "100000"], ["--construct-only", "--rollouts", "3"],
+                                  ["--trainer", "grpo", "--grpo-variant", ","]])
 def test_usage_errors_are_one_line_exit_2_without_torch(empty_dir, argv):
     proc = run([sys.executable, "-X", "importtime", str(SMOKE), *argv], empty_dir)
     assert proc.returncode == 2, proc.stderr[-1000:]
     errors = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
     assert len(errors) == 1 and "error:" in errors[0], errors
-    if argv != ["--device", "tpu"]:  # the device is resolved after the (timed) torch import
-        assert not any(line.rstrip().endswith("| torch") for line in proc.stderr.splitlines())
+    assert not any(line.rstrip().endswith("| torch") for line in proc.stderr.splitlines())
+
+
+def test_sigterm_exits_143_and_removes_the_private_dir(tmp_path, empty_dir):
+    import signal
+    import subprocess
+    import time
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TMPDIR": str(tmp)}
+    proc = subprocess.Popen([sys.executable, str(SMOKE), "--rollouts", "1000", "--json"], cwd=empty_dir,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not any(p.name.startswith("palm-rlhf-skill-") for p in tmp.iterdir()):
+        assert proc.poll() is None and time.monotonic() < deadline, "the smoke never made its private dir"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and out == "" and err.strip().endswith("terminated"), err[-500:]
+    assert not any(p.name.startswith("palm-rlhf-skill-") for p in tmp.iterdir())
+    assert list(empty_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv", [[], ["bogus"], ["--bogus"]])
+def test_palm_rlhf_skill_usage_errors_are_one_line(empty_dir, argv):
+    proc = run([str(BIN / "palm-rlhf-skill"), *argv], empty_dir)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("palm-rlhf-skill: error:")
+
+
+def test_console_script_errors_name_the_command(empty_dir):
+    proc = run([str(BIN / "tiny-rlhf-smoke"), "--seed", "x"], empty_dir)
+    assert proc.returncode == 2 and proc.stderr.startswith("tiny-rlhf-smoke: error: argument --seed")
 
 
 def test_help_does_not_import_torch(empty_dir):

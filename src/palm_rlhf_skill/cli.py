@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import runpy
+import importlib.util
 import sys
 from importlib import resources
 from pathlib import Path
+from types import ModuleType
 
 from palm_rlhf_skill import __version__
 
@@ -41,15 +42,26 @@ def skill_root() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
+def load_by_path(name: str, path: Path) -> ModuleType:
+    """Import the file ``path`` as module ``name``, registered in sys.modules (dataclasses resolve
+    annotations through it). Raises FileNotFoundError when the file is missing."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def run_script(relative: str, prog: str, argv: list[str]) -> int:
-    """Run a skill-tree script as ``__main__`` with ``argv``; return its exit code."""
+    """Load a skill-tree script by path and run its ``main(argv)`` under the script's own
+    ``run_cli`` (one-line errors, exit codes), reporting itself as ``prog``; return the exit code."""
     path = skill_root() / relative
-    sys.argv = [prog, *argv]
+    sys.argv = [prog, *argv]  # argparse and run_cli name the program from argv[0]
     try:
-        runpy.run_path(str(path), run_name="__main__")
-    except SystemExit as exc:
+        module = load_by_path(path.stem, path)
+        return module.rt.run_cli(module.main, argv)
+    except SystemExit as exc:        # argparse --help / usage errors
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    return 0
 
 
 def tiny_rlhf_smoke() -> int:
@@ -70,7 +82,8 @@ def tiny_reward_smoke() -> int:
 def main(argv: list[str] | None = None) -> int:
     """``palm-rlhf-skill [--version] COMMAND ...``: dispatch to a subcommand."""
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(
+    from palm_rlhf_skill.runtime import skill_runtime
+    parser = skill_runtime().OneLineParser(
         prog="palm-rlhf-skill",
         description="Skill tree and checks for palm-rlhf-pytorch.",
         epilog="exit codes: 0 ok; 1 a check failed; 2 usage error; 3 dependency missing")
@@ -79,9 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, (_, _, help_text) in SUBCOMMANDS.items():
         sub.add_parser(name, help=help_text, add_help=False)
     if not argv or argv[0] not in SUBCOMMANDS:
-        args = parser.parse_args(argv)  # prints --help / --version / a usage error (exit 2)
-        parser.print_usage(sys.stderr)
-        return 2
+        parser.parse_args(argv)  # answers --help / --version, or a one-line usage error (exit 2)
+        parser.error("a COMMAND is required: " + ", ".join(SUBCOMMANDS))
     kind, target, _ = SUBCOMMANDS[argv[0]]
     if kind == "script":
         return run_script(target, f"palm-rlhf-skill {argv[0]}", argv[1:])

@@ -6,11 +6,10 @@ keeping a copy. Importing it does not import torch.
 """
 from __future__ import annotations
 
-import importlib.util
 import sys
 from types import ModuleType
 
-from palm_rlhf_skill.cli import skill_root
+from palm_rlhf_skill.cli import load_by_path, skill_root
 
 
 def skill_runtime() -> ModuleType:
@@ -22,9 +21,4 @@ def skill_runtime() -> ModuleType:
     loaded = sys.modules.get("skill_runtime")
     if loaded is not None:
         return loaded
-    path = skill_root() / "scripts" / "skill_runtime.py"
-    spec = importlib.util.spec_from_file_location("skill_runtime", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["skill_runtime"] = module  # its dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
+    return load_by_path("skill_runtime", skill_root() / "scripts" / "skill_runtime.py")

@@ -52,9 +52,9 @@ def build_parser() -> rt.OneLineParser:
                "  tiny-palm-smoke --device cpu --seed 1\n"
                "  tiny-palm-smoke --steps 10 --lr 1e-2\n\n" + rt.EXIT_CODES_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=3, metavar="N",
+    parser.add_argument("--steps", type=rt.bounded_int(1, rt.MAX_OPTIMIZER_STEPS), default=3, metavar="N",
                         help="Adam steps on the fixed next-token batch (default: 3)")
-    parser.add_argument("--lr", type=float, default=3e-3,
+    parser.add_argument("--lr", type=rt.finite_nonnegative_float, default=3e-3,
                         help="Adam learning rate for the loss steps (default: 3e-3; 0 makes the "
                              "loss check fail)")
     rt.add_common_options(parser)
@@ -206,9 +206,6 @@ def run_smoke(args, device) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    rt.require_at_least(args, {"steps": 1, "cpu_threads": 1})
-    if args.lr < 0:
-        raise rt.SkillError("--lr must be >= 0")
     return rt.run_checked_smoke(args, "tiny-palm-smoke", TINY_PALM, lambda device: run_smoke(args, device), START)
 
 

@@ -49,6 +49,9 @@ NUM_GENERATE_SAMPLES = 2
 # initialises its second moment on step 1, so it needs 3 steps; AdamAtan2 moves on step 1: 2 steps.
 REQUIRED_STEPS = {"AdoptAtan2": 3, "AdamAtan2": 2}
 
+# Bounds that keep the smoke a smoke: a usage error (exit 2) beyond them, before torch is imported.
+MAX_ROLLOUTS, MAX_NPROC, MAX_DIM, MAX_DEPTH, MAX_TOKENS = 1000, 64, 8192, 64, 4096
+
 GRPO_VARIANTS = {
     "default": {},
     "dr-grpo": {"use_dr_grpo": True},
@@ -136,24 +139,24 @@ def build_parser() -> rt.OneLineParser:
     parser.add_argument("--prompt-style", choices=["token-ids", "text", "file"], default="token-ids",
                         help="token-ids: padded prompt_token_ids; text: prompts= with a byte-level "
                              "tokenizer; file: prompts_path= to the shipped prompts file")
-    parser.add_argument("--rollouts", type=int, metavar="N",
+    parser.add_argument("--rollouts", type=rt.bounded_int(1, MAX_ROLLOUTS), metavar="N",
                         help="rollouts before the single learn() (default: computed so every "
                              "trainable tensor moves; fewer makes the weight checks fail)")
-    parser.add_argument("--nproc", type=int, metavar="N",
+    parser.add_argument("--nproc", type=rt.bounded_int(1, MAX_NPROC), metavar="N",
                         help="launch N processes with torch.distributed.run (Accelerate MULTI_CPU or "
                              "MULTI_GPU, one GPU each), train on every rank with the DDP fixes of "
                              "ddp_fixes.py, and check the ranks stay in sync (see ddp_launch.py)")
     parser.add_argument("--no-ddp-fixes", action="store_true",
                         help="with --nproc: skip the DDP fixes, to see what breaks without them")
     size = parser.add_argument_group("model size (to size a bigger smoke; defaults: the tiny config)")
-    size.add_argument("--dim", type=int, default=TINY_PALM["dim"], metavar="N",
+    size.add_argument("--dim", type=rt.bounded_int(1, MAX_DIM), default=TINY_PALM["dim"], metavar="N",
                       help=f"PaLM model dimension (default: {TINY_PALM['dim']})")
-    size.add_argument("--depth", type=int, default=TINY_PALM["depth"], metavar="N",
+    size.add_argument("--depth", type=rt.bounded_int(1, MAX_DEPTH), default=TINY_PALM["depth"], metavar="N",
                       help=f"PaLM layers (default: {TINY_PALM['depth']})")
-    size.add_argument("--prompt-len", type=int, metavar="N",
+    size.add_argument("--prompt-len", type=rt.bounded_int(1, MAX_TOKENS), metavar="N",
                       help="every token-ids prompt exactly N tokens (default: random "
                            f"{PROMPT_LENGTHS[0]}-{PROMPT_LENGTHS[1]})")
-    size.add_argument("--new-tokens", type=int, default=NEW_TOKENS, metavar="N",
+    size.add_argument("--new-tokens", type=rt.bounded_int(1, MAX_TOKENS), default=NEW_TOKENS, metavar="N",
                       help=f"tokens sampled per rollout: max_seq_len = longest prompt + N (default: {NEW_TOKENS})")
     parser.add_argument("--verbose", action="store_true",
                         help="echo the library's own prints (losses) to stderr")
@@ -163,6 +166,8 @@ def build_parser() -> rt.OneLineParser:
 def parse_variants(values: list[str] | None) -> list[str]:
     """Split and validate --grpo-variant values; raise SkillError(2) for unknown or refused ones."""
     names = [v.strip() for value in (values or ["default"]) for v in value.split(",") if v.strip()]
+    if not names:
+        raise rt.SkillError("--grpo-variant needs a name: " + ", ".join(GRPO_VARIANTS))
     unknown = [n for n in names if n not in GRPO_VARIANTS]
     if unknown:
         raise rt.SkillError(f"unknown --grpo-variant {', '.join(unknown)}; choose from {', '.join(GRPO_VARIANTS)}")
@@ -451,11 +456,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.grpo_variant and args.trainer not in ("grpo", "all"):
         raise rt.SkillError("--grpo-variant applies to --trainer grpo or all")
     variants = parse_variants(args.grpo_variant)
-    rt.require_at_least(args, dict.fromkeys(
-        ("rollouts", "cpu_threads", "dim", "depth", "prompt_len", "new_tokens"), 1))
+    if args.construct_only and args.rollouts is not None:
+        raise rt.SkillError("--rollouts applies to the train smoke, not --construct-only")
     if args.prompt_len is not None and args.prompt_style != "token-ids":
         raise rt.SkillError("--prompt-len applies to --prompt-style token-ids")
-    rt.require_at_least(args, {"nproc": 1})
     if args.no_ddp_fixes and args.nproc is None:
         raise rt.SkillError("--no-ddp-fixes applies to --nproc runs")
     env = rt.check_versions(args.allow_untested)

@@ -55,9 +55,9 @@ def build_parser() -> rt.OneLineParser:
                "  tiny-reward-smoke --device cpu --seed 2\n"
                "  tiny-reward-smoke --steps 40 --lr 1e-3\n\n" + rt.EXIT_CODES_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=20, metavar="N",
+    parser.add_argument("--steps", type=rt.bounded_int(2, rt.MAX_OPTIMIZER_STEPS), default=20, metavar="N",
                         help="full-batch Adam steps for each reward model (default: 20)")
-    parser.add_argument("--lr", type=float, default=3e-3,
+    parser.add_argument("--lr", type=rt.finite_nonnegative_float, default=3e-3,
                         help="Adam learning rate (default: 3e-3; 0 makes the training checks fail)")
     rt.add_common_options(parser)
     return parser
@@ -253,11 +253,6 @@ def run_smoke(args, device, pairs: list[tuple[str, str]]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.steps < 2:
-        raise rt.SkillError("--steps must be at least 2 (a loss needs a before and an after)")
-    if args.lr < 0:
-        raise rt.SkillError("--lr must be >= 0")
-    rt.require_at_least(args, {"cpu_threads": 1})
     pairs = load_pairs()  # before torch: a missing asset is a one-line exit 2
     return rt.run_checked_smoke(args, "tiny-reward-smoke", TINY_PALM,
                                 lambda device: run_smoke(args, device, pairs), START)
