@@ -495,6 +495,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(render_symbol(record, args.render))
         return rt.EXIT_OK
     if args.write_docs:
+        if not (rt.SKILL_ROOT / "pyproject.toml").is_file():
+            raise rt.SkillError("--write-docs rewrites the repository's markdown: run it in a source "
+                                f"checkout, not in an installed copy ({rt.SKILL_ROOT})")
         for path in write_docs(record, markdown_files()):
             sys.stderr.write(f"rewrote {rel(path)}\n")
         return rt.EXIT_OK

@@ -132,3 +132,10 @@ def test_skills_ref_missing_exits_3(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "skills_ref.parser", None)  # import fails as if not installed
     assert check.rt.run_cli(check.main, []) == 3
     assert "skills-ref is not installed" in capsys.readouterr().err
+
+
+def test_write_docs_refuses_an_installed_copy(empty_dir):
+    from conftest import BIN, run
+    proc = run([str(BIN / "palm-rlhf-skill"), "check", "--write-docs"], empty_dir)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert "source checkout" in proc.stderr

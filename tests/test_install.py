@@ -138,7 +138,17 @@ def test_destination_that_cannot_be_written_exits_2(project, capsys):
     (project / ".claude").write_text("a file where a folder must go\n", encoding="utf-8")
     assert inst.main(["--target", "claude"]) == 2
     line = one_error_line(capsys.readouterr().err)
-    assert "cannot write" in line and ".claude" in line
+    assert ".claude is a file, not a directory" in line
+    (project / "afile").write_text("x\n", encoding="utf-8")
+    assert inst.main(["--target", "./afile/skills"]) == 2
+    assert "afile is a file, not a directory" in one_error_line(capsys.readouterr().err)
+
+
+def test_user_scope_needs_an_existing_home(project, monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("HOME", str(tmp_path / "no" / "such" / "home"))
+    assert inst.main(["--target", "claude", "--scope", "user"]) == 2
+    assert "does not exist (set HOME)" in one_error_line(capsys.readouterr().err)
+    assert not (tmp_path / "no").exists()
 
 
 def test_uninstall(project, capsys):
@@ -146,7 +156,8 @@ def test_uninstall(project, capsys):
     dest = project / ".agents" / "skills" / NAME
     assert inst.uninstall_main(["--target", "agents"]) == 0
     assert capsys.readouterr().out.strip().endswith(f"removed {dest}")
-    assert not dest.exists() and (project / ".agents" / "skills").is_dir()
+    assert not dest.exists() and not (project / ".agents" / "skills").exists()  # emptied: removed
+    assert (project / ".agents").is_dir()
 
     assert inst.uninstall_main(["--target", "agents"]) == 1
     assert "nothing to uninstall" in one_error_line(capsys.readouterr().err)

@@ -69,14 +69,21 @@ def skills_dir(target: str, scope: str) -> Path:
         base = Path.home() if scope == "user" else Path.cwd()
     except (RuntimeError, KeyError):
         raise rt.SkillError("--scope user: no home directory (set HOME)") from None
-    if target in TARGETS:
-        return base / TARGETS[target]
+    if scope == "user" and not base.is_dir():
+        raise rt.SkillError(f"--scope user: home directory {base} does not exist (set HOME)")
     separators = [sep for sep in (os.sep, os.altsep) if sep]
-    if not (any(sep in target for sep in separators) or target.startswith((".", "~"))):
+    if target in TARGETS:
+        path = base / TARGETS[target]
+    elif any(sep in target for sep in separators) or target.startswith((".", "~")):
+        path = Path(target).expanduser()
+        path = path if path.is_absolute() else base / path
+    else:
         raise rt.SkillError(f"unknown target {target!r}: use claude, agents, or a skills "
                             f"directory path such as ./{target}")
-    path = Path(target).expanduser()
-    return path if path.is_absolute() else base / path
+    blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise rt.SkillError(f"{blocker} is a file, not a directory: choose a skills directory path")
+    return path
 
 
 def _ignored(relative: Path) -> bool:
@@ -190,6 +197,8 @@ def uninstall(target: str, scope: str) -> Path:
         _remove(dest)
     except OSError as err:
         raise rt.SkillError(f"cannot remove {err.filename or dest}: {err.strerror or err}") from None
+    if target in TARGETS and not any(dest.parent.iterdir()):
+        dest.parent.rmdir()  # the empty .claude/skills or .agents/skills that install created
     return dest
 
 
