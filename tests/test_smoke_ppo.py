@@ -209,3 +209,11 @@ def test_library_failures_become_failed_checks(smoke, capsys, monkeypatch, empty
     assert [c["name"] for c in failed] == [failed_check], failed
     assert "\n" not in failed[0]["detail"] and "Error" in failed[0]["detail"]
     assert list(empty_dir.iterdir()) == []
+
+
+def test_ci_runs_the_readme_test_command():
+    import re
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```bash\n(.*?)\n```", readme, flags=re.S)
+    test_command = next(b for b in blocks if "pytest" in b)
+    assert test_command in (REPO / ".ci" / "run").read_text(encoding="utf-8")
