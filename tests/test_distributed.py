@@ -336,7 +336,7 @@ def test_doc_training_script_runs_on_two_ranks_in_sync(tmp_path):
     proc = run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
                 "127.0.0.1", "--master_port", str(launch.free_port()), str(tmp_path / "train.py")], cwd,
                env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, proc.stderr[:3000] + proc.stderr[-1500:]
     lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("doc-run"))
     assert len(lines) == 2 and all(line.endswith(" 2 47 []") for line in lines), lines
     import torch
@@ -439,3 +439,43 @@ def test_workers_dying_without_report_is_a_failed_report(smoke, capsys, monkeypa
     assert "workers_finished" in failed and "--bogus-for-workers" in failed["workers_finished"]["detail"]
     assert report["launcher"]["returncode"] not in (0, None)
     assert list(empty_dir.iterdir()) == []
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """PIDs whose command line contains ``text`` (Linux /proc)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and text in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
+def test_signal_to_the_launcher_stops_its_ranks_and_cleans_up(tmp_path, empty_dir, signame):
+    import os
+    import signal
+    import subprocess
+    import time
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TMPDIR": str(tmp)}
+    proc = subprocess.Popen([sys.executable, str(SMOKE), "--trainer", "all", "--nproc", "2", "--json"],
+                            cwd=empty_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    run_dir = None
+    while run_dir is None or len(processes_mentioning(str(run_dir))) < 3:  # torchrun + 2 ranks
+        assert proc.poll() is None and time.monotonic() < deadline, "the ranks never started"
+        run_dir = next((p for p in tmp.iterdir() if p.name.startswith("palm-rlhf-skill-")), None)
+        time.sleep(0.1)
+    time.sleep(2.5)  # into rendezvous and training: ranks left alone then hang in a collective
+    proc.send_signal(getattr(signal, signame))  # to the launching process alone, not its group
+    out, err = proc.communicate(timeout=90)
+    assert proc.returncode == {"SIGTERM": 143, "SIGINT": 130}[signame] and out == "", err[-800:]
+    deadline = time.monotonic() + 30
+    while processes_mentioning(str(run_dir)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_mentioning(str(run_dir)) == [], "torchrun or a rank outlived the launcher"
+    assert list(tmp.iterdir()) == [] and list(empty_dir.iterdir()) == []

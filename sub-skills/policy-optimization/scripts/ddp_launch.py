@@ -95,9 +95,20 @@ def worker_env(device: str) -> dict[str, str]:
     return env
 
 
+def stop_launcher(proc: subprocess.Popen) -> tuple[str, str]:
+    """SIGTERM torchrun, on which it stops its ranks (each rank runs in a session of its own, so
+    only torchrun can reach them); SIGKILL after STOP_GRACE_S. Returns its (stdout, stderr)."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.communicate(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.communicate()
+
+
 def run_launcher(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[int | None, str, str]:
-    """Run torchrun; past LAUNCH_TIMEOUT_S send it SIGTERM, on which it stops its ranks (each rank
-    runs in a session of its own, so only torchrun can reach them), SIGKILL after STOP_GRACE_S.
+    """Run torchrun; past LAUNCH_TIMEOUT_S, or when this process is interrupted or terminated
+    (KeyboardInterrupt, skill_runtime.Terminated: re-raised after), stop it and its ranks first.
 
     Returns (exit code, or None on timeout; stdout; stderr)."""
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -106,13 +117,11 @@ def run_launcher(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[int | 
         out, err = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
         return proc.returncode, out, err
     except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            out, err = proc.communicate(timeout=STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
+        out, err = stop_launcher(proc)
         return None, out, err + f"\nstopped after {LAUNCH_TIMEOUT_S} s"
+    except BaseException:  # SIGINT / SIGTERM to this process alone: never orphan torchrun's ranks
+        stop_launcher(proc)
+        raise
 
 
 def launch(args, argv: list[str], env_info: dict[str, Any], summary) -> int:
@@ -127,8 +136,10 @@ def launch(args, argv: list[str], env_info: dict[str, Any], summary) -> int:
                "--nproc_per_node", str(args.nproc), "--master_addr", "127.0.0.1",
                "--master_port", str(port), "--max_restarts", "0",
                str(Path(__file__).resolve()), "--run-dir", str(run_dir), "--", *argv]
+        env = worker_env(device)
+        env["TMPDIR"] = str(run_dir)  # torchrun's torchelastic_* logs go with the private dir
         with timer.stage("launch"):
-            returncode, out, err = run_launcher(cmd, run_dir, worker_env(device))
+            returncode, out, err = run_launcher(cmd, run_dir, env)
         if args.verbose:
             sys.stderr.write(out + err)
         report_path = run_dir / REPORT_NAME
@@ -164,7 +175,9 @@ def launch(args, argv: list[str], env_info: dict[str, Any], summary) -> int:
     if not ok:
         report["launcher"]["output_tail"] = tail
     report.setdefault("timings_s", {})
+    # the parent imports no torch: "import" is each rank's business, so null here (as documented)
     report["timings_s"].update(launch=timer.stages["launch"], total=timer.total())
+    report["timings_s"].setdefault("import", None)
     rt.emit(report, args.json, summary)
     return rt.EXIT_OK if ok else rt.EXIT_CHECK_FAILED
 
@@ -397,7 +410,8 @@ def worker(argv: list[str]) -> int:
                   "mode": smoke.mode_name(args), "trainer": args.trainer, "device": str(device),
                   "seed": args.seed, "nproc": state.num_processes,
                   "distributed_type": str(state.distributed_type).split(".")[-1],
-                  "config": {**smoke.palm_config(args), "new_tokens": args.new_tokens},
+                  "config": {**smoke.palm_config(args), "new_tokens": args.new_tokens,
+                             "prompt_len": args.prompt_len, "cpu_threads": args.cpu_threads},
                   "timings_s": {k: stage_sum(k) for k in ("construct", "update", "generate")}}
         if args.trainer != "all":
             for key in ("checks", "parameters", "generated", "optimizer_steps", "losses", "rank_sync"):
