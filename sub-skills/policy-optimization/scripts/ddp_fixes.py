@@ -207,7 +207,7 @@ def save_checkpoint(trainer, path: str | os.PathLike = "./checkpoint.pt") -> boo
     """Save what ``trainer.save(path)`` saves, but unwrapped (no ``module.`` key prefix) and only from
     the main process, after all processes reach this call (``wait_for_everyone``).
 
-    The file is serialized in memory, written to ``<path>.tmp``, flushed to disk (fsync) and renamed
+    The file is serialized in memory, written to ``<path>.<pid>.tmp``, flushed to disk (fsync) and renamed
     over ``path``, so a rank that reads it right after this call returns never sees a partial file
     (seen once under load with ``torch.save(obj, path)``: rank 1's ``torch.load`` right after the
     barrier did not find a complete zip file).
@@ -223,7 +223,7 @@ def save_checkpoint(trainer, path: str | os.PathLike = "./checkpoint.pt") -> boo
     if accelerator.is_main_process:
         buffer = io.BytesIO()
         torch.save(checkpoint_module(trainer).state_dict(), buffer)
-        tmp = Path(f"{os.fspath(path)}.tmp")
+        tmp = Path(f"{os.fspath(path)}.{os.getpid()}.tmp")  # unique: no writer can rename another's
         with open(tmp, "wb") as f:
             f.write(buffer.getvalue())
             f.flush()
