@@ -327,8 +327,9 @@ def test_doc_training_script_runs_on_two_ranks_in_sync(tmp_path):
         from ddp_fixes import checkpoint_module
         import torch.distributed as dist
         checkpoint_module(trainer).load_state_dict(torch.load("checkpoint.pt"))
-        print("doc-run", dist.get_rank(), dist.get_world_size(), len(list(trainer.parameters())), drifted,
-              flush=True)
+        import os
+        line = f"doc-run {dist.get_rank()} {dist.get_world_size()} {len(list(trainer.parameters()))} {drifted}\\n"
+        os.write(1, line.encode())  # one write(2) per rank: lines from the two ranks never interleave
     """)
     (tmp_path / "train.py").write_text(script)
     cwd = tmp_path / "run"
