@@ -463,8 +463,10 @@ def test_signal_to_the_launcher_stops_its_ranks_and_cleans_up(tmp_path, empty_di
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TMPDIR": str(tmp)}
+    # a job started in the background inherits SIGINT ignored: give the smoke the default disposition
     proc = subprocess.Popen([sys.executable, str(SMOKE), "--trainer", "all", "--nproc", "2", "--json"],
-                            cwd=empty_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=empty_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     run_dir = None
     while run_dir is None or len(processes_mentioning(str(run_dir))) < 3:  # torchrun + 2 ranks
