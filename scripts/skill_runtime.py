@@ -105,6 +105,20 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
                         help="warn instead of exiting 3 when palm-rlhf-pytorch is outside the tested range")
 
 
+def load_by_path(name: str, path: Path):
+    """Import a skill-tree script by path as module ``name`` (the tree runs without the Python
+    package); an already loaded module from the same file is reused. Registered in sys.modules,
+    where dataclasses resolve annotations. Raises FileNotFoundError when the file is missing."""
+    import importlib.util
+    if name in sys.modules and getattr(sys.modules[name], "__file__", None) == str(path):
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def load_api_record() -> dict[str, Any]:
     """The machine-checkable record of what the docs claim: tested version range and API facts."""
     return json.loads(API_RECORD_PATH.read_text(encoding="utf-8"))

@@ -36,6 +36,24 @@ def run_json(cmd: list[str], cwd: Path, **kwargs) -> tuple[subprocess.CompletedP
     return proc, json.loads(proc.stdout)
 
 
+def inprocess(module, capsys, monkeypatch, cwd, *argv) -> tuple[int, dict]:
+    """Run a smoke's ``main(--json --device cpu *argv)`` in-process from ``cwd``; (exit code, report)."""
+    monkeypatch.chdir(cwd)
+    code = module.main(["--json", "--device", "cpu", *argv])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def usage_error_without_torch(script: Path, argv: list[str], cwd: Path) -> str:
+    """Run ``script *argv`` under ``-X importtime``; assert exit 2, one stderr line and no torch
+    import; return that line."""
+    proc = run([sys.executable, "-X", "importtime", str(script), *argv], cwd)
+    assert proc.returncode == 2, proc.stderr[-1000:]
+    errors = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
+    assert len(errors) == 1 and "error:" in errors[0], errors
+    assert not any(line.rstrip().endswith("| torch") for line in proc.stderr.splitlines())
+    return errors[0]
+
+
 @pytest.fixture(scope="session")
 def smoke():
     """The smoke helper loaded in-process from the skill tree."""

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import BIN, REPO, load_script, run, run_json
+from conftest import BIN, REPO, inprocess, load_script, run, run_json, usage_error_without_torch
 
 SUBSKILL = REPO / "sub-skills" / "reward-modeling"
 REWARD_SMOKE = SUBSKILL / "scripts" / "tiny_reward_smoke.py"
@@ -28,12 +28,6 @@ TINY = dict(num_tokens=257, dim=32, depth=1, heads=2, dim_head=16)
 def reward_smoke():
     return load_script(REWARD_SMOKE, "tiny_reward_smoke")
 
-
-
-def inprocess(module, capsys, monkeypatch, cwd, *argv):
-    monkeypatch.chdir(cwd)
-    code = module.main(["--json", "--device", "cpu", *argv])
-    return code, json.loads(capsys.readouterr().out)
 
 
 def test_in_process_report(reward_smoke, capsys, monkeypatch, empty_dir):
@@ -88,11 +82,7 @@ def test_forced_failure_exits_1(reward_smoke, capsys, monkeypatch, empty_dir):
 @pytest.mark.parametrize("argv", [["--bogus"], ["--steps", "1"], ["--lr", "-1"], ["--cpu-threads", "0"],
                                   ["--lr", "inf"], ["--steps", "100000000"], ["--seed", "-1"], ["--cpu-threads", "100000"], ["--device", "tpu"]])
 def test_usage_errors_one_line_exit_2(empty_dir, argv):
-    proc = run([sys.executable, "-X", "importtime", str(REWARD_SMOKE), *argv], empty_dir)
-    assert proc.returncode == 2, proc.stderr[-1000:]
-    errors = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
-    assert len(errors) == 1 and "error:" in errors[0], errors
-    assert not any(line.rstrip().endswith("| torch") for line in proc.stderr.splitlines())
+    usage_error_without_torch(REWARD_SMOKE, argv, empty_dir)
 
 
 def test_help_without_torch(empty_dir):

@@ -7,21 +7,14 @@ import sys
 
 import pytest
 
-from conftest import BIN, REPO, SMOKE, run, run_json
+from conftest import BIN, REPO, SMOKE, inprocess, run, run_json, usage_error_without_torch
 
 TOP_KEYS = {"status", "mode", "trainer", "device", "versions", "timings_s", "checks", "parameters",
             "generated"}
 
 
-def run_inprocess(smoke, capsys, monkeypatch, tmp_path, *argv):
-    monkeypatch.chdir(tmp_path)
-    code = smoke.main(["--json", "--device", "cpu", *argv])
-    out = capsys.readouterr().out
-    return code, json.loads(out)
-
-
 def test_ppo_train_smoke_in_process(smoke, capsys, monkeypatch, empty_dir):
-    code, report = run_inprocess(smoke, capsys, monkeypatch, empty_dir)
+    code, report = inprocess(smoke, capsys, monkeypatch, empty_dir)
     assert code == 0, [c for c in report["checks"] if not c["passed"]]
     assert TOP_KEYS <= report.keys()
     assert report["status"] == "ok" and report["trainer"] == "ppo" and report["mode"] == "train-smoke"
@@ -63,7 +56,7 @@ def test_installed_console_script(empty_dir):
 
 
 def test_construct_only(smoke, capsys, monkeypatch, empty_dir):
-    code, report = run_inprocess(smoke, capsys, monkeypatch, empty_dir, "--construct-only")
+    code, report = inprocess(smoke, capsys, monkeypatch, empty_dir, "--construct-only")
     assert code == 0 and report["mode"] == "construct-only"
     assert report["timings_s"]["update"] is None and report["generated"] is None
     assert report["parameters"]["trainable_total"] > 0 and report["parameters"]["trainable_changed"] is None
@@ -71,7 +64,7 @@ def test_construct_only(smoke, capsys, monkeypatch, empty_dir):
 
 @pytest.mark.parametrize("style", ["token-ids", "text", "file"])
 def test_prompt_styles(smoke, capsys, monkeypatch, empty_dir, style):
-    code, report = run_inprocess(smoke, capsys, monkeypatch, empty_dir, "--prompt-style", style)
+    code, report = inprocess(smoke, capsys, monkeypatch, empty_dir, "--prompt-style", style)
     assert code == 0, [c for c in report["checks"] if not c["passed"]]
     prompts = report["prompts"]
     assert prompts["style"] == style and prompts["count"] >= 4
@@ -118,11 +111,7 @@ def test_cuda_without_cuda_exits_2_with_one_line(empty_dir):
                                   ["--cpu-threads", "100000"], ["--construct-only", "--rollouts", "3"],
                                   ["--trainer", "grpo", "--grpo-variant", ","]])
 def test_usage_errors_are_one_line_exit_2_without_torch(empty_dir, argv):
-    proc = run([sys.executable, "-X", "importtime", str(SMOKE), *argv], empty_dir)
-    assert proc.returncode == 2, proc.stderr[-1000:]
-    errors = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
-    assert len(errors) == 1 and "error:" in errors[0], errors
-    assert not any(line.rstrip().endswith("| torch") for line in proc.stderr.splitlines())
+    usage_error_without_torch(SMOKE, argv, empty_dir)
 
 
 def test_sigterm_exits_143_and_removes_the_private_dir(tmp_path, empty_dir):
@@ -203,7 +192,7 @@ def test_documented_exit_codes_and_range_match_runtime(smoke):
 def test_library_failures_become_failed_checks(smoke, capsys, monkeypatch, empty_dir, extra, failed_check):
     import dataclasses
     monkeypatch.setitem(smoke.TRAINERS, "flowrl", dataclasses.replace(smoke.TRAINERS["flowrl"], extra=extra))
-    code, report = run_inprocess(smoke, capsys, monkeypatch, empty_dir, "--trainer", "flowrl")
+    code, report = inprocess(smoke, capsys, monkeypatch, empty_dir, "--trainer", "flowrl")
     assert code == 1 and report["status"] == "failed"
     failed = [c for c in report["checks"] if not c["passed"]]
     assert [c["name"] for c in failed] == [failed_check], failed

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.util
 import json
 import os
 import random
@@ -45,17 +44,6 @@ LAUNCH_TIMEOUT_S = 1800        # whole multi-process run, every trainer
 STOP_GRACE_S = 60             # after the timeout, time torchrun gets to stop its ranks
 COLLECTIVE_TIMEOUT_S = 600     # one collective (a rank stuck in the library fails the run, no hang)
 MAX_DIFF_NAMES = 8             # mismatched tensors whose max |difference| is gathered and reported
-
-
-def load_by_path(name: str, path: Path):
-    """Import a sibling script by path (the skill tree runs without the Python package)."""
-    if name in sys.modules and getattr(sys.modules[name], "__file__", None) == str(path):
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
 
 
 # launcher ---------------------------------------------------------------------------------------
@@ -144,7 +132,6 @@ def launch(args, argv: list[str], env_info: dict[str, Any], summary) -> int:
             sys.stderr.write(out + err)
         report_path = run_dir / REPORT_NAME
         report = json.loads(report_path.read_text(encoding="utf-8")) if report_path.is_file() else None
-    caller_after = sorted(os.listdir(caller))
     tail = (out + err)[-2000:]
     if report is None:  # a rank died before rank 0 wrote the report (crash, timeout, launcher error)
         mode = "construct-only" if args.construct_only else "train-smoke"
@@ -157,8 +144,7 @@ def launch(args, argv: list[str], env_info: dict[str, Any], summary) -> int:
         report["checks"].append({"name": "workers_finished", "passed": False,
                                  "detail": f"launcher exit {returncode}, no report; workers' last lines: "
                                            f"{' | '.join(last) or 'none'} (more in launcher.output_tail)"})
-    workdir_check = {"name": "caller_directory_untouched", "passed": caller_before == caller_after,
-                     "detail": f"added: {sorted(set(caller_after) - set(caller_before)) or 'nothing'}"}
+    workdir_check = rt.caller_directory_check(caller, caller_before)
     for result in report["results"].values():
         result["checks"].append(workdir_check)
         result["status"] = "ok" if all(c["passed"] for c in result["checks"]) else "failed"
@@ -354,8 +340,8 @@ def worker(argv: list[str]) -> int:
     parser.add_argument("smoke_args", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
     smoke_args = ns.smoke_args[1:] if ns.smoke_args[:1] == ["--"] else ns.smoke_args
-    smoke = load_by_path("tiny_rlhf_smoke", HERE / "tiny_rlhf_smoke.py")
-    fixes = load_by_path("ddp_fixes", HERE / "ddp_fixes.py")
+    smoke = rt.load_by_path("tiny_rlhf_smoke", HERE / "tiny_rlhf_smoke.py")
+    fixes = rt.load_by_path("ddp_fixes", HERE / "ddp_fixes.py")
     args = smoke.build_parser().parse_args(smoke_args)
     variants = smoke.parse_variants(args.grpo_variant)
 

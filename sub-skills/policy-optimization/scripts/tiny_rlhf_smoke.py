@@ -464,7 +464,8 @@ def main(argv: list[str] | None = None) -> int:
         raise rt.SkillError("--no-ddp-fixes applies to --nproc runs")
     env = rt.check_versions(args.allow_untested)
     if args.nproc is not None:  # multi-process run: launcher, workers and rank checks live there
-        return load_ddp_launch().launch(args, sys.argv[1:] if argv is None else argv, env, summary)
+        ddp_launch = rt.load_by_path("ddp_launch", Path(__file__).resolve().with_name("ddp_launch.py"))
+        return ddp_launch.launch(args, sys.argv[1:] if argv is None else argv, env, summary)
 
     timer = rt.Timer()
     with timer.stage("import"):
@@ -502,17 +503,6 @@ def main(argv: list[str] | None = None) -> int:
     report["timings_s"]["total"] = round(time.perf_counter() - START, 4)
     rt.emit(report, args.json, summary)
     return rt.EXIT_OK if ok else rt.EXIT_CHECK_FAILED
-
-
-def load_ddp_launch():
-    """ddp_launch.py next to this file, imported by path (it imports this file back the same way)."""
-    import importlib.util
-    path = Path(__file__).resolve().with_name("ddp_launch.py")
-    spec = importlib.util.spec_from_file_location("ddp_launch", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 START = time.perf_counter()
