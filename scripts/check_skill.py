@@ -31,7 +31,6 @@ import importlib
 import importlib.util
 import inspect
 import json
-import os
 import re
 import sys
 import tempfile
@@ -468,7 +467,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser = rt.OneLineParser(
         prog=Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "check_skill.py",
         description="Compare this skill's documentation with the installed palm-rlhf-pytorch.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n  check_skill.py\n  check_skill.py --json\n  palm-rlhf-skill check --json\n"
                "  check_skill.py --render palm_rlhf_pytorch.RLHFTrainer\n\n"
                "exit codes: 0 documentation matches; 1 drift found (one line each: "

@@ -46,16 +46,32 @@ class SkillError(Exception):
         self.exit_code = exit_code
 
 
+def one_line(exc: BaseException) -> str:
+    """``Type: first line of message`` for reporting a library exception inside a check."""
+    text = f"{type(exc).__name__}: {exc}".strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def status_of(checks: list[dict[str, Any]]) -> str:
+    """'ok' when there is at least one ``{name, passed, detail}`` check and every one passed, else 'failed'."""
+    return "ok" if checks and all(c["passed"] for c in checks) else "failed"
+
+
 class OneLineParser(argparse.ArgumentParser):
-    """argparse parser whose usage errors are a single stderr line and exit code 2."""
+    """argparse parser whose usage errors are a single stderr line and exit code 2, and whose
+    description and epilog (examples, exit codes) keep their line breaks."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # noqa: D102 - argparse API
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
 
 
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(?::(\d+))?")
-MAX_SEED = 2**32 - 1
-MAX_OPTIMIZER_STEPS = 1000  # --steps bound of the palm and reward smokes: they stay seconds long  # accelerate.utils.set_seed accepts 0 .. 2**32 - 1
+MAX_SEED = 2**32 - 1        # accelerate.utils.set_seed accepts 0 .. 2**32 - 1
+MAX_OPTIMIZER_STEPS = 1000  # --steps bound of the palm and reward smokes: they stay seconds long
 
 
 def bounded_int(low: int, high: int | None = None) -> Callable[[str], int]:
@@ -352,7 +368,7 @@ class Checks:
 
     @property
     def passed(self) -> bool:
-        return bool(self.items) and all(item["passed"] for item in self.items)
+        return status_of(self.items) == "ok"
 
 
 def emit(report: dict[str, Any], as_json: bool, summary: Callable[[dict[str, Any]], str]) -> None:

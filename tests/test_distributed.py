@@ -428,6 +428,7 @@ def test_doc_replay_buffers_sharing_a_folder_share_one_timestep_counter(tmp_path
     with pytest.raises(ValueError, match=r"You exceeded the `max_timesteps` \(2\) set on the replay buffer"):
         ranks[0].store(**step)
     assert "You exceeded the `max_timesteps`" in DOC.read_text(encoding="utf-8")
+    assert "share one timestep counter" in (DOC.parent / "troubleshooting.md").read_text(encoding="utf-8")
 
 
 def test_doc_gpu_backend_fact_matches_accelerate_source():
@@ -459,7 +460,7 @@ def test_workers_dying_without_report_is_a_failed_report(smoke, capsys, monkeypa
     monkeypatch.chdir(empty_dir)
     env = rt.check_versions()
     # the workers parse the forwarded arguments again; an unknown one makes each rank exit 2
-    code = launch.launch(args, ["--device", "cpu", "--bogus-for-workers"], env, smoke.summary)
+    code = launch.launch(smoke, args, ["--device", "cpu", "--bogus-for-workers"], env)
     report = json.loads(capsys.readouterr().out)
     assert code == 1 and report["status"] == "failed" and report["results"] == {}
     failed = {c["name"]: c for c in report["checks"] if not c["passed"]}

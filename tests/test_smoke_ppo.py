@@ -83,7 +83,7 @@ def test_prompts_file_is_utf8_with_non_ascii():
 
 
 def test_byte_tokenizer_pads_right_and_never_uses_pad_id(smoke):
-    tok = smoke.ByteTokenizer()
+    tok = smoke.rt.ByteTokenizer()
     ids = tok(["ab", "", "é"])
     assert ids.dtype.is_floating_point is False and tuple(ids.shape) == (2, 2)
     assert ids.tolist() == [[ord("a") + 1, ord("b") + 1], [0xC3 + 1, 0xA9 + 1]]
@@ -206,3 +206,4 @@ def test_ci_runs_the_readme_test_command():
     blocks = re.findall(r"```bash\n(.*?)\n```", readme, flags=re.S)
     test_command = next(b for b in blocks if "pytest" in b)
     assert test_command in (REPO / ".ci" / "run").read_text(encoding="utf-8")
+

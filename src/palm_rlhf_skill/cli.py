@@ -6,7 +6,6 @@ importlib.resources), never from a copy. Nothing here imports torch.
 """
 from __future__ import annotations
 
-import argparse
 import importlib
 import importlib.util
 import sys

@@ -20,7 +20,6 @@ or palm-rlhf-pytorch is outside the tested range (the helpers' exit 3); 2 usage 
 """
 from __future__ import annotations
 
-import argparse
 import io
 import os
 import shutil
@@ -359,7 +358,7 @@ def summary(report: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """``palm-rlhf-skill doctor [--json]``; returns the exit code (0 fit, 1 must change, 3 missing)."""
     parser = rt.OneLineParser(
-        prog="palm-rlhf-skill doctor", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="palm-rlhf-skill doctor", epilog=EPILOG,
         description="Check that this environment can run the palm-rlhf-pytorch trainers: Python,\n"
                     "palm-rlhf-pytorch and its dependencies against the tested range, torch's build\n"
                     "and devices, Accelerate's view, TQDM_DISABLE, free memory and disk.")

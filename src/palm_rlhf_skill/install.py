@@ -15,7 +15,6 @@ Nothing here imports torch.
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -219,7 +218,7 @@ def locations(target: str | None, scope: str | None) -> list[tuple[str, str, Pat
 
 def _parser(command: str, description: str, epilog: str):
     return rt.OneLineParser(prog=f"palm-rlhf-skill {command}", description=description,
-                            epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+                            epilog=epilog)
 
 
 INSTALL_EPILOG = """examples:

@@ -22,7 +22,6 @@ The JSON schema is documented in ../references/palm-api.md.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
@@ -44,14 +43,12 @@ CHECKPOINT = "palm.pt"     # written in the private temporary directory only
 
 def build_parser() -> rt.OneLineParser:
     parser = rt.OneLineParser(
-        prog=Path(sys.argv[0]).name,
         description="Bounded smoke for the base PaLM of palm-rlhf-pytorch: next-token loss step, "
                     "greedy generate, LoRA scope isolation and merge, save/load round trip.",
         epilog="examples:\n"
                "  tiny-palm-smoke --json\n"
                "  tiny-palm-smoke --device cpu --seed 1\n"
-               "  tiny-palm-smoke --steps 10 --lr 1e-2\n\n" + rt.EXIT_CODES_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+               "  tiny-palm-smoke --steps 10 --lr 1e-2\n\n" + rt.EXIT_CODES_EPILOG)
     parser.add_argument("--steps", type=rt.bounded_int(1, rt.MAX_OPTIMIZER_STEPS), default=3, metavar="N",
                         help="Adam steps on the fixed next-token batch (default: 3)")
     parser.add_argument("--lr", type=rt.finite_nonnegative_float, default=3e-3,

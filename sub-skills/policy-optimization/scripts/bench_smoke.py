@@ -23,7 +23,6 @@ Children run in a private temporary directory; nothing is left in the caller's d
 """
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
@@ -389,7 +388,6 @@ def run_scaling(args, env: dict[str, Any]) -> tuple[dict[str, Any], bool]:
 
 def build_parser() -> rt.OneLineParser:
     parser = rt.OneLineParser(
-        prog=Path(sys.argv[0]).name,
         description="Time the smoke helper as fresh processes against the floor set by importing "
                     "palm-rlhf-pytorch: wall time, CPU time and peak memory from the OS's accounting "
                     "of each child, their ratios to the floor, the smoke's stage timings, and the "
@@ -405,16 +403,15 @@ def build_parser() -> rt.OneLineParser:
                "  palm-rlhf-skill bench --scaling --trainer ppo --axis dim --repeat 1 --json\n\n"
                "exit codes: 0 ok (every child passed, every measured budget passed); 1 a child's "
                "check or a budget failed; 2 usage or environment error; 3 palm-rlhf-pytorch or "
-               "torch missing or outside the tested range",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+               "torch missing or outside the tested range")
     parser.add_argument("--trainer", action="append", choices=[*SINGLE_TRAINERS, "all"], metavar="NAME",
                         help="ppo, grpo, tpo, flowrl or all (the smoke's --trainer all); repeat to "
                              "select several (default: every one; with --scaling: ppo and grpo)")
-    parser.add_argument("--repeat", type=int, metavar="N",
+    parser.add_argument("--repeat", type=rt.bounded_int(1), metavar="N",
                         help="fresh processes per case, interleaved (default: 5; with --scaling: 3)")
-    parser.add_argument("--warmup", type=int, default=1, metavar="N",
+    parser.add_argument("--warmup", type=rt.bounded_int(0), default=1, metavar="N",
                         help="unmeasured floor runs first, to warm the disk cache (default: 1)")
-    parser.add_argument("--device", default="cpu", help="passed to the smoke: auto, cpu, cuda, cuda:N (default: cpu)")
+    parser.add_argument("--device", default="cpu", type=rt.device_spec, help="passed to the smoke: auto, cpu, cuda, cuda:N (default: cpu)")
     parser.add_argument("--scaling", action="store_true",
                         help="measure the sizing table (PPO and GRPO train smoke) instead of the budgets")
     parser.add_argument("--axis", action="append", choices=list(SCALING_AXES), metavar="NAME",
@@ -434,17 +431,13 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.repeat is None:
         args.repeat = 3 if args.scaling else 5
-    if args.repeat < 1 or args.warmup < 0:
-        raise rt.SkillError("--repeat must be at least 1 and --warmup at least 0")
     if (args.axis or args.markdown) and not args.scaling:
         raise rt.SkillError("--axis and --markdown apply to --scaling")
     if not hasattr(os, "wait4"):
         raise rt.SkillError("the bench reads child rusage with os.wait4: Linux or macOS only")
     env = rt.check_versions(args.allow_untested)
-    caller = os.getcwd()
-    with rt.private_workdir():  # children inherit it: TPO's replay buffer never lands in `caller`
+    with rt.private_workdir():  # children inherit it: TPO's replay buffer never lands in the caller's
         report, ok = (run_scaling if args.scaling else run_bench)(args, env)
-    assert os.getcwd() == caller
     if args.markdown:
         sys.stdout.write(scaling_markdown(report))
     else:

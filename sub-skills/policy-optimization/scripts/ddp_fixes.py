@@ -44,8 +44,14 @@ def is_distributed(trainer) -> bool:
 
     Accelerate wraps under MULTI_CPU / MULTI_GPU whatever the number of processes, one included.
     """
-    module = trainer.actor_critic if trainer_kind(trainer) == "ppo" else trainer.actor
+    module = policy_module(trainer)
     return trainer.accelerate.unwrap_model(module) is not module
+
+
+def policy_module(trainer):
+    """The module the trainer trains and ``save()`` saves, as Accelerate prepared it (maybe DDP-wrapped):
+    PPO's ``actor_critic``, else ``actor``."""
+    return trainer.actor_critic if trainer_kind(trainer) == "ppo" else trainer.actor
 
 
 def trainer_kind(trainer) -> str:
@@ -199,8 +205,7 @@ def apply_ddp_fixes(trainer) -> str:
 
 def checkpoint_module(trainer):
     """The module ``trainer.save()`` saves, unwrapped: PPO's actor-critic, else the actor."""
-    module = trainer.actor_critic if trainer_kind(trainer) == "ppo" else trainer.actor
-    return trainer.accelerate.unwrap_model(module)
+    return trainer.accelerate.unwrap_model(policy_module(trainer))
 
 
 def save_checkpoint(trainer, path: str | os.PathLike = "./checkpoint.pt") -> bool:

@@ -30,7 +30,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -112,8 +111,9 @@ def run_launcher(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[int | 
         raise
 
 
-def launch(args, argv: list[str], env_info: dict[str, Any], summary) -> int:
-    """Run the smoke on ``args.nproc`` processes; print one report; return the exit code."""
+def launch(smoke, args, argv: list[str], env_info: dict[str, Any]) -> int:
+    """Run the smoke (the loaded ``tiny_rlhf_smoke`` module, whose ``args`` and ``argv`` these are)
+    on ``args.nproc`` processes; print one report; return the exit code."""
     timer = rt.Timer()
     device = launch_device(args.device, args.nproc)
     port = free_port()
@@ -134,8 +134,7 @@ def launch(args, argv: list[str], env_info: dict[str, Any], summary) -> int:
         report = json.loads(report_path.read_text(encoding="utf-8")) if report_path.is_file() else None
     tail = (out + err)[-2000:]
     if report is None:  # a rank died before rank 0 wrote the report (crash, timeout, launcher error)
-        mode = "construct-only" if args.construct_only else "train-smoke"
-        report = {"status": "failed", "mode": mode, "trainer": args.trainer, "device": device,
+        report = {"status": "failed", "mode": smoke.mode_name(args), "trainer": args.trainer, "device": device,
                   "seed": args.seed, "results": {}, "checks": [], "timings_s": {}}
         # the workers' own last lines: what precedes torchrun's failure log (E<date> ... elastic)
         workers_out = re.split(r"^[EWI]\d{4} [^\n]*torch/distributed/elastic", out + err, maxsplit=1,
@@ -147,7 +146,7 @@ def launch(args, argv: list[str], env_info: dict[str, Any], summary) -> int:
     workdir_check = rt.caller_directory_check(caller, caller_before)
     for result in report["results"].values():
         result["checks"].append(workdir_check)
-        result["status"] = "ok" if all(c["passed"] for c in result["checks"]) else "failed"
+        result["status"] = rt.status_of(result["checks"])
     if "checks" in report and args.trainer != "all" and report["results"]:
         report["checks"] = report["results"][args.trainer]["checks"]
     elif not report["results"]:
@@ -164,7 +163,7 @@ def launch(args, argv: list[str], env_info: dict[str, Any], summary) -> int:
     # the parent imports no torch: "import" is each rank's business, so null here (as documented)
     report["timings_s"].update(launch=timer.stages["launch"], total=timer.total())
     report["timings_s"].setdefault("import", None)
-    rt.emit(report, args.json, summary)
+    rt.emit(report, args.json, smoke.summary)
     return rt.EXIT_OK if ok else rt.EXIT_CHECK_FAILED
 
 
@@ -172,9 +171,10 @@ def launch(args, argv: list[str], env_info: dict[str, Any], summary) -> int:
 
 def tensor_digest(tensor) -> str:
     """SHA-256 of a tensor's dtype, shape and raw bytes (bitwise identity, any dtype)."""
+    import torch
     t = tensor.detach().cpu().contiguous()
     h = hashlib.sha256(f"{t.dtype}{tuple(t.shape)}".encode())
-    h.update(t.reshape(-1).view(__import__("torch").uint8).numpy().tobytes())
+    h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 
@@ -283,7 +283,7 @@ def rank_checks(name: str, recorder: RankRecorder, smoke, fixes, state) -> dict[
         else:
             fixes.save_checkpoint(trainer, path)
     except Exception as exc:  # noqa: BLE001 - reported as the check's detail
-        error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        error = rt.one_line(exc)
     finally:
         torch.save = real_save
     state.wait_for_everyone()
@@ -298,7 +298,7 @@ def rank_checks(name: str, recorder: RankRecorder, smoke, fixes, state) -> dict[
             detail_keys = (f"{len(keys)} keys, {len(prefixed)} with 'module.' prefix, "
                            f"{'equal to' if keys_ok else 'not'} the unwrapped state_dict keys")
         except Exception as exc:  # noqa: BLE001 - e.g. a file two ranks wrote at once
-            detail_keys = f"unreadable: {type(exc).__name__}: {exc}".splitlines()[0]
+            detail_keys = f"unreadable: {rt.one_line(exc)}"
     state.wait_for_everyone()
     if rank == 0 and path.exists():
         path.unlink()
@@ -329,7 +329,7 @@ def merge(name: str, per_rank: list[dict[str, Any]], sync: dict[str, Any], state
     result["checkpoint"] = sync["checkpoint"]
     result["ranks"] = [{"rank": r, "status": res["status"], "prompt_draws": sync["prompt_draws"][r],
                         "timings_s": res["timings_s"]} for r, res in enumerate(per_rank)]
-    result["status"] = "ok" if all(c["passed"] for c in result["checks"]) else "failed"
+    result["status"] = rt.status_of(result["checks"])
     return result
 
 
@@ -376,7 +376,7 @@ def worker(argv: list[str]) -> int:
                                        after_build=recorder.after_build)
         except Exception as exc:  # noqa: BLE001 - e.g. construction failed: report, keep ranks matched
             result = {"trainer": name, "status": "failed", "timings_s": {}, "checks": [
-                {"name": "trainer_ran", "passed": False, "detail": f"{type(exc).__name__}: {exc}".splitlines()[0]}]}
+                {"name": "trainer_ran", "passed": False, "detail": rt.one_line(exc)}]}
         finally:
             recorder.restore()
         if not state.is_main_process:  # Accelerator.print (the trainers' loss prints) is main-only
@@ -384,26 +384,13 @@ def worker(argv: list[str]) -> int:
                 if check["name"] == "losses_finite" and check["detail"] == "no loss printed":
                     check.update(passed=True, detail="not printed here: the trainers print with "
                                  "Accelerator.print, main process only (rank 0 checks its losses)")
-            result["status"] = "ok" if all(c["passed"] for c in result["checks"]) else "failed"
+            result["status"] = rt.status_of(result["checks"])
         sync = rank_checks(name, recorder, smoke, fixes, state)
         per_rank = gather(result)
         results[name] = merge(name, per_rank, sync, state_info)
     if state.is_main_process:
-        def stage_sum(key):  # None when no trainer reached the stage (e.g. --construct-only)
-            values = [r["timings_s"].get(key) for r in results.values()]
-            return None if all(v is None for v in values) else round(sum(v or 0 for v in values), 4)
-        report = {"status": "ok" if all(r["status"] == "ok" for r in results.values()) else "failed",
-                  "mode": smoke.mode_name(args), "trainer": args.trainer, "device": str(device),
-                  "seed": args.seed, "nproc": state.num_processes,
-                  "distributed_type": str(state.distributed_type).split(".")[-1],
-                  "config": {**smoke.palm_config(args), "new_tokens": args.new_tokens,
-                             "prompt_len": args.prompt_len, "cpu_threads": args.cpu_threads},
-                  "timings_s": {k: stage_sum(k) for k in ("construct", "update", "generate")}}
-        if args.trainer != "all":
-            for key in ("checks", "parameters", "generated", "optimizer_steps", "losses", "rank_sync"):
-                if key in results[args.trainer]:
-                    report[key] = results[args.trainer][key]
-        report["results"] = results
+        report = smoke.trainers_report(args, results, device, args.cpu_threads)
+        report.update(nproc=state.num_processes, distributed_type=str(state.distributed_type).split(".")[-1])
         (ns.run_dir / REPORT_NAME).write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
     state.wait_for_everyone()
     return 0

@@ -22,7 +22,6 @@ The JSON schema and exit codes are documented in references/workflows.md.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
@@ -34,11 +33,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
 import skill_runtime as rt  # noqa: E402  (shared runtime at the skill root, imported by path)
 
-PROMPTS_FILE = Path(__file__).resolve().parents[1] / "assets" / "prompts.txt"
+HERE = Path(__file__).resolve().parent
+PROMPTS_FILE = HERE.parent / "assets" / "prompts.txt"
+# the TPO replay-buffer folder name: one fact, kept with the DDP fixes (torch-free at import)
+TPO_BUFFER = rt.load_by_path("ddp_fixes", HERE / "ddp_fixes.py").TPO_BUFFER
 
 # Tiny model: big enough to exercise every code path, small enough for a laptop CPU.
 TINY_PALM = dict(num_tokens=257, dim=32, depth=1, heads=2, dim_head=16)
-PAD_ID = 0             # the trainers' default pad_value; byte-level ids are byte + 1, never 0
 NEW_TOKENS = 8         # tokens sampled after the longest prompt
 PROMPT_LENGTHS = (3, 6)  # random token-ids prompt lengths, inclusive
 GROUP_SAMPLES = 3      # extra samples per prompt for GRPO/TPO/FlowRL: group size = 3 + 1
@@ -106,12 +107,10 @@ TRAINERS = {
                           "flowrl_num_times_sample", 4, GROUP_SAMPLES + 1,
                           {"partition_function_hidden_dim": TINY_PALM["dim"]}),
 }
-TPO_BUFFER = "tpo_memmap_replay_buffer"  # hard-coded relative folder in palm_rlhf_pytorch/tpo.py
 
 
 def build_parser() -> rt.OneLineParser:
     parser = rt.OneLineParser(
-        prog=Path(sys.argv[0]).name,
         description="Bounded RLHF smoke for palm-rlhf-pytorch: build a tiny PaLM policy, a scalar "
                     "reward model and a trainer, run one update that must move every trainable "
                     "weight, one generate call, and check the results.",
@@ -123,8 +122,7 @@ def build_parser() -> rt.OneLineParser:
                "  tiny-rlhf-smoke --prompt-style file\n"
                "  tiny-rlhf-smoke --trainer all --nproc 2 --json\n"
                "  tiny-rlhf-smoke --dim 128 --depth 2 --prompt-len 16 --new-tokens 32\n\n"
-               + rt.EXIT_CODES_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+               + rt.EXIT_CODES_EPILOG)
     parser.add_argument("--trainer", choices=[*TRAINERS, "all"], default="ppo",
                         help="ppo (root RLHFTrainer), grpo, tpo, flowrl, or all four (default: ppo)")
     parser.add_argument("--grpo-variant", action="append", metavar="NAME",
@@ -181,9 +179,6 @@ def parse_variants(values: list[str] | None) -> list[str]:
 
 # prompts ---------------------------------------------------------------------------------------
 
-ByteTokenizer = rt.ByteTokenizer  # one implementation, shared with the reward-modeling smoke
-
-
 def random_prompt_token_ids(seed: int, num_prompts: int = 4, lengths: tuple[int, int] = PROMPT_LENGTHS):
     """Padded ``(num_prompts, max_len)`` int64 prompt ids in [1, vocab), right-padded with 0."""
     import torch
@@ -191,7 +186,7 @@ def random_prompt_token_ids(seed: int, num_prompts: int = 4, lengths: tuple[int,
     lens = torch.randint(lengths[0], lengths[1] + 1, (num_prompts,), generator=gen)
     ids = torch.randint(1, TINY_PALM["num_tokens"], (num_prompts, int(lens.max())), generator=gen)
     keep = torch.arange(ids.shape[1]) < lens[:, None]
-    return ids.masked_fill(~keep, PAD_ID)
+    return ids.masked_fill(~keep, rt.PAD_ID)
 
 
 def prompt_kwargs(style: str, seed: int, prompt_len: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -201,7 +196,7 @@ def prompt_kwargs(style: str, seed: int, prompt_len: int | None = None) -> tuple
         return {"prompt_token_ids": ids}, {"style": style, "count": ids.shape[0], "max_len": ids.shape[1]}
     if not PROMPTS_FILE.is_file():
         raise rt.SkillError(f"prompts file missing: {PROMPTS_FILE} (reinstall the skill tree)")
-    tokenizer = ByteTokenizer()
+    tokenizer = rt.ByteTokenizer()
     if style == "text":
         prompts = PROMPTS_FILE.read_text(encoding="utf-8").splitlines()
         return {"prompts": prompts, "tokenizer": tokenizer}, {"style": style, "tokenizer": tokenizer}
@@ -278,7 +273,7 @@ def run_trainer(name: str, args, device_kwargs: dict, device, variants: list[str
         except Exception as exc:  # the library's failure is this smoke's finding, not a crash
             result["timings_s"] = {"construct": None, "update": None, "generate": None}
             result.update(parameters=None, optimizer_steps=None, losses=None, generated=None)
-            checks.add("trainer_constructed", False, one_line(exc))
+            checks.add("trainer_constructed", False, rt.one_line(exc))
             return finish(result, checks)
         # the trainer registers prompt ids as a buffer of its own (not prepared by Accelerate)
         trainer.prompt_token_ids = trainer.prompt_token_ids.to(device)
@@ -333,7 +328,7 @@ def run_trainer(name: str, args, device_kwargs: dict, device, variants: list[str
                               max_seq_len=max_seq_len)
             error = None
         except Exception as exc:  # the library's failure is this smoke's finding, not a crash
-            error = one_line(exc)
+            error = rt.one_line(exc)
     hook.remove()
     result["timings_s"]["update"] = timer.stages["update"]
     if args.verbose:
@@ -390,14 +385,14 @@ def run_trainer(name: str, args, device_kwargs: dict, device, variants: list[str
                    f"the actor's after the update: {ref_differs})")
 
     prompt = trainer.prompt_token_ids[0]
-    prompt = prompt[prompt != PAD_ID]
+    prompt = prompt[prompt != rt.PAD_ID]
     with timer.stage("generate"):
         try:
             with rt.capture_library_output():
                 sequence = trainer.generate(max_seq_len, prompt=prompt, num_samples=NUM_GENERATE_SAMPLES)
         except Exception as exc:
             sequence = None
-            checks.add("generated_sequence", False, f"trainer.generate raised {one_line(exc)}")
+            checks.add("generated_sequence", False, f"trainer.generate raised {rt.one_line(exc)}")
     result["timings_s"]["generate"] = timer.stages["generate"]
     if sequence is None:
         return finish(result, checks)
@@ -413,15 +408,9 @@ def run_trainer(name: str, args, device_kwargs: dict, device, variants: list[str
     return finish(result, checks)
 
 
-def one_line(exc: BaseException) -> str:
-    """``Type: first line of message`` for reporting a library exception inside a check."""
-    text = f"{type(exc).__name__}: {exc}".strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 def finish(result: dict[str, Any], checks: rt.Checks) -> dict[str, Any]:
     result["checks"] = checks.items
-    result["status"] = "ok" if checks.passed else "failed"
+    result["status"] = rt.status_of(checks.items)
     return result
 
 
@@ -432,6 +421,36 @@ def palm_config(args) -> dict[str, int]:
 
 def mode_name(args) -> str:
     return "construct-only" if args.construct_only else "train-smoke"
+
+
+# Single trainer: these keys of its result also appear at the top level of the report (stable keys).
+SINGLE_TRAINER_KEYS = ("checks", "parameters", "generated", "optimizer_steps", "losses", "prompts",
+                       "grpo_variants", "class_name", "replay_buffer", "rank_sync")
+
+
+def trainers_report(args, results: dict[str, dict[str, Any]], device, cpu_threads: int) -> dict[str, Any]:
+    """The report's part common to single- and multi-process runs (ddp_launch.py's rank 0).
+
+    ``results`` maps trainer name to its result (``run_trainer``); status is ok when every result
+    is. ``timings_s`` holds construct, update and generate in seconds, summed over trainers, each
+    None when a trainer never reached that stage (a constructor raised; --construct-only).
+    """
+    def stage_sum(key: str) -> float | None:
+        values = [r["timings_s"].get(key) for r in results.values()]
+        return None if any(v is None for v in values) else round(sum(values), 4)
+
+    report: dict[str, Any] = {
+        "status": "ok" if results and all(r["status"] == "ok" for r in results.values()) else "failed",
+        "mode": mode_name(args), "trainer": args.trainer, "device": str(device), "seed": args.seed,
+        "config": {**palm_config(args), "new_tokens": args.new_tokens, "prompt_len": args.prompt_len,
+                   "cpu_threads": cpu_threads},
+        "timings_s": {key: stage_sum(key) for key in ("construct", "update", "generate")},
+    }
+    if args.trainer != "all":
+        single = results[args.trainer]
+        report.update({key: single[key] for key in SINGLE_TRAINER_KEYS if key in single})
+    report["results"] = results
+    return report
 
 
 def summary(report: dict[str, Any]) -> str:
@@ -464,8 +483,8 @@ def main(argv: list[str] | None = None) -> int:
         raise rt.SkillError("--no-ddp-fixes applies to --nproc runs")
     env = rt.check_versions(args.allow_untested)
     if args.nproc is not None:  # multi-process run: launcher, workers and rank checks live there
-        ddp_launch = rt.load_by_path("ddp_launch", Path(__file__).resolve().with_name("ddp_launch.py"))
-        return ddp_launch.launch(args, sys.argv[1:] if argv is None else argv, env, summary)
+        ddp_launch = rt.load_by_path("ddp_launch", HERE / "ddp_launch.py")
+        return ddp_launch.launch(sys.modules[__name__], args, sys.argv[1:] if argv is None else argv, env)
 
     timer = rt.Timer()
     with timer.stage("import"):
@@ -481,28 +500,13 @@ def main(argv: list[str] | None = None) -> int:
     workdir_check = rt.caller_directory_check(args.caller_dir, caller_before)
     for result in results.values():
         result["checks"].append(workdir_check)
-        result["status"] = "ok" if all(c["passed"] for c in result["checks"]) else "failed"
-    ok = all(r["status"] == "ok" for r in results.values())
-    report: dict[str, Any] = {
-        "status": "ok" if ok else "failed", "mode": mode_name(args), "trainer": args.trainer,
-        "device": str(device), "seed": args.seed, "versions": env["versions"], "tested": env["tested"],
-        "warnings": env["warnings"], "config": {**palm_config(args), "new_tokens": args.new_tokens,
-                                           "prompt_len": args.prompt_len, "cpu_threads": threads},
-    }
-    first = results[names[0]]
-    stage_sum = lambda key: None if any(r["timings_s"][key] is None for r in results.values()) \
-        else round(sum(r["timings_s"][key] for r in results.values()), 4)
-    report["timings_s"] = {"import": timer.stages["import"], "construct": stage_sum("construct"),
-                           "update": stage_sum("update"), "generate": stage_sum("generate")}
-    if args.trainer != "all":  # single trainer: its result at top level too (stable keys)
-        for key in ("checks", "parameters", "generated", "optimizer_steps", "losses", "prompts",
-                    "grpo_variants", "class_name", "replay_buffer"):
-            if key in first:
-                report[key] = first[key]
-    report["results"] = results
+        result["status"] = rt.status_of(result["checks"])
+    report = trainers_report(args, results, device, threads)
+    report.update(versions=env["versions"], tested=env["tested"], warnings=env["warnings"])
+    report["timings_s"] = {"import": timer.stages["import"], **report["timings_s"]}
     report["timings_s"]["total"] = round(time.perf_counter() - START, 4)
     rt.emit(report, args.json, summary)
-    return rt.EXIT_OK if ok else rt.EXIT_CHECK_FAILED
+    return rt.EXIT_OK if report["status"] == "ok" else rt.EXIT_CHECK_FAILED
 
 
 START = time.perf_counter()

@@ -23,7 +23,6 @@ The JSON schema is documented in ../references/reward-api.md.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
@@ -46,15 +45,13 @@ PRM_SEQ_LEN = 24                     # ImplicitPRM sequences: first 24 bytes of 
 
 def build_parser() -> rt.OneLineParser:
     parser = rt.OneLineParser(
-        prog=Path(sys.argv[0]).name,
         description="Bounded smoke for palm-rlhf-pytorch reward models: train a tiny scalar "
                     "RewardModel on a toy preference task and report held-out accuracy, train a "
                     "binned one with cross-entropy, and check ImplicitPRM's rewards and gradients.",
         epilog="examples:\n"
                "  tiny-reward-smoke --json\n"
                "  tiny-reward-smoke --device cpu --seed 2\n"
-               "  tiny-reward-smoke --steps 40 --lr 1e-3\n\n" + rt.EXIT_CODES_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+               "  tiny-reward-smoke --steps 40 --lr 1e-3\n\n" + rt.EXIT_CODES_EPILOG)
     parser.add_argument("--steps", type=rt.bounded_int(2, rt.MAX_OPTIMIZER_STEPS), default=20, metavar="N",
                         help="full-batch Adam steps for each reward model (default: 20)")
     parser.add_argument("--lr", type=rt.finite_nonnegative_float, default=3e-3,
