@@ -70,6 +70,18 @@ def test_all_trainers_in_sync_with_fixes(fixed_run):
     assert list(cwd.iterdir()) == []
 
 
+def test_construct_only_on_two_ranks(empty_dir):
+    """--construct-only --nproc 2: built and in sync on both ranks; TPO has no replay buffer yet,
+    so the per-rank buffer check is not made (it failed this mode before)."""
+    proc, report = run_json([str(BIN / "tiny-rlhf-smoke"), "--trainer", "tpo", "--nproc", "2",
+                             "--construct-only", "--json"], empty_dir)
+    assert proc.returncode == 0 and report["status"] == "ok", report.get("checks")
+    checks = checks_of(report["results"]["tpo"])
+    assert checks["ranks_in_sync"]["passed"] and "replay_buffer_per_rank" not in checks
+    assert report["mode"] == "construct-only" and report["timings_s"]["update"] is None
+    assert list(empty_dir.iterdir()) == []
+
+
 def test_no_library_output_on_stdout(fixed_run):
     proc, _, _ = fixed_run
     assert "policy_loss:" not in proc.stdout and "training complete" not in proc.stdout

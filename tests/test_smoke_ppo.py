@@ -207,3 +207,18 @@ def test_ci_runs_the_readme_test_command():
     test_command = next(b for b in blocks if "pytest" in b)
     assert test_command in (REPO / ".ci" / "run").read_text(encoding="utf-8")
 
+
+@pytest.mark.parametrize("content, message", [(b"", "no non-empty line"), (b"\n\n \n", "no non-empty line"),
+                                              (b"\x9a\xff\x00", "prompts file unreadable")])
+def test_damaged_prompts_file_is_a_one_line_exit_2(smoke, monkeypatch, tmp_path, empty_dir, capsys,
+                                                   content, message):
+    """A damaged shipped prompts file is an environment error (exit 2, one line), like a missing one,
+    raised before any model is built; not a failed trainer_constructed check."""
+    damaged = tmp_path / "prompts.txt"
+    damaged.write_bytes(content)
+    monkeypatch.setattr(smoke, "PROMPTS_FILE", damaged)
+    monkeypatch.chdir(empty_dir)
+    code = smoke.rt.run_cli(smoke.main, ["--prompt-style", "file", "--construct-only", "--device", "cpu"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and len(err.splitlines()) == 1 and message in err, err
+    assert list(empty_dir.iterdir()) == []

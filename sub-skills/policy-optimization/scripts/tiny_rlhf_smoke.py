@@ -190,15 +190,23 @@ def random_prompt_token_ids(seed: int, num_prompts: int = 4, lengths: tuple[int,
 
 
 def prompt_kwargs(style: str, seed: int, prompt_len: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Trainer prompt arguments for a style, plus a description for the report."""
+    """Trainer prompt arguments for a style, plus a description for the report.
+
+    Raises SkillError (exit 2) when the shipped prompts file is missing, not UTF-8 or has no
+    non-empty line: a damaged skill tree, reported before any model is built.
+    """
     if style == "token-ids":
         ids = random_prompt_token_ids(seed, lengths=(prompt_len, prompt_len) if prompt_len else PROMPT_LENGTHS)
         return {"prompt_token_ids": ids}, {"style": style, "count": ids.shape[0], "max_len": ids.shape[1]}
-    if not PROMPTS_FILE.is_file():
-        raise rt.SkillError(f"prompts file missing: {PROMPTS_FILE} (reinstall the skill tree)")
+    try:
+        prompts = PROMPTS_FILE.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise rt.SkillError(f"prompts file unreadable: {PROMPTS_FILE}: {rt.one_line(exc)} "
+                            "(reinstall the skill tree)") from None
+    if not any(p.strip() for p in prompts):
+        raise rt.SkillError(f"prompts file has no non-empty line: {PROMPTS_FILE} (reinstall the skill tree)")
     tokenizer = rt.ByteTokenizer()
     if style == "text":
-        prompts = PROMPTS_FILE.read_text(encoding="utf-8").splitlines()
         return {"prompts": prompts, "tokenizer": tokenizer}, {"style": style, "tokenizer": tokenizer}
     return ({"prompts_path": str(PROMPTS_FILE), "tokenizer": tokenizer},
             {"style": style, "tokenizer": tokenizer, "path": PROMPTS_FILE.name})
