@@ -121,6 +121,7 @@ def test_equal_rewards_group(name, monkeypatch):
 
 
 @covers("group-of-one", "grpo", "tpo", "flowrl")
+@pytest.mark.filterwarnings("ignore:.*degrees of freedom is <= 0:UserWarning")  # the NaN this section is about
 def test_group_of_one(name, monkeypatch):
     anchor = "group-of-one"
     if name == "grpo":
@@ -317,7 +318,8 @@ def base_grads(model) -> dict[str, torch.Tensor]:
 @covers("base-weights-accumulate-grad", *ALL)
 def test_base_weights_accumulate_grad(name):
     anchor = "base-weights-accumulate-grad"
-    trainer = make(name, minibatch_size=1)
+    minibatch = 1 if name in ("ppo", "tpo") else 2  # 2 optimizer steps per learn() of 2 rollouts
+    trainer = make(name, minibatch_size=minibatch)
     models = {"actor": actor_palm(trainer)} | ({"critic": trainer.actor_critic.critic} if name == "ppo" else {})
     run(trainer, 2)
     first = {k: base_grads(m) for k, m in models.items()}
@@ -328,13 +330,13 @@ def test_base_weights_accumulate_grad(name):
         check(emb in first[key] and second[key][emb].norm() > first[key][emb].norm(), anchor,
               f"{name} {key} base weights with .grad: {sorted(first[key])}")
     # the documented fix: freeze every base weight after construction; the LoRA still trains
-    trainer = make(name, minibatch_size=1)
+    trainer = make(name, minibatch_size=minibatch)
     for model in [actor_palm(trainer)] + ([trainer.actor_critic.critic] if name == "ppo" else []):
         for n, p in model.named_parameters():
             if not n.startswith("finetune_modules."):
                 p.requires_grad_(False)
     before = lora(trainer)
-    run(trainer, 2)  # 2 (PPO, TPO) or 4 optimizer steps
+    run(trainer, 2)  # 2 optimizer steps: AdoptAtan2 moves LoRA B on its second
     check(not torch.equal(before, lora(trainer)) and not base_grads(actor_palm(trainer)), anchor,
           f"{name}: frozen base, LoRA moved {not torch.equal(before, lora(trainer))}")
 
@@ -345,7 +347,7 @@ def test_flowrl_binned_reward_broadcast(name):
     logits_model = lambda palm: RewardModel(palm, num_binned_output=5, sample_from_bins=False)
     if name != "flowrl":
         palm = tiny_palm()
-        with pytest.raises((RuntimeError, Exception)):
+        with trap_raises(anchor, Exception, "."):  # RuntimeError (PPO) or EinopsError (GRPO)
             run(make(name, palm, logits_model(palm), minibatch_size=1), 2)
         return
     for minibatch, rollouts in ((1, 2), (5, 5)):  # 2 items per rollout
@@ -355,7 +357,7 @@ def test_flowrl_binned_reward_broadcast(name):
         learn = trainer.learn
         trainer.learn = lambda memories: (got.extend(memories), learn(memories))
         out = run(trainer, rollouts)
-        check(tuple(got[0][-1].shape) == (5,) and printed(out, "flowrl_loss"), anchor,
+        check(tuple(got[0][-1].shape) == (5,) and not math.isnan(printed(out, "flowrl_loss")[0]), anchor,
               f"minibatch {minibatch}: reward per item {tuple(got[0][-1].shape)}")
     palm = tiny_palm()
     with trap_raises(anchor, RuntimeError, "must match the size"):
@@ -373,7 +375,7 @@ def test_kl_to_rollout_policy(name, monkeypatch):
     kls = []
     kl = module.masked_kl_div
     monkeypatch.setattr(module, "masked_kl_div", lambda *a, **k: kls.append(kl(*a, **k).abs().max().item()) or kl(*a, **k))
-    run(make(name, minibatch_size=2, actor_lr=1e-2), 8 if name == "ppo" else 4)
+    run(make(name, minibatch_size=1, actor_lr=1e-2), 3 if name == "ppo" else 2)  # 3 or 4 minibatches
     check(kls[:2] == [0.0, 0.0] and min(kls[2:]) > 1e-6, anchor, f"{name} KL per minibatch {kls}")
     # the anchor is the rollout policy (LoRA on), not the base PaLM
     trainer = make(name)
@@ -517,7 +519,7 @@ def test_log_probs_misaligned(name, monkeypatch):
             result[label] = bool((ratios != 1).any())  # the first minibatch: new policy == old
         else:
             out = run(make(name, kl_div_loss_weight=0., **kw), 4, max_seq_len=12)
-            result[label] = printed(out, "policy_loss")[0] != 0  # ratio 1, advantages mean 0: loss 0
+            result[label] = abs(printed(out, "policy_loss")[0]) > 0  # ratio 1, advantages mean 0: loss 0
     expected = {"mixed": name != "grpo", "equal": False}
     check(result == expected, anchor, f"{name}: first-minibatch ratio differs from 1: {result}")
     if name == "ppo":  # equal prompts, but eos stops rollouts at different lengths
@@ -531,7 +533,7 @@ def test_log_probs_misaligned(name, monkeypatch):
             trainer.learn = lambda memories: (lengths.update(m.sequence.shape[0] for m in memories), learn(memories))
             first = printed(run(trainer, 8, max_seq_len=16, eos_token=eos), "policy_loss")[0]
             if len(lengths) > 1:
-                varied.append(first != 0)
+                varied.append(abs(first) > 0)
         check(varied and all(varied), anchor, f"PPO with eos at varied lengths: first loss off 0 {varied}")
 
 
@@ -563,7 +565,7 @@ def test_actor_dropout_ratio(name):
         check(bool((ratios != 1).any()), anchor, f"FlowRL first-minibatch ratios {ratios.tolist()}")
     else:
         first = printed(run(make(name, kl_div_loss_weight=0., **kw), 3), "policy_loss")[0]
-        check(first != 0, anchor, f"{name} first policy_loss with actor_dropout 0.3 is {first}")
+        check(abs(first) > 0, anchor, f"{name} first policy_loss with actor_dropout 0.3 is {first}")
 
 
 @covers("grpo-max-rl-mean-zero", "grpo")
