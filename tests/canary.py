@@ -205,11 +205,17 @@ def canary_env(request, tmp_path, monkeypatch):
     reseed()
     TOUCHED.clear()
     yield
-    subjects = getattr(request.function, "subjects", None)
-    if subjects is None:
-        return
     callspec = getattr(request.node, "callspec", None)
-    want = {callspec.params["name"]} if callspec and "name" in callspec.params else subjects & set(TRAINERS)
-    missing = want - TOUCHED
+    missing = unexercised(request.function, callspec.params if callspec else {})
     assert not missing, (f"{request.function.__name__} covers {DOC}#{request.function.anchor}, whose "
                          f"'Applies to' names {sorted(missing)}, but never built or read them")
+
+
+def unexercised(fn, params: dict) -> set[str]:
+    """Trainers a finished canary ``fn`` declares (its ``name`` parameter, else every trainer among
+    its subjects) but never built or read; empty for a test that is not a canary."""
+    subjects = getattr(fn, "subjects", None)
+    if subjects is None:
+        return set()
+    want = {params["name"]} if "name" in params else subjects & set(TRAINERS)
+    return want - TOUCHED

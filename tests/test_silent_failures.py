@@ -95,29 +95,38 @@ def test_equal_rewards_group(name, monkeypatch):
         palm = tiny_palm()
         return make(name, palm, ConstantReward(palm, value), **group(name, size), **kw)
 
-    residue = normalized_rewards(build(0.1), name, monkeypatch)
-    check(residue.abs().min() > 0.9, anchor, f"{name}: equal rewards 0.1, group 11 normalize to {residue.tolist()}")
-    exact = normalized_rewards(build(1.0), name, monkeypatch)
-    check(torch.equal(exact, torch.zeros_like(exact)), anchor, f"{name}: equal rewards 1.0 give {exact.tolist()}")
-    four = normalized_rewards(build(0.1, size=4), name, monkeypatch)
-    check(torch.equal(four, torch.zeros_like(four)), anchor, f"{name}: 0.1 in a group of 4 gives {four.tolist()}")
-    if name == "flowrl":
-        return
-    if name == "grpo":  # the documented fix
-        dr = normalized_rewards(build(0.1, use_dr_grpo=True), name, monkeypatch)
-        check(dr.abs().max() < 1e-6, anchor, f"Dr. GRPO gives {dr.tolist()}")
-    after = {}  # GRPO: the residue moves the policy, an exact 0 does not; TPO: softmax ignores a shared shift
-    for value in (0.1, 1.0):
+    def trained(value):
+        """GRPO or TPO, 3 rollouts of a group of 11 and 3 optimizer steps: (the first group's
+        normalized rewards, whether the LoRA moved, the LoRA)."""
         extra = dict(kl_div_loss_weight=0., minibatch_size=11) if name == "grpo" else dict(minibatch_size=1)
-        trainer = build(value, beta_s=0., actor_lr=1e-2, **extra)  # 3 optimizer steps
+        trainer, seen = build(value, beta_s=0., actor_lr=1e-2, **extra), []
+        if name == "grpo":
+            learn = trainer.learn
+            trainer.learn = lambda memories: (seen.extend(m[-1] for m in memories), learn(memories))
+        else:
+            z_score = module_of(name).z_score
+            monkeypatch.setattr(module_of(name), "z_score", lambda r: seen.append(z_score(r)) or seen[-1])
         before = lora(trainer)
         reseed(1)
         run(trainer, 3)
-        after[value] = (not torch.equal(before, lora(trainer)), lora(trainer))
-    if name == "grpo":
-        check((after[0.1][0], after[1.0][0]) == (True, False), anchor, f"GRPO LoRA moved {after[0.1][0], after[1.0][0]}")
+        first = torch.stack(seen[:11]) if name == "grpo" else (seen[0] if seen else torch.zeros(11))
+        return first, not torch.equal(before, lora(trainer)), lora(trainer)
+
+    if name == "flowrl":
+        residue, exact = (normalized_rewards(build(v), name, monkeypatch) for v in (0.1, 1.0))
     else:
-        check(torch.equal(after[0.1][1], after[1.0][1]), anchor, "TPO: rewards 0.1 and 1.0 now train differently")
+        runs = {v: trained(v) for v in (0.1, 1.0)}
+        residue, exact = runs[0.1][0], runs[1.0][0]
+    check(residue.abs().min() > 0.9, anchor, f"{name}: equal rewards 0.1, group 11 normalize to {residue.tolist()}")
+    check(torch.equal(exact, torch.zeros_like(exact)), anchor, f"{name}: equal rewards 1.0 give {exact.tolist()}")
+    four = normalized_rewards(build(0.1, size=4), name, monkeypatch)
+    check(torch.equal(four, torch.zeros_like(four)), anchor, f"{name}: 0.1 in a group of 4 gives {four.tolist()}")
+    if name == "grpo":  # the residue moves the policy, an exact 0 does not; the documented fix
+        check((runs[0.1][1], runs[1.0][1]) == (True, False), anchor, f"GRPO LoRA moved {runs[0.1][1], runs[1.0][1]}")
+        dr = normalized_rewards(build(0.1, use_dr_grpo=True), name, monkeypatch)
+        check(dr.abs().max() < 1e-6, anchor, f"Dr. GRPO gives {dr.tolist()}")
+    if name == "tpo":  # a shift shared by the group cancels in TPO's softmax target
+        check(torch.equal(runs[0.1][2], runs[1.0][2]), anchor, "TPO: rewards 0.1 and 1.0 now train differently")
 
 
 @covers("group-of-one", "grpo", "tpo", "flowrl")
@@ -496,6 +505,8 @@ def test_ppo_critic_reward_range(name):
           and hl.clamp_to_range, anchor, f"support {hl.min_value}..{hl.max_value}, centers {hl.centers.tolist()}")
     probs = hl.transform_to_probs(torch.tensor([10., 5.5, -3.]))
     check(torch.allclose(probs[0], probs[1]), anchor, "a reward of 10 is no longer clamped")
+    check(hl.warn_out_of_range and hl.out_of_range_tolerance == 1.0, anchor,  # one bin: sigma_to_bin_ratio 1
+          f"loguru warns beyond {hl.out_of_range_tolerance}")
     values = hl.transform_from_probs(probs)
     check(values[0] < 4.7 and values[2] > 0.3, anchor, f"rewards 10 and -3 read back as {values.tolist()}")
     wide = make(name, hl_gauss_loss_kwargs=dict(min_value=-10., max_value=10., min_max_value_on_bin_center=True,
