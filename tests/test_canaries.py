@@ -3,10 +3,10 @@
 Each reproduces the upstream behaviour on the installed palm-rlhf-pytorch and asserts it. When
 upstream fixes or changes a trap, its canary fails with a message naming the doc section
 (``troubleshooting.md#anchor``) and the SKILL.md one-liner to update. Tiny sizes, CPU, temp dirs.
+The silent-failure canaries are in test_silent_failures.py; the shared helpers in canary.py.
 """
 from __future__ import annotations
 
-import contextlib
 import inspect
 import os
 import re
@@ -19,89 +19,16 @@ import torch
 import palm_rlhf_pytorch.flowrl as flowrl
 import palm_rlhf_pytorch.grpo as grpo
 import palm_rlhf_pytorch.ppo as ppo
-import palm_rlhf_pytorch.tpo as tpo
-from palm_rlhf_pytorch import ActorCritic, PaLM, RewardModel
+from palm_rlhf_pytorch import ActorCritic
 
+from canary import (COVERED, DOC, DOC_NAMES, SKILL, TRAINERS, canary_env, capture_memories,  # noqa: F401
+                    capture_state, covers, make, module_of, tiny_palm, touch, trap_raises, update)
 from conftest import REPO
 
-DOC = "sub-skills/policy-optimization/references/troubleshooting.md"
-SKILL = "sub-skills/policy-optimization/SKILL.md"
-TINY = dict(num_tokens=64, dim=32, depth=1, heads=2, dim_head=8)
-# trainer class, kwargs keeping it tiny, attribute holding the rollout function
-TRAINERS = {
-    "ppo": (ppo.RLHFTrainer, {}, "actor_critic_generate"),
-    "grpo": (grpo.RLHFTrainer, dict(grpo_num_times_sample_rewards=1), "actor_generate"),
-    "tpo": (tpo.RLHFTrainer, dict(num_times_sample_rewards=1), None),
-    "flowrl": (flowrl.FlowRLTrainer, dict(flowrl_num_times_sample=1, partition_function_hidden_dim=32),
-               "actor_generate"),
-}
-COVERED: dict[str, str] = {}  # anchor -> canary test name
+ALL = tuple(TRAINERS)
 
 
-def covers(anchor: str):
-    """Register a canary for ``troubleshooting.md#anchor``."""
-    def mark(fn):
-        COVERED[anchor] = fn.__name__
-        fn.anchor = anchor
-        return fn
-    return mark
-
-
-def update(anchor: str, what: str) -> str:
-    return (f"upstream palm-rlhf-pytorch changed: {what}. Update {DOC}#{anchor} "
-            f"(and its one-liner in {SKILL} if it has one), then this canary.")
-
-
-def tiny_palm(seed: int = 0, **kw) -> PaLM:
-    torch.manual_seed(seed)
-    return PaLM(**TINY, **kw)
-
-
-def make(name: str, palm: PaLM | None = None, **kw):
-    cls, extra, _ = TRAINERS[name]
-    palm = palm or tiny_palm()
-    kw = {**extra, **kw}
-    kw.setdefault("prompt_token_ids", torch.randint(1, 64, (3, 4)))
-    return cls(palm=palm, reward_model=RewardModel(palm), accelerate_kwargs=dict(cpu=True), **kw)
-
-
-@contextlib.contextmanager
-def trap_raises(anchor: str, exc: type[BaseException], match: str):
-    """Like pytest.raises, but a missing or different error fails naming the doc section."""
-    try:
-        yield
-    except exc as err:
-        assert re.search(match, str(err)), update(anchor, f"{exc.__name__} now says {str(err)!r}")
-    else:
-        pytest.fail(update(anchor, f"no {exc.__name__} ({match!r}) any more"))
-
-
-class Rollout(Exception):
-    """Raised by a stand-in rollout function to hand the state it got back to the test."""
-
-
-def capture_state(trainer, name: str) -> torch.Tensor:
-    """The prompt tensor the trainer's ``train()`` passes to its first rollout."""
-    def fake(state, *args, **kwargs):
-        raise Rollout(state)
-    attr = TRAINERS[name][2]
-    if attr:
-        setattr(trainer, attr, fake)
-    else:  # TPO calls self.actor.generate directly
-        trainer.actor.generate = fake
-    with pytest.raises(Rollout) as info:
-        trainer.train(num_episodes=1, max_timesteps=1, max_seq_len=8)
-    return info.value.args[0]
-
-
-@pytest.fixture(autouse=True)
-def in_tmp(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # TPO's replay buffer, checkpoints
-    torch.manual_seed(0)
-
-
-@covers("ppo-max-norm")
-@pytest.mark.parametrize("name", list(TRAINERS))
+@covers("ppo-max-norm", *ALL)
 def test_ppo_max_norm(name, capsys):
     trainer = make(name, max_norm=1.0)
     if name == "ppo":
@@ -115,7 +42,7 @@ def test_ppo_max_norm(name, capsys):
         assert "loss" in capsys.readouterr().out, update("ppo-max-norm", f"{name} learn() printed no loss")
 
 
-@covers("optimizer-first-steps")
+@covers("optimizer-first-steps", *ALL)
 def test_optimizer_first_steps():
     from adam_atan2_pytorch import AdamAtan2, AdoptAtan2
     from palm_rlhf_pytorch.lora import LoRA
@@ -146,16 +73,17 @@ def test_optimizer_first_steps():
     assert adam == [["B"], ["A", "B"]], update("optimizer-first-steps", f"AdamAtan2 moved {adam}")
 
 
-@covers("pad-value-strips-ids")
-@pytest.mark.parametrize("name", list(TRAINERS))
+@covers("pad-value-strips-ids", *ALL)
 def test_pad_value_strips_ids(name):
     trainer = make(name, prompt_token_ids=torch.tensor([[5, 0, 7, 0, 9]]))
     state = capture_state(trainer, name)
     assert state[0].tolist() == [5, 7, 9], update("pad-value-strips-ids", f"{name} rollout got {state[0].tolist()}")
 
 
-@covers("prompts-path-trailing-newline")
-def test_prompts_path_trailing_newline(tmp_path, monkeypatch):
+@covers("prompts-path-trailing-newline", *ALL)
+def test_prompts_path_trailing_newline(name, tmp_path, monkeypatch):
+    """Each trainer's own reader: the tokenizer gets a last prompt '', the rollout that draws it
+    gets an empty state, and sampling from it fails."""
     (tmp_path / "prompts.txt").write_text("ab\ncd\n")
     seen = []
 
@@ -164,15 +92,17 @@ def test_prompts_path_trailing_newline(tmp_path, monkeypatch):
         rows = [torch.tensor([ord(c) - 90 for c in p] or [0]) for p in prompts]
         return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
 
-    trainer = make("ppo", prompt_token_ids=None, prompts_path="prompts.txt", tokenizer=tokenizer)
-    assert seen == ["ab", "cd", ""], update("prompts-path-trailing-newline", f"tokenizer got {seen}")
-    monkeypatch.setattr(ppo, "randrange", lambda *args: 2)  # draw the empty prompt
+    build = lambda: make(name, prompt_token_ids=None, prompts_path="prompts.txt", tokenizer=tokenizer)
+    trainer = build()
+    assert seen == ["ab", "cd", ""], update("prompts-path-trailing-newline", f"{name} tokenizer got {seen}")
+    monkeypatch.setattr(module_of(name), "randrange", lambda *args: 2)  # draw the empty prompt
+    state = capture_state(trainer, name)
+    assert state.numel() == 0, update("prompts-path-trailing-newline", f"{name} rollout state {state.tolist()}")
     with trap_raises("prompts-path-trailing-newline", RuntimeError, "0 elements"):
-        trainer.train(num_episodes=1, max_timesteps=1, max_seq_len=6)
+        build().train(num_episodes=1, max_timesteps=1, max_seq_len=6)
 
 
-@covers("prompt-source-assertions")
-@pytest.mark.parametrize("name", list(TRAINERS))
+@covers("prompt-source-assertions", *ALL)
 def test_prompt_source_assertions(name):
     for kwargs in (dict(prompt_token_ids=None),
                    dict(prompt_token_ids=torch.ones(2, 3, dtype=torch.long), prompts=["a"])):
@@ -184,7 +114,7 @@ def test_prompt_source_assertions(name):
     assert state.shape[-1] == 1, update("prompt-source-assertions", f"1-D prompts give state {tuple(state.shape)}")
 
 
-@covers("tpo-replay-buffer-dir")
+@covers("tpo-replay-buffer-dir", "tpo")
 def test_tpo_replay_buffer_dir(tmp_path):
     make("tpo").train(num_episodes=1, max_timesteps=1, update_timesteps=3, max_seq_len=6)
     folder = tmp_path / "tpo_memmap_replay_buffer"
@@ -196,7 +126,7 @@ def test_tpo_replay_buffer_dir(tmp_path):
         update("tpo-replay-buffer-dir", f"buffer file sizes {sizes} for {cells} cells")
 
 
-@covers("flowrl-partition-dim")
+@covers("flowrl-partition-dim", "flowrl")
 def test_flowrl_partition_dim():
     default = inspect.signature(flowrl.FlowRLTrainer).parameters["partition_function_hidden_dim"].default
     assert default == 768, update("flowrl-partition-dim", f"default is {default}")
@@ -205,15 +135,14 @@ def test_flowrl_partition_dim():
         trainer.train(num_episodes=1, max_timesteps=1, update_timesteps=1, max_seq_len=6)
 
 
-@covers("generate-seq-len")
+@covers("generate-seq-len", "PaLM")
 def test_generate_seq_len():
     palm, prompt = tiny_palm(), torch.randint(1, 64, (2, 6))
     shapes = [tuple(palm.generate(n, prompt=prompt).shape) for n in (10, 6, 3)]
     assert shapes == [(2, 4), (2, 1), (2, 1)], update("generate-seq-len", f"shapes {shapes}")
 
 
-@covers("actor-scope-reused-palm")
-@pytest.mark.parametrize("name", list(TRAINERS))
+@covers("actor-scope-reused-palm", *ALL)
 def test_actor_scope_reused_palm(name):
     palm = tiny_palm(attn_dropout=0.1, ff_dropout=0.1)
     make(name, palm=palm)
@@ -226,7 +155,7 @@ def test_actor_scope_reused_palm(name):
     make("ppo", palm=palm)
 
 
-@covers("update-timesteps-default")
+@covers("update-timesteps-default", *ALL)
 @pytest.mark.parametrize("name,done", [("ppo", "rlhf training complete"), ("grpo", "grpo rlhf training complete"),
                                        ("tpo", "tpo training complete"), ("flowrl", "FlowRL training complete")])
 def test_update_timesteps_default(name, done, capsys):
@@ -238,6 +167,12 @@ def test_update_timesteps_default(name, done, capsys):
     trainer.train(num_episodes=1, max_timesteps=2, max_seq_len=6)
     out = capsys.readouterr().out
     assert calls == [] and done in out, update("update-timesteps-default", f"learn calls {calls}, stdout {out!r}")
+    # 5 rollouts, update_timesteps 2: two learn() calls of 2 rollouts each, the 5th never learned
+    rollouts = []
+    trainer = make(name)
+    trainer.learn = lambda got: rollouts.append(got.timestep_index if name == "tpo" else len(got) // (1 if name == "ppo" else 2))
+    trainer.train(num_episodes=1, max_timesteps=5, update_timesteps=2, max_seq_len=6)
+    assert rollouts == [2, 2], update("update-timesteps-default", f"{name} learn() got rollouts {rollouts}")
 
 
 TQDM_SCRIPT = """
@@ -255,8 +190,10 @@ trainer.train(num_episodes=1, max_timesteps=1, max_seq_len=7)
 """
 
 
-@covers("tqdm-disable")
+@covers("tqdm-disable", *ALL)
 def test_tqdm_disable(tmp_path):
+    for name in ALL:  # the bar is accelerate's in every trainer; the run below is PPO's
+        assert module_of(name).tqdm.__module__ == "accelerate.utils.tqdm", update("tqdm-disable", f"{name} tqdm")
     def bars(mode, env):
         env = {k: v for k, v in os.environ.items() if not k.startswith("TQDM_")} | env | {"CUDA_VISIBLE_DEVICES": ""}
         proc = subprocess.run([sys.executable, "-c", TQDM_SCRIPT, mode], cwd=tmp_path, env=env,
@@ -271,14 +208,7 @@ def test_tqdm_disable(tmp_path):
     assert episodes and generate, update("tqdm-disable", f"late: episodes bar {episodes}, generate bar {generate}")
 
 
-def capture_memories(trainer):
-    got = []
-    trainer.learn = lambda memories: got.extend(memories)
-    trainer.train(num_episodes=1, max_timesteps=1, update_timesteps=1, max_seq_len=7)
-    return got
-
-
-@covers("flowrl-probabilities")
+@covers("flowrl-probabilities", "flowrl")
 def test_flowrl_probabilities():
     values = torch.cat([m.action_log_prob.flatten() for m in capture_memories(make("flowrl"))])
     assert (values >= 0).all() and (values <= 1).all() and (values > 0).any(), \
@@ -288,8 +218,7 @@ def test_flowrl_probabilities():
         update("flowrl-probabilities", "learn() no longer gathers from softmax probabilities")
 
 
-@covers("generate-one-prompt")
-@pytest.mark.parametrize("name", list(TRAINERS))
+@covers("generate-one-prompt", *ALL)
 def test_generate_one_prompt(name):
     trainer = make(name)
     with trap_raises("generate-one-prompt", AssertionError, "only one prompt allowed at a time for now"):
@@ -300,7 +229,7 @@ def test_generate_one_prompt(name):
         update("generate-one-prompt", f"{name} returned {tuple(best.shape)} {best.dtype}")
 
 
-@covers("prints-to-stdout")
+@covers("prints-to-stdout", *ALL)
 @pytest.mark.parametrize("name,plain", [("ppo", True), ("grpo", False), ("tpo", False), ("flowrl", True)])
 def test_prints_to_stdout(name, plain, capsys):
     make(name).train(num_episodes=1, max_timesteps=1, update_timesteps=1, max_seq_len=6)
@@ -311,7 +240,7 @@ def test_prints_to_stdout(name, plain, capsys):
     assert last.startswith("print(") is plain, update("prints-to-stdout", f"{name} ends with {last}")
 
 
-@covers("critic-parameters-flag")
+@covers("critic-parameters-flag", "ppo")
 def test_critic_parameters_flag():
     ac = ActorCritic(tiny_palm(), actor_lora=False, critic_lora=True)
     expected = len(list(ac.critic.parameters())) + len(list(ac.value_head.parameters()))
@@ -323,7 +252,7 @@ def test_critic_parameters_flag():
         make("ppo", critic_lora=False)
 
 
-@covers("flowrl-save-omits-partition")
+@covers("flowrl-save-omits-partition", "flowrl")
 def test_flowrl_save_omits_partition(tmp_path):
     trainer = make("flowrl")
     trainer.save(str(tmp_path / "ckpt.pt"))
@@ -332,17 +261,25 @@ def test_flowrl_save_omits_partition(tmp_path):
     assert len(list(trainer.partition_function.parameters())) > 0
 
 
-@covers("group-size-per-rollout")
-def test_group_size_per_rollout():
+@covers("group-size-per-rollout", "grpo", "tpo", "flowrl")
+def test_group_size_per_rollout(monkeypatch):
     got = {name: len(capture_memories(make(name, **{kw: 2})))
            for name, kw in [("grpo", "grpo_num_times_sample_rewards"), ("flowrl", "flowrl_num_times_sample")]}
     assert got == {"grpo": 3, "flowrl": 3}, update("group-size-per-rollout", f"items per rollout {got}")
     defaults = (inspect.signature(grpo.RLHFTrainer).parameters["grpo_num_times_sample_rewards"].default,
                 inspect.signature(flowrl.FlowRLTrainer).parameters["flowrl_num_times_sample"].default)
     assert defaults == (10, 8), update("group-size-per-rollout", f"defaults {defaults}")
+    stored = []  # TPO: one replay-buffer timestep per rollout, holding the whole group
+    store = module_of("tpo").ReplayBuffer.store
+    monkeypatch.setattr(module_of("tpo").ReplayBuffer, "store",
+                        lambda self, **data: (stored.append(tuple(data["sequence"].shape)), store(self, **data))[1])
+    trainer = make("tpo", num_times_sample_rewards=2)
+    trainer.learn = lambda buffer: None
+    trainer.train(num_episodes=1, max_timesteps=2, update_timesteps=2, max_seq_len=7)
+    assert stored == [(3, 4 + 7)] * 2, update("group-size-per-rollout", f"TPO stored {stored}")
 
 
-@covers("grpo-incompatible-after-lora")
+@covers("grpo-incompatible-after-lora", "grpo")
 def test_grpo_incompatible_after_lora():
     palm = tiny_palm()
     with trap_raises("grpo-incompatible-after-lora", AssertionError, "cannot use both Dr. GRPO and MaxRL"):
@@ -350,7 +287,7 @@ def test_grpo_incompatible_after_lora():
     assert "actor" in palm.finetune_modules, update("grpo-incompatible-after-lora", "no scope left behind")
 
 
-@covers("implicit-prm-negative-ids")
+@covers("implicit-prm-negative-ids", "ImplicitPRM")
 def test_implicit_prm_negative_ids():
     from palm_rlhf_pytorch import ImplicitPRM
     prm = ImplicitPRM(tiny_palm())
@@ -362,15 +299,82 @@ def test_implicit_prm_negative_ids():
 
 # --- the doc and the canaries cover each other -----------------------------------------------------
 
-def doc_anchors() -> list[str]:
-    return re.findall(r'<a id="([^"]+)"></a>', (REPO / DOC).read_text(encoding="utf-8"))
+import test_silent_failures  # noqa: E402,F401  (registers the silent-failure canaries in COVERED)
+
+INDEXES = {"symptom-index", "silent-failures"}  # navigation sections: no canary of their own
+
+
+def doc_sections() -> dict[str, str]:
+    """``{anchor: section text}`` of troubleshooting.md, each up to the next anchor."""
+    text = (REPO / DOC).read_text(encoding="utf-8")
+    parts = re.split(r'<a id="([^"]+)"></a>\n', text)[1:]
+    anchors = parts[0::2]
+    assert len(anchors) == len(set(anchors)), "duplicate anchors"
+    return dict(zip(anchors, parts[1::2]))
+
+
+def applies_to(section: str) -> tuple[set[str], set[str]]:
+    """The section's ``Applies to:`` line as (affected, checked unaffected); trainers by key."""
+    line = re.search(r"^Applies to: (.+)$", section, re.M)
+    assert line, "no 'Applies to:' line"
+    affected, _, unaffected = line.group(1).rstrip(".").partition("; not ")
+    names = lambda part: {DOC_NAMES.get(n, n) for n in re.split(r",\s*", part) if n}
+    return names(affected), names(unaffected)
 
 
 def test_every_trap_has_a_canary_and_back():
-    anchors = doc_anchors()
-    assert len(anchors) == len(set(anchors))
-    assert set(anchors) == set(COVERED), (f"sections without canary: {set(anchors) - set(COVERED)}; "
-                                          f"canaries without section: {set(COVERED) - set(anchors)}")
+    anchors = set(doc_sections()) - INDEXES
+    assert anchors == set(COVERED), (f"sections without canary: {anchors - set(COVERED)}; "
+                                     f"canaries without section: {set(COVERED) - anchors}")
+
+
+def test_sections_apply_to_what_their_canaries_cover():
+    """Each section's 'Applies to' names exactly what its canary runs (canary.canary_env checks
+    that a canary really builds or reads each trainer it declares)."""
+    for anchor, section in doc_sections().items():
+        if anchor in INDEXES:
+            continue
+        affected, unaffected = applies_to(section)
+        assert affected and not affected & unaffected, anchor
+        assert affected | unaffected == COVERED[anchor].subjects, (
+            f"{DOC}#{anchor} applies to {sorted(affected | unaffected)}, its canary "
+            f"{COVERED[anchor].test} covers {sorted(COVERED[anchor].subjects)}")
+
+
+def test_silent_failure_table_rows():
+    """Each row links one section; its Trainers are among those the section says it affects; the
+    table covers all four trainers."""
+    sections = doc_sections()
+    rows = [line for line in sections["silent-failures"].splitlines() if line.startswith("| [")]
+    assert len(rows) >= 20
+    seen = set()
+    for row in rows:
+        condition, trainers = [c.strip() for c in row.strip("|").split(" | ")[:2]]
+        (anchor,) = re.findall(r"\]\(#([\w-]+)\)", condition)
+        named = {DOC_NAMES[n] for n in trainers.split(", ")}
+        assert named <= applies_to(sections[anchor])[0], f"row {condition}: {sorted(named)}"
+        seen |= named
+    assert seen == set(TRAINERS)
+
+
+def test_symptom_index_links_resolve():
+    sections = doc_sections()
+    targets = re.findall(r"\]\(#([\w-]+)\)", sections["symptom-index"])
+    assert targets and set(targets) <= set(sections), set(targets) - set(sections)
+
+
+def test_cited_source_lines_exist():
+    """Every ``package/file.py:N`` cited in troubleshooting.md names an installed file that long."""
+    import importlib.util
+    from pathlib import Path
+    text = (REPO / DOC).read_text(encoding="utf-8")
+    cites = re.findall(r"`(\w+)/([\w/]+\.py):([\d,-]+)`", text)
+    assert len(cites) >= 40
+    for package, path, lines in cites:
+        root = Path(importlib.util.find_spec(package).origin).parent
+        n = len((root / path).read_text(encoding="utf-8").splitlines())
+        last = max(int(x) for x in re.split(r"[,-]", lines))
+        assert last <= n, f"{package}/{path}:{lines} beyond its {n} lines"
 
 
 def test_skill_gotchas_link_a_canary_section():
@@ -383,3 +387,38 @@ def test_skill_gotchas_link_a_canary_section():
     for bullet in bullets:
         links = re.findall(r"references/troubleshooting\.md#([\w-]+)", bullet)
         assert links and all(a in COVERED for a in links), f"gotcha without a canary section: {bullet!r}"
+
+
+def test_canary_naming_a_trainer_it_never_builds_fails():
+    """The guard behind test_sections_apply_to_what_their_canaries_cover (canary_env runs it after
+    every test): a canary declaring PPO and GRPO that built only PPO misses GRPO."""
+    from canary import TOUCHED, unexercised
+
+    def demo(name):
+        """stands in for a canary registered with covers('demo', 'ppo', 'grpo')"""
+    demo.anchor, demo.subjects = "demo", frozenset({"ppo", "grpo"})
+    TOUCHED.clear()
+    touch("ppo")
+    assert unexercised(demo, {"name": "grpo"}) == {"grpo"} and unexercised(demo, {"name": "ppo"}) == set()
+    assert unexercised(demo, {}) == {"grpo"}
+    assert unexercised(test_canary_naming_a_trainer_it_never_builds_fails, {}) == set()  # not a canary
+
+
+def test_prompts_path_canary_guards_every_reader(tmp_path):
+    """Issue 15 item 8: GRPO's, TPO's or FlowRL's reader changed to splitlines() fails the canary,
+    naming the section (before, only PPO's reader was guarded)."""
+    from test_check_skill import library_copy
+    lib = library_copy(tmp_path, ("grpo.py", "path.read_text().split('\\n')", "path.read_text().splitlines()"))
+    for module, old in (("tpo.py", "Path(prompts_path).read_text().split('\\n')"),
+                        ("flowrl.py", "path.read_text().split('\\n')")):
+        target = lib / "palm_rlhf_pytorch" / module
+        assert target.read_text().count(old) == 1
+        target.write_text(target.read_text().replace(old, old.replace(".split('\\n')", ".splitlines()")))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "tests/test_canaries.py::test_prompts_path_trailing_newline"], cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(lib), "CUDA_VISIBLE_DEVICES": ""},
+                          capture_output=True, text=True, timeout=600)
+    assert "3 failed, 1 passed" in proc.stdout, proc.stdout[-3000:]
+    for name in ("grpo", "tpo", "flowrl"):
+        assert f"{name} tokenizer got ['ab', 'cd']" in proc.stdout
+    assert "troubleshooting.md#prompts-path-trailing-newline" in proc.stdout

@@ -120,7 +120,7 @@ def test_generate_and_forward_signatures_as_documented():
     assert defaults == {"prompt": "None", "temperature": "1.0", "filter_logits_fn": "top_k", "filter_thres": "0.9",
                         "pad_value": "0.0", "eos_token": "None", "return_seq_without_prompt": "True",
                         "use_tqdm": "False"}
-    assert "filter_thres=0.9" in doc and "temperature=1.," in doc and "pad_value=0.," in doc
+    assert "filter_thres=0.9" in doc and "temperature=1.0" in doc and "pad_value=0.0" in doc  # generated block
     assert names[1:] == ["seq_len", "prompt", "temperature", "filter_logits_fn",
                                                "filter_thres", "pad_value", "eos_token",
                                                "return_seq_without_prompt", "use_tqdm", "kwargs"]

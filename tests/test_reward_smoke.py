@@ -111,13 +111,14 @@ def test_responses_file_is_pairs_of_thanking_and_plain_replies(reward_smoke):
 # facts stated in sub-skills/reward-modeling/*.md (their code blocks run in test_doc_code_blocks.py)
 
 def test_reward_model_signature_as_documented():
+    """reward-api.md owns RewardModel's generated signature block; palm-rlhf-skill check compares
+    it with the installed library."""
     from palm_rlhf_pytorch import RewardModel
-    doc = (SUBSKILL / "references" / "reward-api.md").read_text(encoding="utf-8")
-    init = inspect.signature(RewardModel.__init__)
-    documented = re.search(r"`RewardModel\((.*?)\)`", doc, re.S).group(1)
-    assert documented.replace("\n", " ") == ", ".join(
-        str(p).replace(": palm_rlhf_pytorch.palm.PaLM", "").replace("=0.0", "=0.").replace("=1.0", "=1.")
-        .replace(" = ", "=") for n, p in init.parameters.items() if n != "self")
+    check = load_script(REPO / "scripts" / "check_skill.py", "check_skill")
+    path = SUBSKILL / "references" / "reward-api.md"
+    doc = path.read_text(encoding="utf-8")
+    assert [m["symbol"] for m in check.generated_blocks(doc)] == ["palm_rlhf_pytorch.RewardModel"]
+    assert check.compare_docs(check.rt.load_api_record(), [path]) == []
     assert list(inspect.signature(RewardModel.forward).parameters)[1:] == [
         "x", "mask", "prompt_mask", "prompt_lengths", "labels", "disable_lora"]
 

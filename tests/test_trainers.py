@@ -238,7 +238,8 @@ class PerTokenReward:
 def test_reward_shapes_each_trainer_accepts(smoke, name, shape, tmp_path, monkeypatch):
     """Scalar per sequence, shape (b,), is what all four use (the smokes above). A binned
     RewardModel samples a bin index per sequence by default, (b,) int64: all four run. Raw bin
-    logits (b, num_bins) and per-token rewards (b, n): all four fail, TPO with its own assertion."""
+    logits (b, num_bins) and per-token rewards (b, n): all four fail at these minibatch sizes, TPO
+    with its own assertion (FlowRL's silent sizes: test_silent_failures)."""
     import importlib
     from palm_rlhf_pytorch import PaLM, RewardModel
 
@@ -541,7 +542,8 @@ def test_selection_reward_shape_rows_match_the_shape_test():
     assert "scalar per sequence `(b,)`" in ok["ppo"] and "bin index `(b,)` int64" in ok["ppo"]
     assert "`(b, num_bins)`" in fail["ppo"] and "per-token `(b, n)`" in fail["ppo"] and "`RuntimeError`" in fail["ppo"]
     assert [ok[n] for n in COLUMNS[1:]] == ["same"] * 3
-    assert fail["grpo"] == "same" and fail["flowrl"] == "same as PPO"
+    assert fail["grpo"] == "same" and fail["flowrl"].startswith("same as PPO, except bin logits with a minibatch of 1")
+    assert "troubleshooting.md#flowrl-binned-reward-broadcast" in fail["flowrl"]  # its canary: test_silent_failures
     assert '`AssertionError` "rewards must be sequence level for TPO"' in fail["tpo"]
 
 
