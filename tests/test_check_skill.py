@@ -88,6 +88,9 @@ def test_edited_default_in_library_copy_exits_1(tmp_path, empty_dir):
     line = ("scripts/api_record.json: palm_rlhf_pytorch.RLHFTrainer.__init__(eps_clip): "
             "documented default 0.2, installed default 0.3")
     assert line in [check.drift_line(d) for d in report["drift"]], report["drift"]  # the text-mode line
+    # the copy shadows the installed library: check runs with it (it allows untested libraries) and says so
+    assert any(w.startswith(f"{lib / 'palm_rlhf_pytorch'} shadows the installed palm_rlhf_pytorch")
+               for w in report["warnings"]), report["warnings"]
     assert list(empty_dir.iterdir()) == []
 
 
