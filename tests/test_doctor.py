@@ -168,8 +168,8 @@ def test_missing_dependency_exits_3(capsys, monkeypatch, tmp_path):
     code, report = diagnose_in_process(capsys, monkeypatch, tmp_path)
     assert code == 3 and report["status"] == "missing"
     deps = checks_by_name(report)["dependencies"]
-    assert deps["status"] == "missing" and deps["detail"] == "not installed: einx>=0.4.0"
-    assert deps["fix"] == "pip install 'einx>=0.4.0'"
+    assert deps["status"] == "missing" and deps["detail"] == "not installed: einx>=0.4.1"  # our verified floor
+    assert deps["fix"] == "pip install 'einx>=0.4.1'"
     assert report["packages"]["einx"]["installed"] is None
 
 
@@ -192,7 +192,7 @@ def test_dependency_outside_its_range_exits_1(capsys, monkeypatch, tmp_path):
     code, report = diagnose_in_process(capsys, monkeypatch, tmp_path)
     assert code == 1 and report["status"] == "must-change"
     deps = checks_by_name(report)["dependencies"]
-    assert deps["status"] == "fail" and deps["detail"] == "einx: 0.3.0 is outside >=0.4.0"
+    assert deps["status"] == "fail" and deps["detail"] == "einx: 0.3.0 is outside >=0.4.1"
 
 
 def test_low_memory_and_disk_exit_1(capsys, monkeypatch, tmp_path):

@@ -135,6 +135,17 @@ def declared_requirements() -> dict[str, dict[str, Any]]:
     return merged
 
 
+def readable(spec) -> str:
+    """A merged specifier as a person reads it: of several ``>=`` bounds (the library's and this
+    package's raised floor) only the highest, e.g. ``>=0.4.0,>=0.4.1`` -> ``>=0.4.1``."""
+    from packaging.version import Version
+    lower = [s for s in spec if s.operator == ">="]
+    keep = [s for s in spec if s.operator != ">="]
+    if lower:
+        keep.append(max(lower, key=lambda s: Version(s.version)))
+    return ",".join(sorted(str(s) for s in keep))
+
+
 def dependencies_check(record: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
     """Each declared requirement installed, in its declared range (missing: 3; out of range: 1).
 
@@ -149,19 +160,19 @@ def dependencies_check(record: dict[str, Any]) -> tuple[dict[str, Any], dict[str
         if name == library:
             continue
         spec, installed = entry["specifier"], rt.installed_version(name)
-        packages[name] = {"installed": installed, "required": str(spec) or "any",
+        wanted = readable(spec)
+        packages[name] = {"installed": installed, "required": wanted or "any",
                           "required_by": entry["required_by"], "tested": tested.get(name)}
         if installed is None:
-            missing.append(f"{name}{spec}")
+            missing.append(f"{name}{wanted}")
         elif installed not in SpecifierSet(str(spec), prereleases=True):
-            outside.append(f"{name}{spec}")
-            packages[name]["problem"] = f"{installed} is outside {spec}"
+            outside.append(f"{name}{wanted}")
+            packages[name]["problem"] = f"{installed} is outside {wanted}"
     if not packages:
         return packages, _check("dependencies", "missing", f"{record['library']} is not installed, "
                                 "so its requirements are unknown", "see the library check")
-    wanted = missing + outside
-    fix = "pip install " + " ".join(f"'{w}'" for w in wanted)
-    if any(w.startswith("torch") and not w.startswith("torch-") for w in wanted):
+    fix = "pip install " + " ".join(f"'{w}'" for w in missing + outside)
+    if any(w.startswith("torch") and not w.startswith("torch-") for w in missing + outside):
         torch_pin = record.get("tested_with", {}).get("torch")
         fix = (f"install torch first (pip install torch=={torch_pin} for the CPU build, or a CUDA "
                "build from https://pytorch.org), then " + fix)
@@ -323,9 +334,9 @@ def tqdm_check(shadowed: set[str]) -> tuple[dict[str, Any], dict[str, str]]:
         return info, _check("tqdm", "ok", "TQDM_DISABLE is not set: the trainers draw their progress "
                             "bars on stderr (the smoke helpers capture them)")
     generate = "hides" if info["generate_bars_off"] else "does not hide"
-    episodes = ("the `episodes` bar still prints" if info["episodes_bar_off"] is False
-                else "the `episodes` bar is hidden too" if info["episodes_bar_off"] else "")
-    detail = f"TQDM_DISABLE={value!r} {generate} the generate bars" + (f", but {episodes}" if episodes else "")
+    episodes = {False: ", but the `episodes` bar still prints", True: " and the `episodes` bar",
+                None: ""}[info["episodes_bar_off"]]
+    detail = f"TQDM_DISABLE={value!r} {generate} the generate bars{episodes}"
     fix = f"redirect stderr to silence every bar (see {TQDM_DOC})"
     if info["generate_bars_off"] and value.strip().lower() in ("0", "false", "no", "off"):
         return info, _check("tqdm", "warn", detail + ": tqdm reads any non-empty value as true",
