@@ -13,6 +13,9 @@ Four checks, each drift printed as one line ``file: symbol: documented X, instal
    ``disable-model-invocation``.
 4. Paths: every relative markdown link (and its ``#anchor``) and every file path named in inline
    code or a shell block exists.
+5. Context budget: the size of what an agent loads, in characters and approximate tokens, within
+   the one table ``BUDGET`` (root description, each SKILL.md body, each reference), with Claude
+   Code's own projection (``claude plugin details``) when a ``claude`` executable is on PATH.
 
 It also reports the installed and tested versions and warns when the installed library is outside
 the tested range.
@@ -31,7 +34,10 @@ import importlib
 import importlib.util
 import inspect
 import json
+import os
 import re
+import shutil
+import subprocess
 import sys
 import tempfile
 import textwrap
@@ -45,11 +51,12 @@ ROOT = rt.SKILL_ROOT
 RECORD_FILE = "scripts/api_record.json"
 ROOT_SKILL_NAME = "palm-rlhf-pytorch"  # the root folder may be named otherwise (repo, wheel: skill/)
 # Claude Code's extension key: sub-skills are loaded by the router, never auto-invoked by the
-# model; the Agent Skills spec (and so skills-ref) does not know it, so it is allowed by name.
+# model; the Agent Skills spec (and so skills-ref) does not know it, so it is allowed by name
+# (why, for readers: references/installation.md#checking-the-skill-files).
 ALLOWED_EXTENSION_KEYS = {"disable-model-invocation"}
 SKILL_PARTS = ("SKILL.md", "references", "scripts", "sub-skills")  # what the wheel ships
 # Files of the source project that the markdown may name but the wheel's skill tree does not ship.
-PROJECT_FILES = {"pyproject.toml", "README.md"}
+PROJECT_FILES = {"pyproject.toml", "README.md", "tools/verify_floors.py"}
 PATH_EXTENSIONS = ("md", "py", "json", "txt", "toml", "yaml", "yml", "sh", "cfg")
 BEGIN = re.compile(r"<!-- BEGIN GENERATED api: (?P<symbol>[\w.]+) -->\n(?P<body>.*?)<!-- END GENERATED -->",
                    re.DOTALL)
@@ -418,6 +425,110 @@ def validate_skills(files: list[Path]) -> list[dict[str, str]]:
     return drift
 
 
+# --- context budget ------------------------------------------------------------------------------
+
+# Agents preload every skill's name and description; a SKILL.md body loads when the skill is
+# used, a reference when the body's load condition sends the agent there. Tokens are estimated as
+# characters / CHARS_PER_TOKEN (Claude Code's `plugin details` projects ~116 tokens for the root's
+# 445 characters of name and description: 3.8 characters a token). The budget, in one table:
+CHARS_PER_TOKEN = 4
+BUDGET = {
+    "root description chars": 1024,  # Agent Skills spec: a description is at most 1,024 characters
+    "body lines": 499,               # Agent Skills guidance: a SKILL.md body under 500 lines
+    "body tokens": 5000,             # ... and about 5,000 tokens
+    # Each reference: its size on 2026-11-30 (the largest of this branch and the routing rework
+    # that moved the PaLM, RewardModel and ImplicitPRM blocks to their owners), plus 15%, rounded
+    # up to 250 tokens. A reference not listed gets "*".
+    "reference tokens": {
+        "references/glossary.md": 1000,
+        "references/installation.md": 2250,
+        "sub-skills/palm-modeling/references/lora-scopes.md": 1000,
+        "sub-skills/palm-modeling/references/palm-api.md": 3500,
+        "sub-skills/policy-optimization/references/api-reference.md": 6750,
+        "sub-skills/policy-optimization/references/distributed.md": 2750,
+        "sub-skills/policy-optimization/references/trainer-selection.md": 2750,
+        "sub-skills/policy-optimization/references/troubleshooting.md": 10500,
+        "sub-skills/policy-optimization/references/workflows.md": 6000,
+        "sub-skills/reward-modeling/references/implicit-prm.md": 1500,
+        "sub-skills/reward-modeling/references/reward-api.md": 2250,
+        "*": 2000,
+    },
+}
+CLAUDE_DETAILS_TIMEOUT_S = 60
+
+
+def tokens(chars: int) -> int:
+    """Approximate tokens for ``chars`` characters (``CHARS_PER_TOKEN`` a token, rounded up)."""
+    return -(-chars // CHARS_PER_TOKEN)
+
+
+def frontmatter_and_body(path: Path) -> tuple[dict[str, Any], str]:
+    """A SKILL.md's frontmatter (skills-ref's parser) and its body."""
+    from skills_ref.parser import parse_frontmatter
+    return parse_frontmatter(path.read_text(encoding="utf-8"))
+
+
+def context_budget(files: list[Path]) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """Size of each part an agent loads, against ``BUDGET``: the root's name and description
+    (always loaded), each SKILL.md body, each reference. Returns (rows, drift): rows are
+    ``{file, part, lines, chars, tokens, limit, within}``; drift names every part over its limit."""
+    rows = []
+    for md in files:
+        name = rel(md)
+        if md.name == "SKILL.md":
+            meta, body = frontmatter_and_body(md)
+            if md.parent.resolve() == ROOT.resolve():
+                chars = len(meta.get("name", "")) + len(meta.get("description", ""))
+                limit = BUDGET["root description chars"]
+                rows.append({"file": name, "part": "name and description (always loaded)", "lines": None,
+                             "chars": chars, "tokens": tokens(chars), "limit": f"description <= {limit} chars",
+                             "within": len(meta.get("description", "")) <= limit})
+            lines = len(body.splitlines())
+            rows.append({"file": name, "part": "body", "lines": lines, "chars": len(body),
+                         "tokens": tokens(len(body)),
+                         "limit": f"< {BUDGET['body lines'] + 1} lines, <= {BUDGET['body tokens']} tokens",
+                         "within": lines <= BUDGET["body lines"] and tokens(len(body)) <= BUDGET["body tokens"]})
+        elif "references" in md.relative_to(ROOT).parts:
+            text = md.read_text(encoding="utf-8")
+            limit = BUDGET["reference tokens"].get(name, BUDGET["reference tokens"]["*"])
+            rows.append({"file": name, "part": "reference", "lines": len(text.splitlines()), "chars": len(text),
+                         "tokens": tokens(len(text)), "limit": f"<= {limit} tokens",
+                         "within": tokens(len(text)) <= limit})
+    drift = [{"file": r["file"], "symbol": f"context budget ({r['part']})", "documented": r["limit"],
+              "installed": f"{r['lines']} lines, " * (r["lines"] is not None) + f"{r['chars']} chars, ~{r['tokens']} tokens"}
+             for r in rows if not r["within"]]
+    return rows, drift
+
+
+def claude_details(root: Path = ROOT) -> dict[str, Any]:
+    """Claude Code's own projection of the plugin's token cost: ``claude --plugin-dir ROOT plugin
+    details NAME`` when a ``claude`` executable is on PATH and ROOT holds the plugin manifest
+    (``.claude-plugin/plugin.json``, in a source checkout; installed copies have none). It reads
+    only local files; a throwaway HOME keeps it from writing the user's settings and telemetry.
+    Returns ``{"always_on_tokens", "on_invoke_tokens"}`` (per session; per use of the skill), or
+    ``{"unavailable": why}``. Never raises."""
+    manifest = root / ".claude-plugin" / "plugin.json"
+    claude = shutil.which("claude")
+    if claude is None or not manifest.is_file():
+        return {"unavailable": "no `claude` on PATH" if claude is None else
+                f"no plugin manifest in {root} (a source checkout has .claude-plugin/plugin.json)"}
+    name = json.loads(manifest.read_text(encoding="utf-8"))["name"]
+    with tempfile.TemporaryDirectory(prefix="palm-rlhf-skill-claude-") as home:
+        env = {**os.environ, "HOME": home, "DISABLE_TELEMETRY": "1",
+               "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1"}
+        try:
+            proc = subprocess.run([claude, "--plugin-dir", str(root), "plugin", "details", name],
+                                  capture_output=True, text=True, timeout=CLAUDE_DETAILS_TIMEOUT_S, env=env)
+        except (OSError, subprocess.TimeoutExpired) as err:
+            return {"unavailable": f"claude plugin details failed: {rt.one_line(err)}"}
+    always = re.search(r"Always-on:\s+~(\d+) tok", proc.stdout)
+    row = re.search(rf"^\s+{re.escape(name)}\s+~(\d+)\s+~(\d+)\s*$", proc.stdout, re.MULTILINE)
+    if proc.returncode != 0 or not always or not row:
+        return {"unavailable": f"claude plugin details exit {proc.returncode}: "
+                               + (proc.stderr.strip().splitlines() or ["unexpected output"])[-1]}
+    return {"always_on_tokens": int(always.group(1)), "on_invoke_tokens": int(row.group(2))}
+
+
 # --- command line --------------------------------------------------------------------------------
 
 def run_checks(allow_untested: bool = True) -> dict[str, Any]:
@@ -429,7 +540,8 @@ def run_checks(allow_untested: bool = True) -> dict[str, Any]:
     doc_drift = compare_docs(record, files)
     skill_drift = validate_skills(skill_files())
     path_drift, paths_checked = check_paths(files)
-    drift = api_drift + doc_drift + skill_drift + path_drift
+    budget, budget_drift = context_budget(files)
+    drift = api_drift + doc_drift + skill_drift + path_drift + budget_drift
     methods = sum(len(e["methods"]) for e in record["api"].values())
     return {
         "status": "ok" if not drift else "drift",
@@ -440,6 +552,7 @@ def run_checks(allow_untested: bool = True) -> dict[str, Any]:
                    "generated_blocks": sum(len(list(generated_blocks(f.read_text(encoding="utf-8")))) for f in files),
                    "skill_files": len(skill_files()), "markdown_files": len(files),
                    "links_and_paths": paths_checked},
+        "budget": {"chars_per_token": CHARS_PER_TOKEN, "parts": budget, "claude_details": claude_details()},
         "drift": drift,
     }
 
@@ -450,16 +563,30 @@ def drift_line(d: dict[str, str]) -> str:
 
 
 def summary(report: dict[str, Any]) -> str:
-    """Human summary for stderr: versions, warnings, counts, verdict."""
+    """Human summary for stderr: versions, warnings, the context budget, then counts and verdict."""
     v, t, c = report["versions"], report["tested"], report["counts"]
     lines = [f"palm-rlhf-pytorch installed {v['palm-rlhf-pytorch']}, tested {t['palm-rlhf-pytorch']} "
              f"(supported {t['supported']}); torch {v['torch']}"]
     lines += [f"warning: {w}" for w in report["warnings"]]
+    lines += budget_lines(report["budget"])
     lines.append(f"checked {c['symbols']} symbols / {c['methods']} methods, {c['generated_blocks']} generated "
                  f"blocks, {c['skill_files']} SKILL.md, {c['links_and_paths']} links and paths in "
-                 f"{c['markdown_files']} markdown files: "
+                 f"{c['markdown_files']} markdown files, the context budget: "
                  + ("ok" if report["status"] == "ok" else f"{len(report['drift'])} drift(s)"))
     return "\n".join(lines)
+
+
+def budget_lines(budget: dict[str, Any]) -> list[str]:
+    """The context budget as a table: one row per part, then Claude Code's projection."""
+    lines = [f"context budget (~tokens = chars / {budget['chars_per_token']}):"]
+    for r in budget["parts"]:
+        size = (f"{r['lines']} lines, " if r["lines"] is not None else "") + f"{r['chars']} chars, ~{r['tokens']} tok"
+        lines.append(f"  {'ok  ' if r['within'] else 'OVER'} {r['file']} {r['part']}: {size} ({r['limit']})")
+    details = budget["claude_details"]
+    lines.append("  claude plugin details: " + (
+        f"~{details['always_on_tokens']} tok always on, ~{details['on_invoke_tokens']} tok when the skill is used"
+        if "always_on_tokens" in details else f"not read ({details['unavailable']})"))
+    return lines
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,6 +9,7 @@ module level: ``--help`` and usage errors must answer without it.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import io
 import json
@@ -30,11 +31,14 @@ API_RECORD_PATH = SKILL_ROOT / "scripts" / "api_record.json"
 EXIT_OK = 0          # every check passed
 EXIT_CHECK_FAILED = 1  # the helper ran and at least one check failed
 EXIT_USAGE = 2       # bad arguments or an unfit environment (e.g. --device cuda without CUDA)
-EXIT_DEPENDENCY = 3  # palm-rlhf-pytorch or torch missing, or outside the tested range
+EXIT_DEPENDENCY = 3  # palm-rlhf-pytorch or torch missing, shadowed, or outside the tested range
+EXIT_INTERRUPTED = 130  # 128 + SIGINT (Ctrl-C)
+EXIT_PIPE_CLOSED = 141  # 128 + SIGPIPE: the reader of stdout went away (`| head -1`)
+EXIT_TERMINATED = 143   # 128 + SIGTERM
 
 EXIT_CODES_EPILOG = (
     "exit codes: 0 ok; 1 a check failed; 2 usage or environment error; "
-    "3 palm-rlhf-pytorch or torch missing or outside the tested range"
+    "3 palm-rlhf-pytorch or torch missing, shadowed or outside the tested range"
 )
 
 
@@ -118,7 +122,8 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
                              "nothing from more, and on a busy CPU they multiply the run time)")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     parser.add_argument("--allow-untested", action="store_true",
-                        help="warn instead of exiting 3 when palm-rlhf-pytorch is outside the tested range")
+                        help="warn instead of exiting 3 when palm-rlhf-pytorch or torch is outside the "
+                             "tested range, or a file on the import path shadows one of their modules")
 
 
 def load_by_path(name: str, path: Path):
@@ -148,17 +153,74 @@ def installed_version(distribution: str) -> str | None:
         return None
 
 
+def shadowed_modules() -> list[dict[str, str]]:
+    """Modules of palm-rlhf-pytorch, its declared requirements and ``packaging`` that Python would
+    import from somewhere other than their installed distribution.
+
+    A ``torch.py`` or a ``palm_rlhf_pytorch/`` package earlier on ``sys.path`` (the current
+    directory under ``PYTHONPATH=.``, ``python -c`` or ``python -m``; a script's own folder) wins
+    over the installed one, and its code would run on import. ``importlib.util.find_spec`` locates
+    a top-level module without running it. Editable installs, distributions that are not
+    installed, and ones whose import name is not their normalized name are skipped.
+    Returns ``[{"module", "found", "installed"}]`` (file paths), empty when nothing is shadowed.
+    """
+    import importlib.util
+
+    record = load_api_record()
+    try:
+        requires = metadata.requires(record["library"]) or []
+    except metadata.PackageNotFoundError:
+        requires = []
+    names = [record["library"], "packaging",
+             *(re.match(r"[A-Za-z0-9._-]+", line).group(0) for line in requires if "extra ==" not in line)]
+    found = []
+    for dist_name in dict.fromkeys(names):
+        try:
+            dist = metadata.distribution(dist_name)
+        except metadata.PackageNotFoundError:
+            continue
+        if '"editable": true' in (dist.read_text("direct_url.json") or "").replace("'", '"'):
+            continue
+        module = re.sub(r"[-_.]+", "_", dist_name).lower()
+        base = Path(dist.locate_file("")).resolve()
+        installed = next((p for p in (base / module, base / f"{module}.py") if p.exists()), None)
+        if installed is None:
+            continue
+        try:
+            spec = importlib.util.find_spec(module)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None or not spec.origin or spec.origin in ("built-in", "frozen"):
+            continue
+        origin = Path(spec.origin).resolve()
+        if origin != installed and installed not in origin.parents:
+            found.append({"module": module, "found": str(origin if origin.name != "__init__.py" else origin.parent),
+                          "installed": str(installed)})
+    return found
+
+
 def check_versions(allow_untested: bool = False) -> dict[str, Any]:
-    """Check torch and palm-rlhf-pytorch against the tested range in ``scripts/api_record.json``.
+    """Check torch and palm-rlhf-pytorch against the tested ranges in ``scripts/api_record.json``
+    (``supported`` and ``torch_supported``), after making sure no file shadows them.
 
     Returns ``{"versions": {...}, "tested": {...}, "warnings": [...]}``.
-    Raises SkillError(exit 3) when torch or palm-rlhf-pytorch is missing, or when the library is
-    outside the supported range and ``allow_untested`` is False (with it, a warning instead).
+    Raises SkillError(exit 3) when torch or palm-rlhf-pytorch is missing, and, unless
+    ``allow_untested`` (then a warning instead), when a module of the library or its requirements
+    would be imported from outside its installed distribution (see ``shadowed_modules``: a
+    modified library copy on PYTHONPATH is untested too) or either is outside its tested range.
     """
+    warnings = []
+    for s in shadowed_modules():  # before anything imports them: a shadow's code never runs
+        message = f"{s['found']} shadows the installed {s['module']} ({s['installed']})"
+        if not allow_untested:
+            raise SkillError(f"{message}: rename or move it, or run from another directory / drop it "
+                             "from PYTHONPATH (--allow-untested runs with it)", EXIT_DEPENDENCY)
+        warnings.append(message)
     from packaging.specifiers import SpecifierSet
 
     record = load_api_record()
     lib, supported = record["library"], record["supported"]
+    torch_supported, torch_tested = record["torch_supported"], record["tested_with"]["torch"]
     versions = {
         "palm-rlhf-pytorch": installed_version(lib),
         "torch": installed_version("torch"),
@@ -167,21 +229,21 @@ def check_versions(allow_untested: bool = False) -> dict[str, Any]:
     }
     if versions["torch"] is None:
         raise SkillError(
-            "torch is not installed: pip install torch==2.13.0 (CPU) or a CUDA build from "
-            "https://pytorch.org, then pip install 'palm-rlhf-pytorch" + supported + "'",
-            EXIT_DEPENDENCY)
+            f"torch is not installed: pip install torch=={torch_tested} (CPU) or a CUDA build from "
+            f"https://pytorch.org, then pip install '{lib}{supported}'", EXIT_DEPENDENCY)
     if versions["palm-rlhf-pytorch"] is None:
         raise SkillError(f"palm-rlhf-pytorch is not installed: pip install '{lib}{supported}'",
                          EXIT_DEPENDENCY)
-    warnings = []
-    if versions["palm-rlhf-pytorch"] not in SpecifierSet(supported, prereleases=True):
-        message = (f"palm-rlhf-pytorch {versions['palm-rlhf-pytorch']} is outside the tested range "
-                   f"{supported} (tested: {record['tested_version']})")
-        if not allow_untested:
-            raise SkillError(f"{message}: pip install '{lib}{supported}', or pass --allow-untested",
-                             EXIT_DEPENDENCY)
-        warnings.append(message)
-    tested = {"palm-rlhf-pytorch": record["tested_version"], "supported": supported}
+    for name, spec, tested, fix in ((lib, supported, record["tested_version"], f"pip install '{lib}{supported}'"),
+                                    ("torch", torch_supported, torch_tested,
+                                     f"pip install torch=={torch_tested} (or that CUDA build)")):
+        if versions[name] not in SpecifierSet(spec, prereleases=True):
+            message = f"{name} {versions[name]} is outside the tested range {spec} (tested: {tested})"
+            if not allow_untested:
+                raise SkillError(f"{message}: {fix}, or pass --allow-untested", EXIT_DEPENDENCY)
+            warnings.append(message)
+    tested = {"palm-rlhf-pytorch": record["tested_version"], "supported": supported,
+              "torch": torch_tested, "torch_supported": torch_supported}
     return {"versions": versions, "tested": tested, "warnings": warnings}
 
 
@@ -232,13 +294,146 @@ def private_workdir(prefix: str = "palm-rlhf-skill-") -> Iterator[Path]:
             os.chdir(caller)
 
 
-def caller_directory_check(caller: str | Path, before: list[str]) -> dict[str, Any]:
-    """The ``caller_directory_untouched`` check: ``before`` is ``sorted(os.listdir(caller))`` taken
-    before the run; the check passes when the caller's directory lists the same names afterwards."""
-    after = sorted(os.listdir(caller))
-    added = sorted(set(after) - set(before))
-    return {"name": "caller_directory_untouched", "passed": before == after,
-            "detail": f"added: {added or 'nothing'}"}
+# The audit events (PEP 578) through which Python code creates, writes, renames or removes a path.
+WRITE_EVENTS = {"open", "os.mkdir", "os.rename", "os.remove", "os.rmdir", "os.symlink", "os.link",
+                "shutil.rmtree"}
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+WATCH_ENV = "PALM_RLHF_SKILL_WATCH"  # "<watched dir>\n<log file>": child processes log into it
+_hook_busy = False
+
+
+def _watches() -> list["DirectoryWatch"]:
+    """The process's active watches. Kept on ``sys`` with the one audit hook (hooks cannot be
+    removed), so every copy of this file loaded in the process shares them."""
+    watches = getattr(sys, "_palm_rlhf_skill_watches", None)
+    if watches is None:
+        watches = sys._palm_rlhf_skill_watches = []
+        sys.addaudithook(_audit)
+    return watches
+
+
+def _written_paths(event: str, args: tuple) -> list[Any]:
+    """Paths an audit event creates, writes, renames or removes (an empty list for reads and for
+    paths relative to a directory descriptor, which the enclosing call's own event covers)."""
+    def plain(fd: Any) -> bool:  # no dir_fd: the events report None or -1
+        return fd is None or fd < 0
+
+    if event == "open":
+        path, mode, flags = args
+        writes = any(c in mode for c in "wax+") if isinstance(mode, str) else bool(flags & WRITE_FLAGS)
+        return [path] if writes else []
+    if event in ("os.rename", "os.link"):
+        return [a for a, fd in ((args[0], args[2]), (args[1], args[3])) if plain(fd)]
+    if event == "os.symlink":
+        return [args[1]] if plain(args[2]) else []
+    return [args[0]] if plain(args[-1]) else []  # mkdir, remove, rmdir, rmtree: (path, ..., dir_fd)
+
+
+def _audit(event: str, args: tuple) -> None:
+    """The audit hook: record the top-level names below each watched directory that this process
+    touches. Never raises (an exception here would fail the audited call)."""
+    global _hook_busy
+    watches = getattr(sys, "_palm_rlhf_skill_watches", None)
+    if event not in WRITE_EVENTS or not watches or _hook_busy:
+        return
+    _hook_busy = True
+    try:
+        for path in _written_paths(event, args):
+            if isinstance(path, int):
+                continue
+            full = os.path.abspath(os.fsdecode(os.fspath(path)))
+            for watch in watches:
+                watch.record(full)
+    except Exception:  # noqa: BLE001 - a path we cannot read is not ours to judge
+        pass
+    finally:
+        _hook_busy = False
+
+
+class DirectoryWatch:
+    """What this process, and any child process that imports this runtime, added to or removed
+    from the top level of a directory while the watch runs.
+
+    Sees every write Python code makes (its audit events: ``open`` for writing, ``os.mkdir``,
+    ``os.rename``/``os.replace``, ``os.remove``, ``os.rmdir``, ``os.symlink``, ``os.link``,
+    ``shutil.rmtree``; numpy's memmap and tempfile go through them), so files other programs add
+    or remove meanwhile are not blamed on the run. Writes made below Python (a C library's own
+    ``fopen``, torch.save's C++ writer) are not seen. Children learn the directory and a log file
+    through the ``PALM_RLHF_SKILL_WATCH`` environment variable while the watch runs.
+    """
+
+    def __init__(self, path: str | Path, log: str | None = None) -> None:
+        self.path = os.path.realpath(path)
+        self.before = set(os.listdir(self.path)) if log is None else set()
+        self.touched: set[str] = set()
+        self.log = log  # a child's: where to append the names it touches
+        self._env: tuple[str | None, str] | None = None
+
+    def record(self, full: str) -> None:
+        """Note ``full`` (an absolute path) when it lies in the watched directory."""
+        relative = os.path.relpath(full, self.path)
+        if relative == "." or relative.startswith(".." + os.sep) or relative == "..":
+            return
+        name = relative.split(os.sep, 1)[0]
+        if name in self.touched:
+            return
+        self.touched.add(name)
+        if self.log is not None:
+            with open(self.log, "a", encoding="utf-8") as log:  # small O_APPEND writes do not interleave
+                log.write(name + "\n")
+
+    def start(self) -> "DirectoryWatch":
+        if self.log is None:  # the parent: children append the names they touch to this file
+            fd, child_log = tempfile.mkstemp(prefix=".palm-rlhf-skill-watch-")
+            os.close(fd)
+            self._env = (os.environ.get(WATCH_ENV), child_log)
+            os.environ[WATCH_ENV] = f"{self.path}\n{child_log}"
+            atexit.register(self.stop)  # the log goes even when the run ends in an exception
+        _watches().append(self)
+        return self
+
+    def stop(self) -> None:
+        """End the watch; fold in what child processes logged."""
+        if self in _watches():
+            _watches().remove(self)
+        if self._env is not None:
+            previous, child_log = self._env
+            self._env = None
+            if previous is None:
+                os.environ.pop(WATCH_ENV, None)
+            else:
+                os.environ[WATCH_ENV] = previous
+            try:
+                with open(child_log, encoding="utf-8") as log:
+                    self.touched.update(line.strip() for line in log if line.strip())
+                os.unlink(child_log)
+            except OSError:
+                pass
+
+
+def watch_directory(path: str | Path) -> DirectoryWatch:
+    """Start watching what this run adds to or removes from ``path`` (the caller's directory);
+    pass the result to ``caller_directory_check`` afterwards."""
+    return DirectoryWatch(path).start()
+
+
+def caller_directory_check(caller: str | Path, watch: DirectoryWatch) -> dict[str, Any]:
+    """The ``caller_directory_untouched`` check: ends ``watch`` (from ``watch_directory(caller)``)
+    and passes when no name this run touched was added to or removed from ``caller``'s listing.
+    Names other programs added or removed meanwhile are not this run's doing and are ignored."""
+    watch.stop()
+    after = set(os.listdir(caller))
+    added = sorted(n for n in watch.touched if n in after and n not in watch.before)
+    removed = sorted(n for n in watch.touched if n in watch.before and n not in after)
+    parts = [f"{label}: {names}" for label, names in (("added", added), ("removed", removed)) if names]
+    return {"name": "caller_directory_untouched", "passed": not parts,
+            "detail": "; ".join(parts) or "this run added and removed nothing here"}
+
+
+if WATCH_ENV in os.environ:  # a child of a watched run (a torchrun rank): log what it touches
+    _dir, _, _log = os.environ[WATCH_ENV].partition("\n")
+    if _dir and _log:
+        DirectoryWatch(_dir, log=_log).start()
 
 
 PAD_ID = 0  # the library's pad id: PaLM's cross_entropy_ignore_index and the trainers' pad_value
@@ -407,7 +602,7 @@ def run_checked_smoke(args: argparse.Namespace, title: str, config: dict[str, An
         import palm_rlhf_pytorch  # noqa: F401
     _, device = resolve_device(args.device)
     caller = os.getcwd()
-    caller_before = sorted(os.listdir(caller))
+    caller_before = watch_directory(caller)
     with private_workdir(), torch_threads(args.cpu_threads) as threads, \
             capture_library_output() as captured:
         result = body(device)
@@ -435,25 +630,75 @@ def _raise_terminated(signum, frame) -> None:
     raise Terminated()
 
 
+def _stdout_gone() -> int:
+    """The reader of stdout went away (``| head -1``, ``| true``): point stdout at /dev/null, so
+    Python's final flush cannot fail with a second traceback, and return 141 (128 + SIGPIPE, what
+    a shell reports for a program that SIGPIPE ended, the usual convention)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no file descriptor behind sys.stdout (captured in tests)
+        pass
+    return EXIT_PIPE_CLOSED
+
+
+_exit_code: int | None = None
+
+
+def _quiet_interrupts_at_exit() -> None:
+    """An exit handler, registered after the work is done so that it runs before the libraries'
+    own (atexit runs last-registered first): from here on Ctrl-C ends the process at once with
+    the run's exit code, instead of raising KeyboardInterrupt inside a library's exit handler
+    (torch's weakref finalizers print 'Exception ignored in atexit callback' and a traceback)."""
+    import signal
+
+    def exit_now(signum, frame) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(_exit_code if _exit_code is not None else EXIT_INTERRUPTED)
+
+    signal.signal(signal.SIGINT, exit_now)
+
+
 def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
     """Run ``main`` and turn SkillError into one stderr line plus its exit code (no traceback).
 
     SIGINT exits 130 and SIGTERM 143, each with one line, after the private working directory is
-    removed (its ``finally`` runs because both arrive as exceptions).
+    removed (its ``finally`` runs because both arrive as exceptions). A closed stdout (its reader
+    gone) exits 141 quietly, also when argparse's ``--help`` met it. After the work, a Ctrl-C
+    during Python's shutdown exits at once with the run's code and no traceback.
     """
     import signal
+    global _exit_code
     prog = Path(sys.argv[0]).name
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
-        return main(argv)
+        code = main(argv)
+        sys.stdout.flush()  # a reader that went away shows here, not in Python's final flush
     except Terminated:
         sys.stderr.write(f"{prog}: terminated\n")
-        return 143
+        code = EXIT_TERMINATED
     except SkillError as err:
         sys.stderr.write(f"{prog}: error: {err}\n")
-        return err.exit_code
+        code = err.exit_code
     except KeyboardInterrupt:
         sys.stderr.write(f"{prog}: interrupted\n")
-        return 130
+        code = EXIT_INTERRUPTED
+    except BrokenPipeError:
+        code = _stdout_gone()
+    except SystemExit:  # argparse: --help or --version on stdout, or a usage error
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            raise SystemExit(_stdout_gone()) from None
+        raise
     finally:
         signal.signal(signal.SIGTERM, previous)
+    if _exit_code is None:
+        atexit.register(_quiet_interrupts_at_exit)
+    _exit_code = code
+    return code

@@ -88,6 +88,7 @@ def test_check_exits_0_on_this_tree(empty_dir):
     assert report["status"] == "ok" and report["drift"] == []
     assert report["versions"]["palm-rlhf-pytorch"] == report["tested"]["palm-rlhf-pytorch"] == "0.8.0"
     assert report["counts"]["symbols"] == 8 and report["counts"]["generated_blocks"] == 8
+    assert report["budget"]["parts"] and "claude_details" in report["budget"]  # the context budget
     assert list(empty_dir.iterdir()) == []
 
 
@@ -98,6 +99,9 @@ def test_edited_default_in_library_copy_exits_1(tmp_path, empty_dir):
     line = ("scripts/api_record.json: palm_rlhf_pytorch.RLHFTrainer.__init__(eps_clip): "
             "documented default 0.2, installed default 0.3")
     assert line in [check.drift_line(d) for d in report["drift"]], report["drift"]  # the text-mode line
+    # the copy shadows the installed library: check runs with it (it allows untested libraries) and says so
+    assert any(w.startswith(f"{lib / 'palm_rlhf_pytorch'} shadows the installed palm_rlhf_pytorch")
+               for w in report["warnings"]), report["warnings"]
     assert list(empty_dir.iterdir()) == []
 
 
@@ -149,3 +153,54 @@ def test_write_docs_refuses_an_installed_copy(empty_dir):
     proc = run([str(BIN / "palm-rlhf-skill"), "check", "--write-docs"], empty_dir)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
     assert "source checkout" in proc.stderr
+
+
+# --- context budget ----------------------------------------------------------------------------------
+
+def test_budget_table_rows_name_existing_references():
+    references = {check.rel(p) for p in check.markdown_files() if "references" in p.relative_to(REPO).parts}
+    listed = set(check.BUDGET["reference tokens"]) - {"*"}
+    assert listed == references, "one row per reference in BUDGET (scripts/check_skill.py)"
+
+
+def test_budget_rows_cover_every_part_an_agent_loads():
+    rows, drift = check.context_budget(check.markdown_files())
+    assert drift == []
+    parts = {(r["file"], r["part"]) for r in rows}
+    skills = {check.rel(p) for p in check.skill_files()}
+    assert parts == ({("SKILL.md", "name and description (always loaded)")}
+                     | {(s, "body") for s in skills}
+                     | {(f, "reference") for f in check.BUDGET["reference tokens"] if f != "*"})
+    always = next(r for r in rows if r["part"].startswith("name and description"))
+    meta, _ = check.frontmatter_and_body(REPO / "SKILL.md")
+    assert always["chars"] == len(meta["name"]) + len(meta["description"]) and always["tokens"] == -(-always["chars"] // 4)
+
+
+@pytest.mark.parametrize("key, file", [
+    ("root description chars", "SKILL.md"),
+    ("body lines", "sub-skills/policy-optimization/SKILL.md"),
+    ("body tokens", "sub-skills/reward-modeling/SKILL.md"),
+    ("sub-skills/policy-optimization/references/workflows.md", "sub-skills/policy-optimization/references/workflows.md"),
+])
+def test_over_budget_is_drift_and_exit_1(monkeypatch, capsys, key, file):
+    budget = {**check.BUDGET, "reference tokens": dict(check.BUDGET["reference tokens"])}
+    if key in budget:
+        budget[key] = 10
+    else:
+        budget["reference tokens"][key] = 10
+    monkeypatch.setattr(check, "BUDGET", budget)
+    assert check.rt.run_cli(check.main, []) == 1
+    out, err = capsys.readouterr()
+    lines = [line for line in out.splitlines() if line.startswith(f"{file}: context budget")]
+    assert len(lines) >= 1 and "documented" in lines[0], out
+    assert f"OVER {file}" in err and "context budget" in err
+
+
+def test_readme_states_the_budget_limits():
+    layout = (REPO / "README.md").read_text(encoding="utf-8").split("## Layout", 1)[1]
+    text = " ".join(layout.split())
+    assert f"limit {check.BUDGET['root description chars']:,} characters of description" in text
+    assert (f"limit under {check.BUDGET['body lines'] + 1} lines and {check.BUDGET['body tokens']:,} tokens"
+            in text)
+    limits = [v for k, v in check.BUDGET["reference tokens"].items() if k != "*"]
+    assert f"limits {min(limits):,}-{max(limits):,} per file" in text

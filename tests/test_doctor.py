@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, run, run_json
+from conftest import BIN, REPO, run, run_json
 from palm_rlhf_skill import doctor
 
 CHECKS = ["python", "library", "dependencies", "torch", "accelerate", "tqdm", "memory", "disk"]
@@ -52,7 +52,7 @@ def test_doctor_json_is_fit_on_this_machine(empty_dir, home):
     accel = report["accelerate"]
     assert accel["distributed_type"] == "NO" and accel["device"] == "cpu" and accel["num_processes"] == 1
     assert accel["launch"] == {"config_file": None, "distributed_type": "NO", "num_processes": 1}
-    assert report["tqdm"] == {"TQDM_DISABLE": None, "bars_disabled": False}
+    assert report["tqdm"] == {"TQDM_DISABLE": None, "generate_bars_off": False, "episodes_bar_off": False}
     packages = report["packages"]
     # palm-rlhf-pytorch's declared requirements, each installed in its range
     assert {"torch", "accelerate", "einops", "einx", "beartype", "tqdm", "memmap-replay-buffer"} <= packages.keys()
@@ -73,9 +73,27 @@ def test_doctor_without_json_writes_the_summary_to_stderr(empty_dir, home):
     assert proc.returncode == 0 and proc.stdout == "", proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert [line.split()[1] for line in lines[:-1]] == CHECKS  # every check ok or warn: no fix lines
-    assert lines[-1] == "verdict: fit (exit 0)"
-    assert any("accelerate" in line and "python: NO on cpu" in line for line in lines)
-    assert any("TQDM_DISABLE='1': progress bars are off" in line for line in lines)
+    assert lines[-1] == "verdict: fit (exit 0): this environment can run the trainers; next: tiny-rlhf-smoke --json"
+    accelerate = next(line for line in lines if line.split()[1] == "accelerate")
+    assert accelerate.endswith("a plain `python` run: 1 process on cpu, not distributed; "
+                               "`accelerate launch`: 1 process, not distributed (no config file)")
+    assert not any(" NO " in line or " x1 " in line for line in lines)  # no Accelerate enum jargon
+
+
+def test_doctor_says_what_troubleshooting_says_about_tqdm_disable(empty_dir, home):
+    """troubleshooting.md#tqdm-disable: TQDM_DISABLE=1 hides the generate bars, but the `episodes`
+    bar still prints (tests/test_canaries.py::test_tqdm_disable proves it on the library). doctor
+    probes the same two bars, says the same, and points to that section."""
+    proc, report = run_json([DOCTOR, "doctor", "--json"], empty_dir, env={"HOME": str(home), "TQDM_DISABLE": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert report["tqdm"] == {"TQDM_DISABLE": "1", "generate_bars_off": True, "episodes_bar_off": False}
+    detail = checks_by_name(report)["tqdm"]["detail"]
+    assert "hides the generate bars, but the `episodes` bar still prints" in detail
+    page, _, anchor = doctor.TQDM_DOC.partition("#")
+    assert f"({doctor.TQDM_DOC})" in detail
+    text = (REPO / page).read_text(encoding="utf-8")
+    section = text.split(f'<a id="{anchor}"></a>', 1)[1].split("<a id=", 1)[0]
+    assert "the `episodes` bar still prints" in " ".join(section.split())
 
 
 def test_bad_accelerate_flag_fails_and_tqdm_zero_warns(empty_dir, home):
@@ -87,7 +105,7 @@ def test_bad_accelerate_flag_fails_and_tqdm_zero_warns(empty_dir, home):
     assert checks["accelerate"]["status"] == "fail"
     assert "invalid truth value maybe" in checks["accelerate"]["detail"]
     assert "ACCELERATE_USE_CPU" in checks["accelerate"]["fix"]
-    assert checks["tqdm"]["status"] == "warn" and report["tqdm"]["bars_disabled"] is True
+    assert checks["tqdm"]["status"] == "warn" and report["tqdm"]["generate_bars_off"] is True
     assert "unset TQDM_DISABLE" in checks["tqdm"]["fix"]
 
 
@@ -150,8 +168,8 @@ def test_missing_dependency_exits_3(capsys, monkeypatch, tmp_path):
     code, report = diagnose_in_process(capsys, monkeypatch, tmp_path)
     assert code == 3 and report["status"] == "missing"
     deps = checks_by_name(report)["dependencies"]
-    assert deps["status"] == "missing" and deps["detail"] == "not installed: einx>=0.4.0"
-    assert deps["fix"] == "pip install 'einx>=0.4.0'"
+    assert deps["status"] == "missing" and deps["detail"] == "not installed: einx>=0.4.1"  # our verified floor
+    assert deps["fix"] == "pip install 'einx>=0.4.1'"
     assert report["packages"]["einx"]["installed"] is None
 
 
@@ -174,7 +192,7 @@ def test_dependency_outside_its_range_exits_1(capsys, monkeypatch, tmp_path):
     code, report = diagnose_in_process(capsys, monkeypatch, tmp_path)
     assert code == 1 and report["status"] == "must-change"
     deps = checks_by_name(report)["dependencies"]
-    assert deps["status"] == "fail" and deps["detail"] == "einx: 0.3.0 is outside >=0.4.0"
+    assert deps["status"] == "fail" and deps["detail"] == "einx: 0.3.0 is outside >=0.4.1"
 
 
 def test_low_memory_and_disk_exit_1(capsys, monkeypatch, tmp_path):

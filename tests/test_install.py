@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -151,16 +152,55 @@ def test_user_scope_needs_an_existing_home(project, monkeypatch, tmp_path, capsy
     assert not (tmp_path / "no").exists()
 
 
-def test_uninstall(project, capsys):
-    assert inst.main(["--target", "agents"]) == 0
-    dest = project / ".agents" / "skills" / NAME
-    assert inst.uninstall_main(["--target", "agents"]) == 0
+@pytest.mark.parametrize("target", ["claude", "agents"])
+def test_uninstall_twice_exits_0_and_leaves_no_empty_folder(project, capsys, target):
+    """Like install, uninstall is idempotent; the .claude/skills (.agents/skills) and .claude
+    (.agents) folders that install created go when they are left empty."""
+    assert inst.main(["--target", target]) == 0
+    dest = project / f".{target}" / "skills" / NAME
+    assert inst.uninstall_main(["--target", target]) == 0
     assert capsys.readouterr().out.strip().endswith(f"removed {dest}")
-    assert not dest.exists() and not (project / ".agents" / "skills").exists()  # emptied: removed
-    assert (project / ".agents").is_dir()
+    assert list(project.iterdir()) == []  # no empty .claude/ or .agents/ left behind
 
-    assert inst.uninstall_main(["--target", "agents"]) == 1
-    assert "nothing to uninstall" in one_error_line(capsys.readouterr().err)
+    assert inst.uninstall_main(["--target", target]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip() == f"{dest}: not installed there; nothing to do" and captured.err == ""
+    assert list(project.iterdir()) == []
+
+
+def test_uninstall_keeps_a_claude_folder_that_holds_more(project, capsys):
+    assert inst.main(["--target", "claude"]) == 0
+    (project / ".claude" / "settings.json").write_text("{}\n", encoding="utf-8")
+    assert inst.uninstall_main(["--target", "claude"]) == 0
+    assert sorted(p.name for p in (project / ".claude").iterdir()) == ["settings.json"]
+
+
+def test_an_install_that_loses_the_race_ends_up_to_date(project, monkeypatch, capsys):
+    """Another install places an identical copy between this one's look and its rename (what
+    concurrent installs into one directory do): this one reports the copy as up to date, exit 0,
+    instead of failing on the rename with 'Directory not empty'."""
+    real, raced = inst._copy_tree, []
+
+    def copy_then_lose_the_race(source, staging):
+        real(source, staging)
+        if not raced:
+            raced.append(True)
+            assert inst.install("./skills", "project", force=False)[0] == "installed"  # the winner
+
+    monkeypatch.setattr(inst, "_copy_tree", copy_then_lose_the_race)
+    assert inst.main(["--target", "./skills"]) == 0, capsys.readouterr().err
+    assert "already up to date" in capsys.readouterr().out
+    assert files_with_hashes(project / "skills" / NAME) == repo_tree()
+    assert sorted(p.name for p in (project / "skills").iterdir()) == [NAME]  # no staging left
+
+
+def test_concurrent_identical_installs_all_exit_0(project, home):
+    procs = [subprocess.Popen([str(BIN / "palm-rlhf-skill"), "install", "--target", "./t"], cwd=project,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(6)]
+    results = [(p.wait(timeout=120), p.stderr.read()) for p in procs]
+    assert [code for code, _ in results] == [0] * 6, results
+    assert files_with_hashes(project / "t" / NAME) == repo_tree()
+    assert sorted(p.name for p in (project / "t").iterdir()) == [NAME]
 
 
 def test_uninstall_refuses_a_folder_that_is_not_this_skill(project, capsys):

@@ -46,7 +46,9 @@ def test_sdist_carries_the_tree_and_the_tests(built):
         prefix = f"palm_rlhf_skill-{__version__}/"
         names = {m.name[len(prefix):] for m in sdist.getmembers() if m.isfile()}
     assert set(repo_skill_files()) <= names
-    assert {"pyproject.toml", "README.md", ".ci/run", "tests/conftest.py", "src/palm_rlhf_skill/cli.py"} <= names
+    assert {"pyproject.toml", "README.md", ".ci/run", "tests/conftest.py", "src/palm_rlhf_skill/cli.py",
+            "tools/verify_floors.py", ".claude-plugin/plugin.json", ".claude-plugin/marketplace.json",
+            ".claude-plugin/icon.png"} <= names
 
 
 def test_version_is_in_one_place_and_shown(built, empty_dir):

@@ -79,8 +79,14 @@ def tiny_reward_smoke() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``palm-rlhf-skill [--version] COMMAND ...``: dispatch to a subcommand."""
-    argv = sys.argv[1:] if argv is None else argv
+    """``palm-rlhf-skill [--version] COMMAND ...``: dispatch to a subcommand, under the runtime's
+    ``run_cli`` (one-line errors, a quiet exit when stdout's reader goes away)."""
+    from palm_rlhf_skill.runtime import skill_runtime
+    return skill_runtime().run_cli(dispatch, sys.argv[1:] if argv is None else argv)
+
+
+def dispatch(argv: list[str]) -> int:
+    """Parse the top-level command line and run the subcommand; return its exit code."""
     from palm_rlhf_skill.runtime import skill_runtime
     parser = skill_runtime().OneLineParser(
         prog="palm-rlhf-skill",

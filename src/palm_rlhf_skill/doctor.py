@@ -4,18 +4,20 @@ Checks, each with a verdict (ok, warn, fail, missing, skipped) and how to fix it
 
     python         the interpreter against this package's Requires-Python
     library        palm-rlhf-pytorch and torch through the helpers' own version gate
-                   (scripts/skill_runtime.py check_versions, range in scripts/api_record.json)
+                   (scripts/skill_runtime.py check_versions, ranges in scripts/api_record.json),
+                   and every file that shadows one of their modules on the import path
     dependencies   every requirement palm-rlhf-pytorch and this package declare, installed version
                    against the declared specifier
     torch          build (CPU or CUDA version), CUDA available, device names, bf16 support
     accelerate     what Accelerator() gets in a plain ``python`` process (reads ACCELERATE_USE_CPU),
                    and what ``accelerate launch`` would start (its config file, else its defaults)
-    tqdm           whether TQDM_DISABLE is set, and what tqdm makes of it
+    tqdm           what TQDM_DISABLE does to the trainers' generate bars and `episodes` bar
     memory         available memory (MemAvailable in /proc/meminfo), MiB
     disk           free disk in the working directory and the temporary directory, MiB
 
 Exit codes: 0 fit (warnings allowed); 1 something must change (a fail); 3 a dependency is missing,
-or palm-rlhf-pytorch is outside the tested range (the helpers' exit 3); 2 usage error.
+shadowed by another file, or palm-rlhf-pytorch or torch is outside the tested range (the helpers'
+exit 3); 2 usage error.
 ``--help`` and usage errors answer without importing torch.
 """
 from __future__ import annotations
@@ -43,13 +45,18 @@ EXIT_FIT, EXIT_MUST_CHANGE, EXIT_MISSING = 0, 1, 3
 VERDICT_EXIT = {"ok": EXIT_FIT, "warn": EXIT_FIT, "skipped": EXIT_FIT, "fail": EXIT_MUST_CHANGE,
                 "missing": EXIT_MISSING}
 STATUS_WORD = {EXIT_FIT: "fit", EXIT_MUST_CHANGE: "must-change", EXIT_MISSING: "missing"}
+NEXT_STEP = {EXIT_FIT: "this environment can run the trainers; next: tiny-rlhf-smoke --json",
+             EXIT_MUST_CHANGE: "apply the fix under each failed check, then run doctor again",
+             EXIT_MISSING: "a dependency is missing, shadowed or outside the tested range: apply the "
+                           "fix above, then run doctor again"}
 
 EPILOG = """examples:
   palm-rlhf-skill doctor            # one line per check on stderr, with how to fix it
   palm-rlhf-skill doctor --json     # one JSON object on stdout
 
 exit codes: 0 fit (warnings allowed); 1 something must change; 2 usage error;
-3 a dependency is missing, or palm-rlhf-pytorch is outside the tested range"""
+3 a dependency is missing, shadowed by another file, or palm-rlhf-pytorch or torch is outside
+the tested range"""
 
 
 def _check(name: str, status: str, detail: str, fix: str = "") -> dict[str, str]:
@@ -81,8 +88,15 @@ def python_check(record: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]
     return info, _check("python", "ok", detail)
 
 
-def library_check() -> tuple[dict[str, Any], dict[str, str]]:
-    """palm-rlhf-pytorch and torch through the helpers' version gate (missing or out of range: 3)."""
+def library_check(shadows: list[dict[str, str]]) -> tuple[dict[str, Any], dict[str, str]]:
+    """palm-rlhf-pytorch and torch through the helpers' version gate (missing, shadowed or out of
+    the tested range: 3). ``shadows`` are ``rt.shadowed_modules()``; every one is named."""
+    if shadows:
+        detail = "; ".join(f"{s['found']} shadows the installed {s['module']} ({s['installed']})"
+                           for s in shadows)
+        return {"shadowed": shadows}, _check("library", "missing", detail,
+                                             "rename or move each file named, or run from another "
+                                             "directory / drop it from PYTHONPATH")
     try:
         gate = rt.check_versions(allow_untested=False)
     except rt.SkillError as err:
@@ -92,7 +106,8 @@ def library_check() -> tuple[dict[str, Any], dict[str, str]]:
         return {"error": message}, _check("library", status, message.rpartition(": ")[0] or message, fix)
     versions, tested = gate["versions"], gate["tested"]
     detail = (f"palm-rlhf-pytorch {versions['palm-rlhf-pytorch']} in {tested['supported']} "
-              f"(tested {tested['palm-rlhf-pytorch']}), torch {versions['torch']}")
+              f"(tested {tested['palm-rlhf-pytorch']}), torch {versions['torch']} in "
+              f"{tested['torch_supported']} (tested {tested['torch']})")
     return gate, _check("library", "ok", detail)
 
 
@@ -120,6 +135,17 @@ def declared_requirements() -> dict[str, dict[str, Any]]:
     return merged
 
 
+def readable(spec) -> str:
+    """A merged specifier as a person reads it: of several ``>=`` bounds (the library's and this
+    package's raised floor) only the highest, e.g. ``>=0.4.0,>=0.4.1`` -> ``>=0.4.1``."""
+    from packaging.version import Version
+    lower = [s for s in spec if s.operator == ">="]
+    keep = [s for s in spec if s.operator != ">="]
+    if lower:
+        keep.append(max(lower, key=lambda s: Version(s.version)))
+    return ",".join(sorted(str(s) for s in keep))
+
+
 def dependencies_check(record: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
     """Each declared requirement installed, in its declared range (missing: 3; out of range: 1).
 
@@ -134,19 +160,19 @@ def dependencies_check(record: dict[str, Any]) -> tuple[dict[str, Any], dict[str
         if name == library:
             continue
         spec, installed = entry["specifier"], rt.installed_version(name)
-        packages[name] = {"installed": installed, "required": str(spec) or "any",
+        wanted = readable(spec)
+        packages[name] = {"installed": installed, "required": wanted or "any",
                           "required_by": entry["required_by"], "tested": tested.get(name)}
         if installed is None:
-            missing.append(f"{name}{spec}")
+            missing.append(f"{name}{wanted}")
         elif installed not in SpecifierSet(str(spec), prereleases=True):
-            outside.append(f"{name}{spec}")
-            packages[name]["problem"] = f"{installed} is outside {spec}"
+            outside.append(f"{name}{wanted}")
+            packages[name]["problem"] = f"{installed} is outside {wanted}"
     if not packages:
         return packages, _check("dependencies", "missing", f"{record['library']} is not installed, "
                                 "so its requirements are unknown", "see the library check")
-    wanted = missing + outside
-    fix = "pip install " + " ".join(f"'{w}'" for w in wanted)
-    if any(w.startswith("torch") and not w.startswith("torch-") for w in wanted):
+    fix = "pip install " + " ".join(f"'{w}'" for w in missing + outside)
+    if any(w.startswith("torch") and not w.startswith("torch-") for w in missing + outside):
         torch_pin = record.get("tested_with", {}).get("torch")
         fix = (f"install torch first (pip install torch=={torch_pin} for the CPU build, or a CUDA "
                "build from https://pytorch.org), then " + fix)
@@ -159,11 +185,15 @@ def dependencies_check(record: dict[str, Any]) -> tuple[dict[str, Any], dict[str
                             "and in range")
 
 
-def torch_check() -> tuple[dict[str, Any], dict[str, str]]:
+def torch_check(shadowed: set[str]) -> tuple[dict[str, Any], dict[str, str]]:
     """torch's build, CUDA devices (name, compute capability, memory in MiB, native bf16) and
-    whether bfloat16 math runs on the CPU. Not installed: skipped (the library check says so)."""
+    whether bfloat16 math runs on the CPU. Not installed, or shadowed by another file (``shadowed``:
+    module names): skipped, and the library check says why."""
     if rt.installed_version("torch") is None:
         return {}, _check("torch", "skipped", "torch is not installed", "see the library check")
+    if "torch" in shadowed:
+        return {}, _check("torch", "skipped", "not imported: another file shadows torch",
+                          "see the library check")
     try:
         with rt.capture_library_output():
             import torch
@@ -200,7 +230,17 @@ def torch_check() -> tuple[dict[str, Any], dict[str, str]]:
     return info, _check("torch", "ok", detail)
 
 
-def accelerate_check(torch_info: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+def processes(distributed_type: str, count: int | None, device: str = "") -> str:
+    """Accelerate's distributed type and process count in words: ``NO`` on cpu -> "1 process on
+    cpu, not distributed"; ``MULTI_GPU`` x2 -> "2 processes, one per GPU"."""
+    where = f" on {device}" if device else ""
+    if distributed_type == "NO":
+        return f"1 process{where}, not distributed"
+    kind = {"MULTI_CPU": "on CPUs", "MULTI_GPU": "one per GPU"}.get(distributed_type, f"with {distributed_type}")
+    return f"{count} processes{where}, {kind}"
+
+
+def accelerate_check(torch_info: dict[str, Any], shadowed: set[str]) -> tuple[dict[str, Any], dict[str, str]]:
     """What the trainers' ``Accelerator()`` gets in a plain ``python`` process (it reads
     ACCELERATE_USE_CPU and ACCELERATE_MIXED_PRECISION), and what ``accelerate launch`` would start.
 
@@ -212,9 +252,9 @@ def accelerate_check(torch_info: dict[str, Any]) -> tuple[dict[str, Any], dict[s
     use_cpu = os.environ.get("ACCELERATE_USE_CPU")
     info: dict[str, Any] = {"ACCELERATE_USE_CPU": use_cpu,
                             "ACCELERATE_MIXED_PRECISION": os.environ.get("ACCELERATE_MIXED_PRECISION")}
-    if rt.installed_version("accelerate") is None or not torch_info.get("version"):
-        return info, _check("accelerate", "skipped", "accelerate or torch is not installed",
-                            "see the dependencies check")
+    if rt.installed_version("accelerate") is None or not torch_info.get("version") or "accelerate" in shadowed:
+        return info, _check("accelerate", "skipped", "accelerate or torch is not installed or not "
+                            "importable", "see the library and dependencies checks")
     with rt.capture_library_output():
         from accelerate import Accelerator
         from accelerate.commands.config.config_args import default_config_file, load_config_from_file
@@ -248,8 +288,9 @@ def accelerate_check(torch_info: dict[str, Any]) -> tuple[dict[str, Any], dict[s
         return info, _check("accelerate", "fail", f"accelerate's config file is unreadable: {_one_line(err)}",
                             f"fix it with `accelerate config`, or remove {default_config_file}")
     info["launch"] = launch
-    detail = (f"python: {info['distributed_type']} on {info['device']}; accelerate launch: "
-              f"{launch['distributed_type']} x{launch['num_processes']}"
+    detail = (f"a plain `python` run: {processes(info['distributed_type'], info['num_processes'], info['device'])}"
+              "; `accelerate launch`: "
+              f"{processes(launch['distributed_type'], launch['num_processes'])}"
               + (f" (config {launch['config_file']})" if launch["config_file"] else " (no config file)"))
     visible = torch_info.get("device_count", 0)
     if launch["distributed_type"] == "MULTI_GPU" and visible < (launch["num_processes"] or 0):
@@ -264,25 +305,43 @@ def accelerate_check(torch_info: dict[str, Any]) -> tuple[dict[str, Any], dict[s
     return info, _check("accelerate", "ok", detail)
 
 
-def tqdm_check() -> tuple[dict[str, Any], dict[str, str]]:
-    """TQDM_DISABLE as tqdm reads it: tqdm converts the value with the type of ``disable``'s
-    default (``bool``), so any non-empty value, ``0`` and ``false`` included, turns the bars off."""
+TQDM_DOC = "sub-skills/policy-optimization/references/troubleshooting.md#tqdm-disable"
+
+
+def tqdm_check(shadowed: set[str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """What TQDM_DISABLE does to the trainers' two kinds of progress bar, probed with the installed
+    tqdm and accelerate: PaLM's generate bars use plain ``tqdm``, which takes ``disable`` from
+    TQDM_DISABLE converted with ``bool`` (any non-empty value, ``0`` and ``false`` included, turns
+    them off); the trainers' ``episodes`` bar comes from ``accelerate.utils.tqdm``, which passes
+    ``disable=False`` itself and so ignores TQDM_DISABLE (``TQDM_DOC`` explains it)."""
     value = os.environ.get("TQDM_DISABLE")
-    disabled = None
-    if rt.installed_version("tqdm") is not None:
-        from tqdm import tqdm
-        bar = tqdm(total=1, file=io.StringIO())
-        disabled = bool(bar.disable)
+    info: dict[str, Any] = {"TQDM_DISABLE": value, "generate_bars_off": None, "episodes_bar_off": None}
+    if rt.installed_version("tqdm") is None or shadowed & {"tqdm", "accelerate", "torch"}:
+        return info, _check("tqdm", "skipped", "tqdm is not installed or not importable",
+                            "see the library and dependencies checks")
+    from tqdm import tqdm
+    bars = [tqdm(total=1, file=io.StringIO())]
+    if rt.installed_version("accelerate") is not None:
+        with rt.capture_library_output():
+            from accelerate.utils.tqdm import tqdm as accelerate_tqdm
+        bars.append(accelerate_tqdm(total=1, file=io.StringIO(), main_process_only=False))
+    info["generate_bars_off"] = bool(bars[0].disable)
+    if len(bars) > 1:
+        info["episodes_bar_off"] = bool(bars[1].disable)
+    for bar in bars:
         bar.close()
-    info = {"TQDM_DISABLE": value, "bars_disabled": disabled}
     if value is None:
-        return info, _check("tqdm", "ok", "TQDM_DISABLE is not set: the trainers draw progress bars on "
-                            "stderr", "")
-    if disabled and value.strip().lower() in ("0", "false", "no", "off"):
-        return info, _check("tqdm", "warn", f"TQDM_DISABLE={value!r} turns the bars OFF: tqdm reads "
-                            "any non-empty value as true", "unset TQDM_DISABLE to see progress bars")
-    state = "off" if disabled else "on"
-    return info, _check("tqdm", "ok", f"TQDM_DISABLE={value!r}: progress bars are {state}")
+        return info, _check("tqdm", "ok", "TQDM_DISABLE is not set: the trainers draw their progress "
+                            "bars on stderr (the smoke helpers capture them)")
+    generate = "hides" if info["generate_bars_off"] else "does not hide"
+    episodes = {False: ", but the `episodes` bar still prints", True: " and the `episodes` bar",
+                None: ""}[info["episodes_bar_off"]]
+    detail = f"TQDM_DISABLE={value!r} {generate} the generate bars{episodes}"
+    fix = f"redirect stderr to silence every bar (see {TQDM_DOC})"
+    if info["generate_bars_off"] and value.strip().lower() in ("0", "false", "no", "off"):
+        return info, _check("tqdm", "warn", detail + ": tqdm reads any non-empty value as true",
+                            "unset TQDM_DISABLE to see the generate bars")
+    return info, _check("tqdm", "ok", f"{detail} ({TQDM_DOC})", fix)
 
 
 def available_memory_mib() -> int | None:
@@ -327,12 +386,14 @@ def resources_checks() -> tuple[dict[str, Any], list[dict[str, str]]]:
 def diagnose() -> dict[str, Any]:
     """Run every check; the report that ``--json`` prints (see the module docstring)."""
     record = rt.load_api_record()
+    shadows = rt.shadowed_modules()  # before any check imports a module that a file shadows
+    shadowed = {s["module"] for s in shadows}
     python_info, python = python_check(record)
-    library_info, library = library_check()
+    library_info, library = library_check(shadows)
     packages, dependencies = dependencies_check(record)
-    torch_info, torch_ = torch_check()
-    accelerate_info, accelerate = accelerate_check(torch_info)
-    tqdm_info, tqdm_ = tqdm_check()
+    torch_info, torch_ = torch_check(shadowed)
+    accelerate_info, accelerate = accelerate_check(torch_info, shadowed)
+    tqdm_info, tqdm_ = tqdm_check(shadowed)
     resources, resource_checks = resources_checks()
     checks = [python, library, dependencies, torch_, accelerate, tqdm_, *resource_checks]
     exit_code = max(VERDICT_EXIT[c["status"]] for c in checks)
@@ -351,7 +412,7 @@ def summary(report: dict[str, Any]) -> str:
         lines.append(f"{check['status']:<8} {check['name']:<13} {check['detail']}")
         if check["fix"] and check["status"] != "ok":
             lines.append(f"{'':<8} {'':<13} fix: {check['fix']}")
-    lines.append(f"verdict: {report['status']} (exit {report['exit_code']})")
+    lines.append(f"verdict: {report['status']} (exit {report['exit_code']}): {NEXT_STEP[report['exit_code']]}")
     return "\n".join(lines)
 
 

@@ -15,6 +15,7 @@ Nothing here imports torch.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -33,8 +34,8 @@ SKILL_ITEMS = ("SKILL.md", "LICENSE", "references", "scripts", "sub-skills")
 TARGETS = {"claude": Path(".claude") / "skills", "agents": Path(".agents") / "skills"}
 SCOPES = ("project", "user")
 
-EXIT_DONE = 0      # installed, replaced, already identical, removed, listed
-EXIT_REFUSED = 1   # a different copy is in the way (install) or no copy is there (uninstall)
+EXIT_DONE = 0      # installed, replaced, already identical, removed, nothing to remove, listed
+EXIT_REFUSED = 1   # a different copy is in the way (install), or the folder is not this skill (uninstall)
 EXIT_USAGE = 2     # bad arguments, unknown target, or a destination that cannot be written
 
 TARGET_HELP = ("claude (.claude/skills), agents (.agents/skills), or a skills directory PATH "
@@ -128,12 +129,35 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
+# What os.replace raises when another process changed the destination between our look and our
+# rename: it now holds a copy (ENOTEMPTY, EEXIST), is a file (ENOTDIR), or was moved away (ENOENT).
+RACE_ERRNOS = (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.ENOENT)
+ATTEMPTS = 3
+
+
+def _place(staging: Path, dest: Path, replace: bool) -> None:
+    """Rename ``staging`` into ``dest``; with ``replace``, move the copy there aside first and
+    remove it afterwards. Raises OSError, with one of RACE_ERRNOS when another process changed
+    ``dest`` meanwhile."""
+    if not replace:
+        os.replace(staging, dest)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{dest.name}-old-", dir=dest.parent))
+    try:
+        os.replace(dest, old / dest.name)
+        os.replace(staging, dest)
+    finally:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def install(target: str, scope: str, force: bool) -> tuple[str, Path, int]:
     """Copy the packaged skill tree into ``<skills dir>/<skill name>``.
 
     Returns ``(outcome, destination, file count)`` with outcome ``installed``, ``replaced`` or
     ``up-to-date`` (an identical copy is left alone). The new copy is assembled in a hidden
-    sibling folder and renamed into place, so a failed copy never leaves half a skill behind.
+    sibling folder and renamed into place, so a failed copy never leaves half a skill behind. When
+    another install places its copy between this one's look and its rename, it looks again (up to
+    ``ATTEMPTS`` times), so identical concurrent installs all end ``installed`` or ``up-to-date``.
     Raises SkillError: exit 1 when a different copy (or any other file) is in the way and
     ``force`` is False; exit 2 for a bad target or a destination that cannot be written.
     """
@@ -141,50 +165,55 @@ def install(target: str, scope: str, force: bool) -> tuple[str, Path, int]:
     name = skill_name(source)
     dest = skills_dir(target, scope) / name
     wanted = tree_files(source, SKILL_ITEMS)
-    exists = dest.exists() or dest.is_symlink()
-    if exists:
-        if dest.is_dir() and not dest.is_symlink() and tree_files(dest) == wanted:
-            return "up-to-date", dest, len(wanted)
-        if not force:
-            found = tree_files(dest) if dest.is_dir() else {}
-            what = (f"a different copy ({describe_difference(wanted, found)})" if dest.is_dir()
-                    else "a file that is not a folder")
-            raise rt.SkillError(f"{dest} already holds {what}: pass --force to replace it",
-                                EXIT_REFUSED)
-    staging = None
+    staging, attempt = None, 0
     try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{name}-new-", dir=dest.parent))
-        _copy_tree(source, staging)
-        umask = os.umask(0)
-        os.umask(umask)
-        staging.chmod(0o777 & ~umask)  # mkdtemp makes it private (0700); a skill folder is not
-        if exists:
-            old = Path(tempfile.mkdtemp(prefix=f".{name}-old-", dir=dest.parent))
-            os.replace(dest, old / name)
-            os.replace(staging, dest)
-            shutil.rmtree(old)
-        else:
-            os.replace(staging, dest)
+        while True:
+            attempt += 1
+            exists = dest.exists() or dest.is_symlink()
+            if exists:
+                if dest.is_dir() and not dest.is_symlink() and tree_files(dest) == wanted:
+                    return "up-to-date", dest, len(wanted)
+                if not force:
+                    found = tree_files(dest) if dest.is_dir() else {}
+                    what = (f"a different copy ({describe_difference(wanted, found)})" if dest.is_dir()
+                            else "a file that is not a folder")
+                    raise rt.SkillError(f"{dest} already holds {what}: pass --force to replace it",
+                                        EXIT_REFUSED)
+            if staging is None:
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                staging = Path(tempfile.mkdtemp(prefix=f".{name}-new-", dir=dest.parent))
+                _copy_tree(source, staging)
+                umask = os.umask(0)
+                os.umask(umask)
+                staging.chmod(0o777 & ~umask)  # mkdtemp makes it private (0700); a skill folder is not
+            try:
+                _place(staging, dest, replace=exists)
+            except OSError as err:
+                if err.errno in RACE_ERRNOS and attempt < ATTEMPTS:
+                    continue  # another installer got there first: look again
+                raise
+            staging = None
+            return ("replaced" if exists else "installed"), dest, len(wanted)
     except OSError as err:
         where = err.filename or dest
         raise rt.SkillError(f"cannot write {where}: {err.strerror or err}") from None
     finally:
         if staging is not None and staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
-    return ("replaced" if exists else "installed"), dest, len(wanted)
 
 
-def uninstall(target: str, scope: str) -> Path:
-    """Remove ``<skills dir>/<skill name>``; return the removed path.
+def uninstall(target: str, scope: str) -> Path | None:
+    """Remove ``<skills dir>/<skill name>``; return the removed path, or None when nothing was
+    there (uninstalling twice is not an error, as installing twice is not).
 
-    Refuses (SkillError exit 1) when nothing is there, or when the folder's SKILL.md does not
-    name this skill, so a mistyped PATH never deletes someone else's files.
+    For the standard targets, the ``skills`` folder and its ``.claude`` or ``.agents`` parent are
+    removed too when this left them empty. Refuses (SkillError exit 1) when the folder's SKILL.md
+    does not name this skill, so a mistyped PATH never deletes someone else's files.
     """
     name = skill_name(skill_root())
     dest = skills_dir(target, scope) / name
     if not (dest.exists() or dest.is_symlink()):
-        raise rt.SkillError(f"nothing to uninstall: {dest} does not exist", EXIT_REFUSED)
+        return None
     try:
         found = skill_name(dest) if dest.is_dir() else None
     except rt.SkillError:
@@ -196,8 +225,12 @@ def uninstall(target: str, scope: str) -> Path:
         _remove(dest)
     except OSError as err:
         raise rt.SkillError(f"cannot remove {err.filename or dest}: {err.strerror or err}") from None
-    if target in TARGETS and not any(dest.parent.iterdir()):
-        dest.parent.rmdir()  # the empty .claude/skills or .agents/skills that install created
+    if target in TARGETS:  # the .claude/skills (or .agents/skills) that install created, if now empty
+        for folder in (dest.parent, dest.parent.parent):
+            try:
+                folder.rmdir()
+            except OSError:  # not empty (other skills, settings), or already gone
+                break
     return dest
 
 
@@ -235,8 +268,8 @@ UNINSTALL_EPILOG = """examples:
   palm-rlhf-skill uninstall                              # ./.claude/skills/palm-rlhf-pytorch
   palm-rlhf-skill uninstall --target agents --scope user
 
-exit codes: 0 removed; 1 nothing installed there, or the folder is not this skill; 2 usage error
-or the folder cannot be removed"""
+exit codes: 0 removed, or nothing was installed there; 1 the folder is not this skill; 2 usage
+error or the folder cannot be removed"""
 
 LIST_EPILOG = """examples:
   palm-rlhf-skill list                # claude and agents, project and user scope
@@ -276,7 +309,12 @@ def uninstall_main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def run(_: list[str] | None) -> int:
-        print(f"removed {uninstall(args.target, args.scope)}")
+        removed = uninstall(args.target, args.scope)
+        if removed is None:
+            dest = skills_dir(args.target, args.scope) / skill_name(skill_root())
+            print(f"{dest}: not installed there; nothing to do")
+        else:
+            print(f"removed {removed}")
         return EXIT_DONE
 
     return rt.run_cli(run)

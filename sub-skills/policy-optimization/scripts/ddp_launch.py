@@ -118,7 +118,7 @@ def launch(smoke, args, argv: list[str], env_info: dict[str, Any]) -> int:
     device = launch_device(args.device, args.nproc)
     port = free_port()
     caller = os.getcwd()
-    caller_before = sorted(os.listdir(caller))
+    caller_before = rt.watch_directory(caller)
     with rt.private_workdir() as run_dir:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
                "--nproc_per_node", str(args.nproc), "--master_addr", "127.0.0.1",

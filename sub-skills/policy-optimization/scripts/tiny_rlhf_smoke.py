@@ -502,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
     device_kwargs, device = rt.resolve_device(args.device)
     names = list(TRAINERS) if args.trainer == "all" else [args.trainer]
     args.caller_dir = os.getcwd()
-    caller_before = sorted(os.listdir(args.caller_dir))
+    caller_before = rt.watch_directory(args.caller_dir)
     with rt.private_workdir(), rt.torch_threads(args.cpu_threads) as threads:
         results = {name: run_trainer(name, args, device_kwargs, device, variants) for name in names}
     workdir_check = rt.caller_directory_check(args.caller_dir, caller_before)

@@ -1,0 +1,204 @@
+"""What users really do (issue 15): a torch outside the tested range, other programs writing into
+the caller's directory, files that shadow the installed modules, a closed stdout, and Ctrl-C
+while Python shuts down. Each case is run for real through the public entry points."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from conftest import BIN, REPO, SMOKE, inprocess, run, run_json
+
+
+@pytest.fixture
+def rt(smoke):
+    return sys.modules["skill_runtime"]
+
+
+def only_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+# --- torch outside the tested range: exit 3 as README and --help promise ---------------------------
+
+@pytest.mark.parametrize("version", ["2.12.1", "2.14.0"])
+def test_torch_outside_tested_range_exits_3_unless_allowed(smoke, rt, monkeypatch, capsys, empty_dir, version):
+    real = rt.installed_version
+    monkeypatch.setattr(rt, "installed_version", lambda dist: version if dist == "torch" else real(dist))
+    monkeypatch.chdir(empty_dir)
+    assert rt.run_cli(smoke.main, ["--construct-only", "--device", "cpu"]) == 3
+    line = only_line(capsys.readouterr().err)
+    record = rt.load_api_record()
+    assert f"torch {version} is outside the tested range {record['torch_supported']}" in line
+    assert "--allow-untested" in line and f"torch=={record['tested_with']['torch']}" in line
+    code, report = inprocess(smoke, capsys, monkeypatch, empty_dir, "--construct-only", "--allow-untested")
+    assert code == 0 and any(w.startswith(f"torch {version} is outside") for w in report["warnings"])
+
+
+def test_doctor_exits_3_for_torch_outside_the_tested_range(rt, monkeypatch, capsys, empty_dir):
+    from palm_rlhf_skill import doctor
+    real = doctor.rt.installed_version
+    monkeypatch.setattr(doctor.rt, "installed_version", lambda d: "2.14.0" if d == "torch" else real(d))
+    monkeypatch.chdir(empty_dir)
+    assert doctor.main(["--json"]) == 3
+    library = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}["library"]
+    assert "torch 2.14.0 is outside the tested range" in library["detail"]
+
+
+# --- the caller's directory: only this run's own writes count ---------------------------------------
+
+INTRUDER = ("import pathlib; pathlib.Path('written-by-another-program.txt').write_text('x'); "
+            "pathlib.Path('removed-by-another-program.txt').unlink()")
+
+
+def intrude(monkeypatch, rt, caller: Path, own_write: bool) -> None:
+    """While the smoke runs (inside its torch_threads block, between its before and after looks at
+    the caller's directory), another program adds one file there and removes another; with
+    ``own_write`` this process also writes a file there itself."""
+    real = rt.torch_threads
+
+    @contextlib.contextmanager
+    def torch_threads(count):
+        subprocess.run([sys.executable, "-c", INTRUDER], cwd=caller, check=True)
+        if own_write:
+            (caller / "written-by-the-smoke.txt").write_text("leak\n", encoding="utf-8")
+        with real(count) as threads:
+            yield threads
+
+    monkeypatch.setattr(rt, "torch_threads", torch_threads)
+
+
+@pytest.mark.parametrize("script", ["rlhf", "palm"])
+def test_other_programs_writing_in_the_caller_directory_are_not_blamed(smoke, rt, monkeypatch, capsys,
+                                                                       empty_dir, script):
+    (empty_dir / "removed-by-another-program.txt").write_text("x\n", encoding="utf-8")
+    intrude(monkeypatch, rt, empty_dir, own_write=False)
+    if script == "rlhf":
+        code, report = inprocess(smoke, capsys, monkeypatch, empty_dir, "--construct-only")
+    else:
+        from conftest import load_script
+        palm = load_script(REPO / "sub-skills/palm-modeling/scripts/tiny_palm_smoke.py")
+        code, report = inprocess(palm, capsys, monkeypatch, empty_dir)
+    check = {c["name"]: c for c in report["checks"]}["caller_directory_untouched"]
+    assert code == 0 and check["passed"], check
+    assert check["detail"] == "this run added and removed nothing here"
+    assert sorted(p.name for p in empty_dir.iterdir()) == ["written-by-another-program.txt"]
+
+
+def test_the_runs_own_write_in_the_caller_directory_still_fails(smoke, rt, monkeypatch, capsys, empty_dir):
+    (empty_dir / "removed-by-another-program.txt").write_text("x\n", encoding="utf-8")
+    intrude(monkeypatch, rt, empty_dir, own_write=True)
+    code, report = inprocess(smoke, capsys, monkeypatch, empty_dir, "--construct-only")
+    check = {c["name"]: c for c in report["checks"]}["caller_directory_untouched"]
+    assert code == 1 and not check["passed"]
+    assert check["detail"] == "added: ['written-by-the-smoke.txt']"  # the other program's file is not named
+
+
+def test_a_child_that_imports_the_runtime_is_part_of_the_run(rt, empty_dir, tmp_path):
+    """A torchrun rank is a child process that imports the runtime: its writes into the watched
+    directory count (they reach the parent through PALM_RLHF_SKILL_WATCH); a child that does not
+    import it is another program."""
+    child = (f"import pathlib, sys; sys.path.insert(0, {str(REPO / 'scripts')!r}); import skill_runtime\n"
+             f"pathlib.Path({str(empty_dir / 'from-a-rank')!r}).mkdir()\n")
+    watch = rt.watch_directory(empty_dir)
+    subprocess.run([sys.executable, "-c", child], check=True)
+    subprocess.run([sys.executable, "-c", f"open({str(empty_dir / 'from-elsewhere')!r}, 'w')"], check=True)
+    check = rt.caller_directory_check(empty_dir, watch)
+    assert not check["passed"] and check["detail"] == "added: ['from-a-rank']"
+    assert rt.WATCH_ENV not in os.environ
+
+
+# --- shadowed modules: one line naming the file, exit 3; doctor names it ----------------------------
+
+SHADOW_CODE = "print('SHADOW RAN')\n"
+
+
+@pytest.mark.parametrize("shadow", ["torch.py", "palm_rlhf_pytorch/__init__.py"])
+def test_a_shadowing_module_is_named_in_one_line_and_exits_3(empty_dir, shadow):
+    path = empty_dir / shadow
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(SHADOW_CODE, encoding="utf-8")
+    named = path if path.name != "__init__.py" else path.parent
+    for cmd in ([str(BIN / "tiny-rlhf-smoke"), "--json"], [sys.executable, str(SMOKE), "--json"]):
+        proc = run(cmd, empty_dir, env={"PYTHONPATH": "."})
+        assert proc.returncode == 3 and proc.stdout == "", proc.stderr[-2000:]
+        line = only_line(proc.stderr)
+        assert f"{named} shadows the installed {shadow.split('/')[0].removesuffix('.py')} (" in line
+    proc, report = run_json([str(BIN / "palm-rlhf-skill"), "doctor", "--json"], empty_dir,
+                            env={"PYTHONPATH": "."})
+    assert proc.returncode == 3 and "SHADOW RAN" not in proc.stdout + proc.stderr
+    checks = {c["name"]: c for c in report["checks"]}
+    assert str(named) in checks["library"]["detail"] and checks["library"]["status"] == "missing"
+    if shadow == "torch.py":
+        assert checks["torch"]["status"] == "skipped"
+
+
+def test_an_editable_or_installed_module_is_not_a_shadow(rt):
+    assert rt.shadowed_modules() == []
+
+
+# --- a closed stdout: every console script exits quietly --------------------------------------------
+
+CLOSED_STDOUT_CASES = {
+    "tiny-rlhf-smoke": ["--construct-only", "--json", "--device", "cpu"],
+    "tiny-palm-smoke": ["--steps", "1", "--json", "--device", "cpu"],
+    "tiny-reward-smoke": ["--steps", "2", "--json", "--device", "cpu"],
+    "palm-rlhf-skill": ["list"],
+}
+
+
+def run_with_closed_stdout(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """Run with stdout a pipe whose reader is already gone (`cmd | true` without the race)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run(cmd, cwd=cwd, stdout=write, stderr=subprocess.PIPE, text=True, timeout=300,
+                              env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    finally:
+        os.close(write)
+
+
+def test_every_console_script_has_a_closed_stdout_case():
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["scripts"]
+    assert set(scripts) == set(CLOSED_STDOUT_CASES)
+
+
+@pytest.mark.parametrize("cmd", [[str(BIN / name), *args] for name, args in CLOSED_STDOUT_CASES.items()]
+                         + [[str(BIN / "palm-rlhf-skill"), "doctor", "--json"],
+                            [str(BIN / "palm-rlhf-skill"), "check", "--json"],
+                            [sys.executable, str(SMOKE), "--construct-only", "--json", "--device", "cpu"]],
+                         ids=lambda cmd: " ".join(Path(c).name for c in cmd[:2]))
+def test_a_closed_stdout_exits_141_without_a_traceback(empty_dir, cmd, rt):
+    proc = run_with_closed_stdout(cmd, empty_dir)
+    assert proc.returncode == rt.EXIT_PIPE_CLOSED, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr[-2000:]
+    assert list(empty_dir.iterdir()) == []
+
+
+# --- Ctrl-C while Python shuts down, right after the report -----------------------------------------
+
+LATE_INTERRUPT = """
+import atexit, os, runpy, signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
+def slow_library_exit_handler():  # registered first, so it runs last, like torch's finalizers
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(2)
+atexit.register(slow_library_exit_handler)
+sys.argv = [sys.argv[1], '--construct-only', '--json', '--device', 'cpu']
+runpy.run_path(sys.argv[0], run_name='__main__')
+"""
+
+
+def test_ctrl_c_after_the_report_exits_with_its_code_and_no_traceback(empty_dir):
+    proc = run([sys.executable, "-c", LATE_INTERRUPT, str(SMOKE)], empty_dir)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["status"] == "ok"
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr[-2000:]

@@ -1,0 +1,96 @@
+"""Every declared lower bound is a version someone verified (issue 15, item 1).
+
+The record is the table tools/verify_floors.py printed, kept in
+references/installation.md#verified-floors. pyproject.toml is the one source of the package's
+own bounds; these tests tie the record, pyproject, doctor's checks and the run-time torch gate
+together. (The script itself installs packages from the network, so the suite does not run it.)
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+import tomllib
+
+import pytest
+from packaging.specifiers import SpecifierSet
+
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "tools"))
+import verify_floors  # noqa: E402
+
+from palm_rlhf_skill import doctor  # noqa: E402
+
+PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+RECORD = json.loads((REPO / "scripts" / "api_record.json").read_text(encoding="utf-8"))
+
+
+def recorded_tables() -> list[list[list[str]]]:
+    """The tables of installation.md's "Verified floors" section, as rows of cells (header first)."""
+    text = (REPO / "references" / "installation.md").read_text(encoding="utf-8")
+    section = text.split("\n## Verified floors\n", 1)[1].split("\n## ", 1)[0]
+    tables = [block for block in section.split("\n\n") if block.startswith("| ")]
+    return [[[cell.strip() for cell in line.strip().strip("|").split(" | ")] for line in block.splitlines()
+             if not line.startswith("| ---")] for block in tables]
+
+
+def recorded_floors() -> dict[str, dict[str, str]]:
+    """The floors table: {dependency: row}."""
+    header, *body = recorded_tables()[0]
+    assert header == ["dependency", "declared", "floor", "result at the floor"]
+    return {row[0]: dict(zip(header, row)) for row in body}
+
+
+def recorded_failures() -> list[tuple[str, str]]:
+    """The versions below a floor that the record shows failing: [(name, version)]."""
+    header, *body = recorded_tables()[1]
+    assert header == ["tried", "result"]
+    return [tuple(row[0].split("==")) for row in body if row[1].startswith("FAIL")]
+
+
+def test_every_declared_floor_is_recorded_and_passed():
+    requirements = verify_floors.declared_requirements()
+    record = recorded_floors()
+    assert set(record) == {"python", *requirements}, "rerun tools/verify_floors.py --markdown"
+    for name, spec in requirements.items():
+        floor = verify_floors.floor_of(spec)
+        row = record[name]
+        if floor is None:
+            assert row["floor"] == "-" and row["result at the floor"].startswith("no floor declared"), row
+        else:
+            assert row["floor"] == floor and row["result at the floor"].startswith("pass"), row
+    python = record["python"]
+    assert python["floor"] == verify_floors.floor_of_python(PROJECT["requires-python"])
+    assert python["result at the floor"].startswith(f"pass ({python['floor']}.")
+
+
+def test_doctor_checks_what_pyproject_and_the_library_declare():
+    """doctor reads the installed metadata: it must hold pyproject.toml's bounds (reinstall after
+    editing them), merged with palm-rlhf-pytorch's exactly as the floors script merges them."""
+    ours = verify_floors.declared_requirements()
+    theirs = {name: entry["specifier"] for name, entry in doctor.declared_requirements().items()}
+    assert theirs == ours
+
+
+@pytest.mark.parametrize("name, below", recorded_failures())
+def test_a_version_below_a_verified_floor_is_not_fit(capsys, monkeypatch, tmp_path, name, below):
+    """Versions the record shows failing (or not installable) are a failed doctor check, exit 1;
+    before, doctor called them fit."""
+    real = doctor.rt.installed_version
+    monkeypatch.setattr(doctor.rt, "installed_version", lambda dist: below if dist == name else real(dist))
+    monkeypatch.chdir(tmp_path)
+    assert doctor.main(["--json"]) == 1
+    deps = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}["dependencies"]
+    assert deps["status"] == "fail" and f"{name}: {below} is outside" in deps["detail"], deps
+
+
+def test_torch_gate_floor_is_the_declared_and_tested_floor():
+    declared = SpecifierSet(next(r for r in PROJECT["dependencies"] if re.match(r"torch\b(?!-)", r))[len("torch"):])
+    gate = SpecifierSet(RECORD["torch_supported"])
+    assert verify_floors.floor_of(declared) == verify_floors.floor_of(gate) == RECORD["tested_with"]["torch"]
+    compatibility = re.search(r"^compatibility: (.*)$", (REPO / "SKILL.md").read_text(encoding="utf-8"),
+                              re.MULTILINE).group(1)
+    python_floor = verify_floors.floor_of_python(PROJECT["requires-python"])
+    assert f"Python {python_floor}+" in compatibility and f"torch {RECORD['torch_supported']}" in compatibility
+    assert f"palm-rlhf-pytorch {RECORD['supported']}" in compatibility
