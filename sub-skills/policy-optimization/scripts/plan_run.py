@@ -6,10 +6,10 @@ Reads the run's configuration (TOML or JSON with the tables [palm], [reward_mode
 
 1. build the trainer on torch's meta device: exact parameter counts and weight bytes at any size;
 2. build it for real on the device (skipped when the weights alone do not fit), then probe it,
-   bounded by --probe-seconds: two short rollouts reveal what the installed trainer stores per
+   bounded by --probe-seconds: three tiny rollouts reveal what the installed trainer stores per
    experience; one sampling step is timed at three sequence lengths; then either a few real
-   rollouts and one learn() on a reduced number of experiences (measured), or, when one rollout
-   would not fit the budget, the last step of a rollout and one learn() on its experience
+   rollouts and learn() on a reduced number of experiences (measured), or, when one rollout
+   would not fit the budget, the last step of a rollout and learn() on its experience
    (extrapolated);
 3. predict the full run: rollouts, learn() calls, optimizer steps, dropped leftovers, the memory
    held before each learn() and the peak against what the device has, and the wall time. The
@@ -35,7 +35,7 @@ import os
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -85,7 +85,8 @@ MIB = 2**20
 
 
 class ProbeTimeout(Exception):
-    """Raised from a forward pre-hook when the probe's deadline has passed."""
+    """Raised from a forward pre-hook on the policy's token embedding once the probe's deadline has
+    passed: every forward of the policy (sampling steps, scoring, learn()) can be stopped there."""
 
 
 # --- configuration (no torch) ------------------------------------------------------------------
@@ -190,7 +191,6 @@ def check_value(section: str, key: str, value: Any, default: Any, required: bool
     """Check one value against the installed parameter's default (its type is the contract:
     palm-rlhf-pytorch annotates almost nothing). Returns the value to pass (lists become tuples
     where the default is a tuple). Raises SkillError(2) naming the key."""
-    import inspect
     where = f"config [{section}] {key}"
     if required:
         expected = (int,)
@@ -208,7 +208,7 @@ def check_value(section: str, key: str, value: Any, default: Any, required: bool
         expected = (list,)
     elif isinstance(default, dict):
         expected = (dict,)
-    elif default is None or default is inspect.Parameter.empty:
+    elif default is None:  # max_norm, dr_grpo_constant, eos_token, ...: any plain value
         expected = (bool, int, float, str)
     else:
         expected = (type(default),)
@@ -333,21 +333,22 @@ def build_trainer(resolved: dict[str, Any], device_kwargs: dict[str, Any], devic
     import torch
     from palm_rlhf_pytorch import PaLM, RewardModel
 
+    cls = resolved["trainer_class"]
+    where = torch.device("meta") if meta else device
     try:
         with torch.device("meta") if meta else contextlib.nullcontext():
-            palm = PaLM(**resolved["palm"])
-            reward_model = RewardModel(palm if meta else palm.to(device), **resolved["reward_model"])
+            palm = PaLM(**resolved["palm"]).to(where)
+            reward_model = RewardModel(palm, **resolved["reward_model"]).to(where)
         with rt.capture_library_output():
-            trainer = resolved["trainer_class"](
-                palm=palm if meta else palm.to(device), reward_model=reward_model if meta else reward_model.to(device),
-                prompt_token_ids=ids if meta else ids.to(device),
-                accelerate_kwargs={**device_kwargs, "device_placement": False} if meta else device_kwargs,
-                **resolved["trainer"])
+            trainer = cls(palm=palm, reward_model=reward_model, prompt_token_ids=ids if meta else ids.to(device),
+                          accelerate_kwargs={**device_kwargs, "device_placement": False} if meta else device_kwargs,
+                          **resolved["trainer"])
+    except torch.OutOfMemoryError as exc:
+        raise rt.SkillError(f"building at the real size ran out of memory: {rt.one_line(exc)}",
+                            rt.EXIT_CHECK_FAILED) from None
     except (AssertionError, TypeError, ValueError, RuntimeError) as exc:
-        if not meta and "out of memory" in str(exc).lower():
-            raise
-        raise rt.SkillError(f"config: the installed {resolved['trainer_class'].__module__}."
-                            f"{resolved['trainer_class'].__name__} refused it: {rt.one_line(exc)}") from None
+        raise rt.SkillError(f"config: the installed {cls.__module__}.{cls.__name__} refused it: "
+                            f"{rt.one_line(exc)}") from None
     if not meta:  # the trainer registers the prompt ids as its own buffer, not prepared by Accelerate
         trainer.prompt_token_ids = trainer.prompt_token_ids.to(device)
     return trainer
@@ -485,8 +486,7 @@ def stored_sizes(stored) -> dict[str, Any]:
     data = getattr(stored, "data", None)
     if isinstance(data, dict):  # memmap_replay_buffer.ReplayBuffer: (episodes, timesteps, *shape)
         fields = {name: int(arr.dtype.itemsize * math.prod(arr.shape[2:])) for name, arr in data.items()}
-        return {"items": int(stored.timestep_index), "fields": fields, "buffer": True,
-                "max_episodes": int(stored.max_episodes)}
+        return {"items": int(stored.timestep_index), "fields": fields, "buffer": True}
     items = list(stored)
     fields = {f: sum(int(getattr(item, f).nbytes) for item in items) for f in items[0]._fields}
     return {"items": len(items), "fields": fields, "buffer": False}
@@ -502,14 +502,13 @@ def now(device) -> float:
 @dataclass
 class Probe:
     """The bounded probe of one real-size trainer: each method is one stage of the checklist, and
-    every stage stops when the deadline passes (a forward pre-hook on the policy PaLM raises)."""
+    every stage stops at the next forward of the policy once ``deadline`` (perf_counter seconds)
+    has passed (ProbeTimeout)."""
     trainer: Any
     resolved: dict[str, Any]
     device: Any
     meter: MemoryMeter
     deadline: float
-    say: Callable[[str], None]
-    results: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         unwrap = self.trainer.accelerate.unwrap_model
@@ -522,7 +521,9 @@ class Probe:
         self.max_seq_len = self.resolved["effective"]["train"]["max_seq_len"]
         ids = self.trainer.prompt_token_ids
         self.prompt_lens = (ids != self.pad).sum(-1).tolist()
-        self._hook = self.palm.register_forward_pre_hook(self._check_deadline)
+        # on the embedding: PaLM.generate calls PaLM.forward directly, which skips the PaLM's own
+        # hooks, while every forward calls token_emb through its __call__
+        self._hook = self.palm.token_emb.register_forward_pre_hook(self._check_deadline)
 
     def _check_deadline(self, *_):
         if time.perf_counter() > self.deadline:
@@ -591,10 +592,15 @@ class Probe:
                 break
             prompt = torch.randint(1, self.palm.num_tokens, (batch, n), device=self.device)
             samples = []
-            while len(samples) < 3 and (not samples or sum(samples) < 0.3):
-                t0 = now(self.device)
-                self.palm.generate(n + 1, prompt=prompt, finetune_scope=self.scope, **kwargs)
-                samples.append(now(self.device) - t0)
+            try:
+                while len(samples) < 3 and (not samples or sum(samples) < 0.3):
+                    t0 = now(self.device)
+                    self.palm.generate(n + 1, prompt=prompt, finetune_scope=self.scope, **kwargs)
+                    samples.append(now(self.device) - t0)
+            except ProbeTimeout:
+                pass
+            if not samples:
+                break
             points.append((n, sorted(samples)[len(samples) // 2]))
         return points
 
@@ -684,10 +690,10 @@ class Probe:
 
 # --- predicting (no torch) ---------------------------------------------------------------------
 
-def figure(value: Any, basis: str, **extra: Any) -> dict[str, Any]:
+def figure(value: Any, basis: str) -> dict[str, Any]:
     """A reported figure and how it was obtained: computed (exact arithmetic from the installed
     library), measured (in the probe) or derived (extrapolated from measurements)."""
-    return {"value": value, "basis": basis, **extra}
+    return {"value": value, "basis": basis}
 
 
 def predict_memory(counts: dict[str, int], per_rollout: int, buffer: bool, base: dict[str, int],
@@ -699,10 +705,12 @@ def predict_memory(counts: dict[str, int], per_rollout: int, buffer: bool, base:
     learn() stacks them once more (pad_sequence; TPO reads minibatches from the buffer instead).
     ``probe`` gives the measured transients above the RSS before the stage: ``rollout_bytes`` (one
     rollout) and ``learn_bytes`` over ``learn_items`` experiences (their stacked copy, the optimizer
-    state created on the first step, gradients and the activations of one minibatch); activations
-    are scaled to the full minibatch. On CPU everything is in ``host``; on CUDA the experiences stay
-    on the host (the trainers store ``.cpu()`` copies) and weights, optimizer and activations on
-    the device. Returns ``{peak, parts, pools}`` with each part a figure.
+    state created on the first step, gradients and the activations of its minibatches); activations
+    are scaled to the full minibatch. The heap a rollout's transients grew is not handed back to
+    the system (glibc keeps it), so it stays under learn() too. On CPU everything is in ``host``;
+    on CUDA the experiences stay on the host (the trainers store ``.cpu()`` copies) and weights,
+    optimizer and activations on the device. Returns ``{pools: {pool: bytes}, parts: {name:
+    figure}, complete}``; ``complete`` is False when a transient was not measured (a lower bound).
     """
     items = counts["items_per_rollout"]
     learned = counts["learn_calls"] > 0
@@ -724,7 +732,6 @@ def predict_memory(counts: dict[str, int], per_rollout: int, buffer: bool, base:
                                          "derived" if learned and activations is not None else "computed")}
     cuda = "device" in base
     on_device = optimizer if learned else 0
-    # the heap a rollout's transients grew is not handed back before learn(): both phases keep it
     rollout_phase = (0 if cuda else on_device) + max(0, held - per_rollout) + (rollout or 0)
     learn_phase = ((0 if cuda else on_device) + held + (rollout or 0) + stacked + (activations or 0)) if learned else 0
     pools = {"host": base["host"] + max(rollout_phase, learn_phase)}
@@ -742,12 +749,14 @@ def predict_time(counts: dict[str, int], measured: dict[str, Any], epochs: int) 
     call's one-time cost once). ``measured`` holds those unit figures (None when not measured, then
     the total is a lower bound)."""
     rollout_s, learn_item_s = measured.get("rollout_s"), measured.get("learn_item_s")
-    rollouts = counts["rollouts"] * rollout_s + measured.get("first_rollout_extra_s", 0.0) \
-        if rollout_s is not None and counts["rollouts"] else (0.0 if not counts["rollouts"] else None)
-    learns = 0.0
+    rollouts = learns = 0.0
+    if counts["rollouts"]:
+        rollouts = None if rollout_s is None else \
+            counts["rollouts"] * rollout_s + measured.get("first_rollout_extra_s", 0.0)
     if counts["learn_calls"]:
-        learns = (counts["learn_calls"] * counts["items_per_learn"] * epochs * learn_item_s
-                  + measured.get("first_learn_extra_s", 0.0)) if learn_item_s is not None else None
+        learns = None if learn_item_s is None else \
+            counts["learn_calls"] * counts["items_per_learn"] * epochs * learn_item_s \
+            + measured.get("first_learn_extra_s", 0.0)
     parts = {"startup": measured["startup_s"], "construct": measured.get("construct_s"),
              "rollouts": rollouts, "learn": learns}
     total = sum(v for v in parts.values() if v is not None)
@@ -762,15 +771,15 @@ def group_warning(name: str, effective: dict[str, Any], group_size: int) -> dict
     kwarg = TRAINERS[name].group_kwarg
     if name == "grpo" and (effective.get("use_dr_grpo") or effective.get("dr_grpo_constant") is not None
                            or effective.get("use_max_rl")):
-        effect, blocks = "every advantage is 0 (reward minus the group mean of one), nothing is learned", True
+        effect = "every advantage is 0 (reward minus the group mean of one), nothing is learned"
     elif name == "grpo":
-        effect, blocks = ("the first rollout raises a bare AssertionError: the std of one reward is NaN "
-                          "and safe_div asserts a non-negative divisor"), True
+        effect = ("the first rollout raises a bare AssertionError: the std of one reward is NaN and "
+                  "safe_div asserts a non-negative divisor")
     elif name == "flowrl":
-        effect, blocks = "the normalised reward is NaN, so the loss and then every weight become NaN", True
+        effect = "the normalised reward is NaN, so the loss and then every weight become NaN"
     else:
-        effect, blocks = "the target is the one sample itself: the policy loss carries no reward signal", True
-    return {"code": "group_of_one", "blocks_learning": blocks,
+        effect = "the target is the one sample itself: the policy loss carries no reward signal"
+    return {"code": "group_of_one", "blocks_learning": True,
             "message": f"{kwarg}=0 samples one sequence per prompt: {effect}",
             "fix": f"set {kwarg} to at least 1 (group size = {kwarg} + 1)",
             "doc": f"{DOCS}#group-size-per-rollout"}
@@ -849,21 +858,26 @@ def build_warnings(name: str, resolved: dict[str, Any], counts: dict[str, int], 
     return out
 
 
-def verdict(fits: bool | None, counts: dict[str, int], warnings: list[dict[str, Any]],
-            wall: dict[str, Any], peak_mib: float | None, available_mib: float) -> tuple[str, str]:
+def verdict(fits: bool, counts: dict[str, int], warnings: list[dict[str, Any]], wall: dict[str, Any],
+            peak_bytes: int, peak_complete: bool, available_bytes: int) -> tuple[str, str]:
     """(status, one line): does_not_fit, never_learns, or fits; the line names the first reason and
-    the predicted wall time and peak."""
+    the predicted wall time and peak ("at least" where a part was not measured)."""
     blocking = [w for w in warnings if w["blocks_learning"]]
     time_text = ("at least " if wall["lower_bound"] else "") + human_seconds(wall["total_s"])
-    peak_text = f"{peak_mib:,.0f} MiB peak" if peak_mib is not None else "peak not measured"
-    tail = f"predicted {time_text} wall, {peak_text} ({available_mib:,.0f} MiB available)"
+    peak_text = ("" if peak_complete else "at least ") + human_bytes(peak_bytes)
+    tail = f"predicted {time_text} wall, {peak_text} peak ({human_bytes(available_bytes)} available)"
     if fits is False:
         status, head = "does_not_fit", "does not fit"
     elif blocking:
-        status, head = "never_learns", f"never learns ({blocking[0]['code'].replace('_', ' ')})"
+        code = blocking[0]["code"]
+        status, head = "never_learns", "never learns" + ("" if code == "never_learns" else f" ({code.replace('_', ' ')})")
     else:
         status, head = "fits", f"fits and learns: {counts['learn_calls']} learn() calls"
     return status, f"{head}: {tail}"
+
+
+def human_bytes(n: int) -> str:
+    return f"{n / 2**30:,.1f} GiB" if n >= 10 * 2**30 else f"{n / MIB:,.0f} MiB"
 
 
 def human_seconds(seconds: float) -> str:
@@ -880,114 +894,133 @@ def human_seconds(seconds: float) -> str:
 
 # --- the plan ------------------------------------------------------------------------------------
 
-def plan(args, resolved: dict[str, Any], device_kwargs: dict[str, Any], device, startup_s: float,
-         say: Callable[[str], None]) -> dict[str, Any]:
-    """Meta build, bounded probe at the real size, prediction, warnings and verdict: the report."""
+def probe_at_real_size(args, resolved: dict[str, Any], device_kwargs: dict[str, Any], device, ids,
+                       meter: MemoryMeter, available: dict[str, int], say: Callable[[str], None]) -> dict[str, Any]:
+    """Build the run for real and probe it until ``--probe-seconds`` after the start of the build:
+    construct (timed), the three tiny rollouts (always), one sampling step at three lengths, then
+    real rollouts and learn() when a rollout fits the budget, else the last step of a rollout.
+
+    Returns ``stored`` (what a rollout stores), ``per_rollout`` and ``fields_bytes`` (bytes at the
+    configured size), ``base`` (bytes held before the rollouts, per pool), ``measured`` (unit
+    seconds), ``transients`` (bytes above the memory before a stage) and ``report`` (the probe's
+    own account: regime, stage seconds, notes)."""
     from accelerate.utils import set_seed
 
+    train, eff = resolved["effective"]["train"], resolved["effective"]["trainer"]
+    max_seq_len, minibatch, epochs = train["max_seq_len"], eff["minibatch_size"], eff["epochs"]
+    pool = "device" if device.type == "cuda" else "host"
+    report: dict[str, Any] = {"budget_s": args.probe_seconds, "regime": None, "stages_s": {},
+                              "peaks_resettable": meter.resettable, "notes": []}
+    measured: dict[str, Any] = {}
+    transients: dict[str, Any] = {}
+    started = time.perf_counter()
+
+    def stage(label: str, t0: float) -> None:
+        report["stages_s"][label] = round(time.perf_counter() - t0, 3)
+        say(f"[{time.perf_counter() - started:6.1f} s] {label} done")
+
+    say(f"probe started (budget {args.probe_seconds:g} s)")
+    set_seed(args.seed)
+    t0 = time.perf_counter()
+    trainer = build_trainer(resolved, device_kwargs, device, ids)
+    measured["construct_s"] = time.perf_counter() - t0
+    stage("construct", t0)
+    probe = Probe(trainer, resolved, device, meter, math.inf)
+    try:
+        t0 = time.perf_counter()
+        stored = probe.stored_fields()  # always: the smallest probe that shows what is stored
+        stage("stored_fields", t0)
+        # the run's memory before its rollouts: the trainer, plus what the first rollout loads for
+        # good (einx and sympy tracing state); the tiny rollouts' experiences are freed
+        base = {"host": meter.rss(), **({"device": meter.device_now()} if pool == "device" else {})}
+        probe.deadline = started + args.probe_seconds
+        group_size, items = stored["sequences_per_rollout"], stored["items"]
+        fields_bytes = stored_at(stored, probe.prompt_lens, max_seq_len)
+        per_rollout = sum(fields_bytes.values())
+        items_per_learn = train["update_timesteps"] * items
+        measured["first_rollout_extra_s"] = stored["first_call_s"]
+        t0 = time.perf_counter()
+        points = probe.sampling_steps(group_size)
+        stage("sampling_steps", t0)
+        report["sampling_step_s"] = [[n, round(s, 5)] for n, s in points]
+        sampling_s = mean_rollout_sampling(points, probe.prompt_lens, max_seq_len)
+        # learn() on a few minibatches: memory grows over the first ones (the allocator's heap)
+        learn_target = min(LEARN_MINIBATCHES * minibatch, items_per_learn) or 1
+        wanted = max(3, math.ceil(learn_target / items))
+        estimate = (sampling_s or 0.0) * 1.25
+        affordable = int(probe.remaining() * 0.5 // estimate) if estimate > 0 else wanted
+        t0 = time.perf_counter()
+        if sampling_s is not None and affordable >= 1:
+            report["regime"] = "measured"
+            r = min(wanted, affordable)
+            out = probe.real_rollouts(r, min(learn_target, r * items))
+            stage(f"{r} real rollouts and learn()", t0)
+            take_real(out, per_rollout, epochs, measured, transients, report)
+        elif sampling_s is not None:
+            report["regime"] = "extrapolated"
+            seqs_per_item = group_size if stored["buffer"] else 1
+            guess = 12 * seqs_per_item * max_seq_len * resolved["palm"]["num_tokens"] * 4
+            learn_ok = guess < 0.5 * (available[pool] - meter.rss())
+            if not learn_ok:
+                report["notes"].append(f"learn() not probed: about {guess / MIB:,.0f} MiB of activations "
+                                       "for one experience would not fit half the free memory")
+            # the last step: one sampling step and about three full-length forwards (scoring)
+            n_last, t_last = points[-1]
+            step = t_last * (max_seq_len / n_last) ** 2  # a full-length forward, at most
+            out = probe.last_step(learn_ok) if 4 * step < probe.remaining() else {}
+            if out.get("learn_skipped") == "budget" or not out:
+                report["notes"].append("learn() not probed: it would overrun --probe-seconds"
+                                       + ("" if out else ", as would the last rollout step"))
+            stage("last rollout step and learn()", t0)
+            take_last_step(out, points, probe.prompt_lens, max_seq_len, epochs, measured, transients, report)
+        else:
+            report["notes"].append("no sampling step timed within --probe-seconds: time not predicted")
+    finally:
+        probe.close()
+    report["elapsed_s"] = round(time.perf_counter() - started, 3)
+    return {"stored": stored, "per_rollout": per_rollout, "fields_bytes": fields_bytes, "base": base,
+            "measured": measured, "transients": transients, "report": report}
+
+
+def plan(args, resolved: dict[str, Any], device_kwargs: dict[str, Any], device, startup_s: float,
+         say: Callable[[str], None]) -> dict[str, Any]:
+    """Meta build (counts), bounded probe at the real size, prediction, warnings and verdict."""
     name, spec = resolved["name"], TRAINERS[resolved["name"]]
     eff, train = resolved["effective"]["trainer"], resolved["effective"]["train"]
-    group_size = eff[spec.group_kwarg] + 1 if spec.group_kwarg else 1
     ids = prompt_token_ids(resolved, args.seed)
     params = parameter_report(build_trainer(resolved, device_kwargs, device, ids, meta=True))
     meter = MemoryMeter(device)
     available = available_memory(device, meter)
     pool = "device" if device.type == "cuda" else "host"
-    rollouts = train["num_episodes"] * train["max_timesteps"]
-    max_seq_len, minibatch, epochs = train["max_seq_len"], eff["minibatch_size"], eff["epochs"]
-    probe_report: dict[str, Any] = {"budget_s": args.probe_seconds, "regime": None, "stages_s": {},
-                                    "peaks_resettable": meter.resettable, "notes": []}
-    measured: dict[str, Any] = {"startup_s": startup_s}
-    probe_measures: dict[str, Any] = {}
-    stored = None
-    started = time.perf_counter()
+    minibatch, epochs = eff["minibatch_size"], eff["epochs"]
     weights_need = params["weights_bytes"] + (meter.device_now() if pool == "device" else meter.rss())
-
-    def stage(label: str, t0: float) -> None:
-        probe_report["stages_s"][label] = round(time.perf_counter() - t0, 3)
-        say(f"[{time.perf_counter() - started:6.1f} s] {label} done")
-
-    if weights_need > available[pool]:
-        probe_report["regime"] = "skipped"
-        probe_report["notes"].append("not built at the real size: the weights alone exceed the memory available")
-    else:
-        say(f"probe started (budget {args.probe_seconds:g} s)")
-        set_seed(args.seed)
-        t0 = time.perf_counter()
-        trainer = build_trainer(resolved, device_kwargs, device, ids)
-        measured["construct_s"] = time.perf_counter() - t0
-        stage("construct", t0)
-        probe = Probe(trainer, resolved, device, meter, math.inf, say)
-        try:
-            t0 = time.perf_counter()
-            stored = probe.stored_fields()  # always: the smallest probe that shows what is stored
-            stage("stored_fields", t0)
-            # the run's memory before its rollouts: the trainer, plus what the first rollout loads
-            # for good (einx and sympy tracing state); the two short rollouts' experiences are freed
-            base = {"host": meter.rss(), **({"device": meter.device_now()} if pool == "device" else {})}
-            probe.deadline = started + args.probe_seconds
-            group_size, items = stored["sequences_per_rollout"], stored["items"]
-            fields_bytes = stored_at(stored, probe.prompt_lens, max_seq_len)
-            per_rollout = sum(fields_bytes.values())
-            counts = run_counts(rollouts, train["update_timesteps"], items, minibatch, epochs)
-            t0 = time.perf_counter()
-            points = probe.sampling_steps(group_size)
-            stage("sampling_steps", t0)
-            sampling_s = mean_rollout_sampling(points, probe.prompt_lens, max_seq_len)
-            probe_report["sampling_step_s"] = [[n, round(s, 5)] for n, s in points]
-            measured["first_rollout_extra_s"] = stored["first_call_s"]
-            # learn() on a few minibatches: memory grows over the first ones (the allocator's heap)
-            learn_target = min(LEARN_MINIBATCHES * minibatch, counts["items_per_learn"]) or 1
-            wanted = max(3, math.ceil(learn_target / items))
-            estimate = (sampling_s or 0.0) * 1.25
-            affordable = int(probe.remaining() * 0.5 // estimate) if estimate > 0 else wanted
-            t0 = time.perf_counter()
-            if sampling_s is not None and affordable >= 1:
-                probe_report["regime"] = "measured"
-                r = min(wanted, affordable)
-                out = probe.real_rollouts(r, min(learn_target, r * items))
-                stage(f"{r} real rollouts and learn()", t0)
-                take_real(out, per_rollout, epochs, measured, probe_measures, probe_report)
-            elif sampling_s is not None:
-                probe_report["regime"] = "extrapolated"
-                seqs_per_item = group_size if stored["buffer"] else 1
-                guess = 12 * seqs_per_item * max_seq_len * resolved["palm"]["num_tokens"] * 4
-                learn_ok = guess < 0.5 * (available[pool] - meter.rss())
-                if not learn_ok:
-                    probe_report["notes"].append(f"learn() not probed: about {guess / MIB:,.0f} MiB of activations "
-                                                 "for one experience would not fit half the free memory")
-                # the last step: one sampling step and about three full-length forwards (scoring)
-                n_last, t_last = points[-1]
-                step = t_last * (max_seq_len / n_last) ** 2  # a full-length forward, at most
-                out = probe.last_step(learn_ok) if 4 * step < probe.remaining() else {}
-                if out.get("learn_skipped") == "budget" or not out:
-                    probe_report["notes"].append("learn() not probed: it would overrun --probe-seconds"
-                                                 + ("" if out else ", as would the last rollout step"))
-                stage("last rollout step and learn()", t0)
-                take_last_step(out, points, probe.prompt_lens, max_seq_len, epochs, measured, probe_measures,
-                               probe_report)
-        finally:
-            probe.close()
-        probe_report["elapsed_s"] = round(time.perf_counter() - started, 3)
-        del trainer, probe
-    if stored is None:  # not probed: the smoke's table says which trainers store a group as items
+    if weights_need <= available[pool]:
+        probed = probe_at_real_size(args, resolved, device_kwargs, device, ids, meter, available, say)
+        stored, base = probed["stored"], probed["base"]
+        group_size, items, per_rollout = stored["sequences_per_rollout"], stored["items"], probed["per_rollout"]
+    else:  # not built: the smoke's trainer table says which trainers store a group as separate items
+        probed = {"measured": {}, "transients": {}, "report": {
+            "budget_s": args.probe_seconds, "regime": "skipped", "elapsed_s": 0.0, "stages_s": {},
+            "notes": ["not built at the real size: the weights alone exceed the memory available"]}}
+        stored, base, per_rollout = None, {"host": meter.rss()}, None
+        group_size = eff[spec.group_kwarg] + 1 if spec.group_kwarg else 1
         items = group_size if spec.items_per_rollout > 1 else 1
-        counts = run_counts(rollouts, train["update_timesteps"], items, minibatch, epochs)
-        per_rollout, base = None, {"host": meter.rss()}
-        probe_report["elapsed_s"] = round(time.perf_counter() - started, 3)
-
+    probed["measured"]["startup_s"] = startup_s
+    counts = run_counts(train["num_episodes"] * train["max_timesteps"], train["update_timesteps"], items,
+                        minibatch, epochs)
+    probe_report = probed["report"]
     memory = None if per_rollout is None else predict_memory(
-        counts, per_rollout, stored["buffer"], base, params, probe_measures, minibatch)
+        counts, per_rollout, stored["buffer"], base, params, probed["transients"], minibatch)
     peak = memory["pools"][pool] if memory else weights_need
     fits = peak <= available[pool] and (memory is None or memory["pools"]["host"] <= available["host"])
-    wall = predict_time(counts, measured, epochs)
+    wall = predict_time(counts, probed["measured"], epochs)
     held = memory["parts"]["held_before_learn"]["value"] if memory else None
     memory_text = (f"predicted peak {peak / 2**30:,.1f} GiB exceeds the {available[pool] / 2**30:,.1f} GiB "
                    f"available on {device}" + (f"; the experiences held before each learn() alone take "
                                                f"{held / 2**30:,.1f} GiB" if held else "; the weights alone do not fit"))
     optimizer = params["optimizers"][0] if params["optimizers"] else None
     warnings = build_warnings(name, resolved, counts, group_size, optimizer, fits, memory_text)
-    status, line = verdict(fits, counts, warnings, wall, peak / MIB, available[pool] / MIB)
+    status, line = verdict(fits, counts, warnings, wall, peak, bool(memory and memory["complete"]), available[pool])
     reasons = ([memory_text] if not fits else []) + [w["message"] for w in warnings if w["blocks_learning"]]
     if status == "fits":
         reasons.append(f"{counts['learn_calls']} learn() calls of {counts['items_per_learn']} experiences, "
@@ -1003,7 +1036,7 @@ def plan(args, resolved: dict[str, Any], device_kwargs: dict[str, Any], device, 
         "counts": {**counts, "group_size": group_size, "basis": "computed"},
         "parameters": params,
         "stored_per_rollout": None if stored is None else {
-            "bytes": per_rollout, "fields_bytes": fields_bytes, "replay_buffer": stored["buffer"],
+            "bytes": per_rollout, "fields_bytes": probed["fields_bytes"], "replay_buffer": stored["buffer"],
             "replay_buffer_file_bytes": per_rollout * train.get("max_episodes", 1) * train["update_timesteps"]
             if stored["buffer"] else None,
             "basis": "computed from the fields the installed trainer stored in three tiny rollouts"},
@@ -1011,7 +1044,7 @@ def plan(args, resolved: dict[str, Any], device_kwargs: dict[str, Any], device, 
             "base_bytes": figure(base, "measured"), "pools_bytes": memory["pools"], "complete": memory["complete"],
             **{k: v for k, v in memory["parts"].items()}},
         "time": {**{k: None if v is None else round(v, 3) for k, v in wall["parts_s"].items()},
-                 "unit_s": {k: round(v, 5) for k, v in measured.items() if not isinstance(v, bool)}},
+                 "unit_s": {k: round(v, 5) for k, v in probed["measured"].items() if not isinstance(v, bool)}},
         "warnings": warnings, "probe": probe_report,
     }
 
@@ -1050,7 +1083,7 @@ def mean_rollout_sampling(points: list[tuple[int, float]], prompt_lens: list[int
 
 
 def take_real(out: dict[str, Any], per_rollout: int, epochs: int, measured: dict[str, Any],
-              probe_measures: dict[str, Any], probe_report: dict[str, Any]) -> None:
+              transients: dict[str, Any], probe_report: dict[str, Any]) -> None:
     """Unit figures from real rollouts and learn(): steady rollout seconds (median after the first),
     the first one's extra, per-experience learn seconds (second call), the first call's extra,
     transients. Anything the budget cut is left out (the prediction then says lower bound)."""
@@ -1063,17 +1096,20 @@ def take_real(out: dict[str, Any], per_rollout: int, epochs: int, measured: dict
         measured["rollout_s"] = steady
         measured["first_rollout_extra_s"] += max(0.0, intervals[0] - steady)
     if "rollout_peak_bytes" in out:
-        probe_measures["rollout_bytes"] = max(0, out["rollout_peak_bytes"] - (len(intervals) - 1) * per_rollout)
-        probe_measures["rollout_device_bytes"] = out["rollout_device_peak_bytes"]
+        transients["rollout_bytes"] = max(0, out["rollout_peak_bytes"] - (len(intervals) - 1) * per_rollout)
+        transients["rollout_device_bytes"] = out["rollout_device_peak_bytes"]
+    if len(learns) == 1:
+        probe_report["notes"].append("learn() timed once: its one-time cost is spread over every experience "
+                                     "(the learn() time is an upper bound)")
     if learns:
         last = learns[-1]
         measured["learn_item_s"] = last["seconds"] / (last["items"] * max(1, epochs))
         measured["first_learn_extra_s"] = max(0.0, learns[0]["seconds"] - last["seconds"]) if len(learns) > 1 else 0.0
-        probe_measures.update(learn_bytes=learns[0]["peak_bytes"], learn_items=learns[0]["items"],
+        transients.update(learn_bytes=learns[0]["peak_bytes"], learn_items=learns[0]["items"],
                               learn_device_bytes=learns[0]["device_peak_bytes"])
 
 
-def take_last_step(out: dict[str, Any], points, prompt_lens, max_seq_len, epochs, measured, probe_measures,
+def take_last_step(out: dict[str, Any], points, prompt_lens, max_seq_len, epochs, measured, transients,
                    probe_report) -> None:
     """Unit figures when no rollout fits the budget: sampling steps up to max_seq_len - 2 from the
     timed steps, plus the measured last step (one sampling step and the full-length scoring);
@@ -1082,8 +1118,8 @@ def take_last_step(out: dict[str, Any], points, prompt_lens, max_seq_len, epochs
     if "seconds" in out:
         measured["rollout_s"] = mean_rollout_sampling(points, prompt_lens, max_seq_len, upto=max_seq_len - 2) \
             + out["seconds"]
-        probe_measures["rollout_bytes"] = out["rollout_peak_bytes"]
-        probe_measures["rollout_device_bytes"] = out["rollout_device_peak_bytes"]
+        transients["rollout_bytes"] = out["rollout_peak_bytes"]
+        transients["rollout_device_bytes"] = out["rollout_device_peak_bytes"]
     else:  # the sampling loop alone: without the scoring of the full sequences
         measured["rollout_s"] = mean_rollout_sampling(points, prompt_lens, max_seq_len)
         measured["lower_bound"] = True
@@ -1092,7 +1128,7 @@ def take_last_step(out: dict[str, Any], points, prompt_lens, max_seq_len, epochs
     if out.get("learn"):
         learn = out["learn"][0]
         measured["learn_item_s"] = learn["seconds"] / max(1, epochs)
-        probe_measures.update(learn_bytes=learn["peak_bytes"], learn_items=1,
+        transients.update(learn_bytes=learn["peak_bytes"], learn_items=1,
                               learn_device_bytes=learn["device_peak_bytes"])
 
 
@@ -1306,7 +1342,7 @@ def build_parser() -> rt.OneLineParser:
     parser.add_argument("--device", default="auto", type=rt.device_spec,
                         help="auto (CUDA when available, else CPU), cpu, cuda or cuda:N (default: auto)")
     parser.add_argument("--probe-seconds", type=rt.finite_nonnegative_float, default=60.0, metavar="S",
-                        help="wall-clock budget of the probe after the model is built and its two one-token "
+                        help="wall-clock budget of the probe after the model is built and its three tiny "
                              "rollouts have run (default: 60)")
     parser.add_argument("--seed", type=rt.bounded_int(0, rt.MAX_SEED), default=0,
                         help="seed for prompts, weights and sampling (default: 0)")
@@ -1331,7 +1367,7 @@ def main(argv: list[str] | None = None) -> int:
     if "path" in config["prompts"]:  # relative to the config file, read before leaving the caller's directory
         config["prompts"]["path"] = str((Path(args.config).parent / config["prompts"]["path"]).resolve())
     env = rt.check_versions(args.allow_untested)
-    import torch
+    import torch  # the run's imports, timed as part of its startup
     import palm_rlhf_pytorch  # noqa: F401
     import accelerate  # noqa: F401
     startup_s = process_seconds()
