@@ -579,8 +579,9 @@ class Probe:
     # stage 2: one sampling step at three lengths -------------------------------------------------
     def sampling_steps(self, batch: int) -> list[tuple[int, float]]:
         """Seconds of one ``PaLM.generate`` step (the rollout's inner loop) of ``batch`` sequences at
-        lengths mean prompt, midway and max_seq_len - 1; a length is skipped when its cost, scaled
-        from the last one by (n / n_prev)**2, would not fit half the remaining budget."""
+        lengths mean prompt, midway and max_seq_len - 1. A step cannot be stopped once started, so a
+        length is skipped when its cost, scaled from the last one by (n / n_prev)**1.5 (between the
+        linear layers' n and attention's n**2), would overrun the budget."""
         import torch
         first = round(sum(self.prompt_lens) / len(self.prompt_lens))
         last = max(first, self.max_seq_len - 1)
@@ -588,7 +589,7 @@ class Probe:
         kwargs = {k: self.train_kwargs[k] for k in ("temperature", "eos_token") if k in self.train_kwargs}
         points: list[tuple[int, float]] = []
         for n in lengths:
-            if points and points[-1][1] * (n / points[-1][0]) ** 2 > self.remaining() / 2:
+            if points and points[-1][1] * (n / points[-1][0]) ** 1.5 > self.remaining():
                 break
             prompt = torch.randint(1, self.palm.num_tokens, (batch, n), device=self.device)
             samples = []
@@ -872,7 +873,7 @@ def verdict(fits: bool, counts: dict[str, int], warnings: list[dict[str, Any]], 
         code = blocking[0]["code"]
         status, head = "never_learns", "never learns" + ("" if code == "never_learns" else f" ({code.replace('_', ' ')})")
     else:
-        status, head = "fits", f"fits and learns: {counts['learn_calls']} learn() calls"
+        status, head = "fits", f"fits and learns ({counts['learn_calls']:,} learn() calls)"
     return status, f"{head}: {tail}"
 
 
@@ -928,7 +929,10 @@ def probe_at_real_size(args, resolved: dict[str, Any], device_kwargs: dict[str, 
     probe = Probe(trainer, resolved, device, meter, math.inf)
     try:
         t0 = time.perf_counter()
-        stored = probe.stored_fields()  # always: the smallest probe that shows what is stored
+        # always: the smallest probe that shows what is stored. One thread: these tiny forwards gain
+        # nothing from more, and a busy CPU makes many threads wait on each other for seconds
+        with rt.torch_threads(1):
+            stored = probe.stored_fields()
         stage("stored_fields", t0)
         # the run's memory before its rollouts: the trainer, plus what the first rollout loads for
         # good (einx and sympy tracing state); the tiny rollouts' experiences are freed
@@ -1106,7 +1110,7 @@ def take_real(out: dict[str, Any], per_rollout: int, epochs: int, measured: dict
         measured["learn_item_s"] = last["seconds"] / (last["items"] * max(1, epochs))
         measured["first_learn_extra_s"] = max(0.0, learns[0]["seconds"] - last["seconds"]) if len(learns) > 1 else 0.0
         transients.update(learn_bytes=learns[0]["peak_bytes"], learn_items=learns[0]["items"],
-                              learn_device_bytes=learns[0]["device_peak_bytes"])
+                          learn_device_bytes=learns[0]["device_peak_bytes"])
 
 
 def take_last_step(out: dict[str, Any], points, prompt_lens, max_seq_len, epochs, measured, transients,
@@ -1296,7 +1300,7 @@ def summary(report: dict[str, Any]) -> str:
     if memory:
         parts = ", ".join(f"{k.replace('_', ' ')} {mib(v['value'])} [{v['basis']}]" for k, v in memory.items()
                           if isinstance(v, dict) and "basis" in v and k != "base_bytes")
-        lines.append(f"memory (MiB): process after construction {mib(memory['base_bytes']['value']['host'])} "
+        lines.append(f"memory (MiB): process before the rollouts {mib(memory['base_bytes']['value']['host'])} "
                      f"[measured], {parts}")
     t = report["time"]
     unit = t["unit_s"]
