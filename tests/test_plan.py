@@ -482,10 +482,11 @@ def fake_bench(wall_plan, peak_plan, wall_real, peak_real, learn_calls=(2, 2)):
             cls.calls.append(argv)
             if "--execute" in argv:
                 return {"wall_s": wall_real, "peak_rss_mib": peak_real, "exit_code": 0, "stderr_tail": [""],
-                        "report": {"status": "ok", "learn_calls": learn_calls[1]}}
+                        "report": {"status": "ok", "learn_calls": learn_calls[1], "seconds": {"train": 5.0}}}
             return {"wall_s": 3.0, "peak_rss_mib": 1.0, "exit_code": 0, "stderr_tail": [""],
                     "report": {"trainer": "ppo", "counts": {"rollouts": 8, "learn_calls": learn_calls[0]},
-                               "predicted": {"wall_s": wall_plan, "peak_mib": peak_plan}}}
+                               "predicted": {"wall_s": wall_plan, "peak_mib": peak_plan},
+                               "time": {"rollouts": 4.0, "unit_s": {}}}}
     return Bench
 
 
@@ -497,14 +498,15 @@ def fake_bench(wall_plan, peak_plan, wall_real, peak_real, learn_calls=(2, 2)):
 ])
 def test_plan_accuracy_rows_and_targets(plan, plan_wall, plan_peak, calls, ok):
     import argparse
-    args = argparse.Namespace(plan_config=["accuracy-ppo.toml"], device="cpu", quiet=True)
+    args = argparse.Namespace(plan_config=["accuracy-ppo.toml"], device="cpu", quiet=True, repeat=3)
     env = {"versions": {"python": "3", "torch": "t", "palm-rlhf-pytorch": "p"}, "warnings": []}
     bench = fake_bench(plan_wall, plan_peak, 10.0, 500.0, calls)
     report, passed = plan.accuracy(bench, args, env)
     row = report["rows"][0]
     assert passed is ok and row["ok"] is ok and report["status"] == ("ok" if ok else "failed")
     assert row["wall_error"] == pytest.approx(plan_wall / 10 - 1) and row["peak_error"] == pytest.approx(plan_peak / 500 - 1)
-    plan_argv, real_argv = bench.calls
+    assert row["repeat"] == 3 and len(row["wall_errors"]) == 3 and len(bench.calls) == 6
+    plan_argv, real_argv = bench.calls[:2]
     assert "--execute" not in plan_argv and real_argv[-1] == "--execute" and "--cpu-threads" in plan_argv
     assert plan.accuracy_table(report["rows"])[2].startswith("| accuracy-ppo.toml | ppo | 8 |")
 
@@ -531,5 +533,6 @@ def test_docs_accuracy_table_has_the_commands_shape_and_meets_the_targets(plan):
         wall, peak = (float(row[i].rstrip("%")) / 100 for i in (6, 9))
         assert abs(wall) <= plan.TARGETS["wall_error"] and abs(peak) <= plan.TARGETS["peak_error"], row
         assert 10 <= float(row[5]) <= 90, row  # full runs of 10-60 s here (loaded machine: some slack)
+        assert len(row[10].split()) >= 3, row  # the median of at least 3 plan-and-run pairs
     for name in plan.ACCURACY_CONFIGS:
         assert (PLANS / name).is_file()

@@ -409,7 +409,8 @@ def build_parser() -> rt.OneLineParser:
                         help="ppo, grpo, tpo, flowrl or all (the smoke's --trainer all); repeat to "
                              "select several (default: every one; with --scaling: ppo and grpo)")
     parser.add_argument("--repeat", type=rt.bounded_int(1), metavar="N",
-                        help="fresh processes per case, interleaved (default: 5; with --scaling: 3)")
+                        help="fresh processes per case, interleaved (default: 5; with --scaling or "
+                             "--plan-accuracy: 3)")
     parser.add_argument("--warmup", type=rt.bounded_int(0), default=1, metavar="N",
                         help="unmeasured floor runs first, to warm the disk cache (default: 1)")
     parser.add_argument("--device", default="cpu", type=rt.device_spec, help="passed to the smoke: auto, cpu, cuda, cuda:N (default: cpu)")
@@ -437,7 +438,7 @@ def build_parser() -> rt.OneLineParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.repeat is None:
-        args.repeat = 3 if args.scaling else 5
+        args.repeat = 3 if args.scaling or args.plan_accuracy else 5
     if args.scaling and args.plan_accuracy:
         raise rt.SkillError("--scaling and --plan-accuracy are separate runs: choose one")
     if args.axis and not args.scaling or args.markdown and not (args.scaling or args.plan_accuracy):

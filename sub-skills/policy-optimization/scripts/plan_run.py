@@ -1186,46 +1186,71 @@ ACCURACY_CONFIGS = ("accuracy-ppo.toml", "accuracy-grpo.toml", "accuracy-tpo.tom
 TARGETS = {"wall_error": 0.35, "peak_error": 0.25}  # |predicted / measured - 1| for every row
 ACCURACY_TITLE = "### Accuracy of the plan (measured)"
 ACCURACY_HEADER = ("config", "trainer", "rollouts", "learn() calls", "predicted wall (s)", "measured wall (s)",
-                   "wall error", "predicted peak (MiB)", "measured peak (MiB)", "peak error", "load")
+                   "wall error", "predicted peak (MiB)", "measured peak (MiB)", "peak error",
+                   "each pair (wall/peak)", "load")
+
+
+def accuracy_pair(bench, name: str, device: str) -> dict[str, Any]:
+    """One plan (a fresh process, ``--json``) then the real run (a fresh process, ``--execute``) of a
+    shipped config, both with one torch thread; the run timed by the bench's ``run_child``
+    (os.wait4: wall seconds, peak RSS). Relative errors are predicted / measured - 1.
+    Raises SkillError when either child fails to report (usage or dependency error)."""
+    common = [sys.executable, str(Path(__file__).resolve()), "--config", str(PLANS / name), "--json",
+              "--device", device, "--cpu-threads", "1"]
+    load = [round(os.getloadavg()[0], 2)]
+    planned, real = bench.run_child(common), bench.run_child([*common, "--execute"])
+    load.append(round(os.getloadavg()[0], 2))
+    for run in (planned, real):
+        if run["exit_code"] in (rt.EXIT_USAGE, rt.EXIT_DEPENDENCY) or run["report"] is None:
+            raise rt.SkillError(f"{name}: {run['stderr_tail'][0]}", run["exit_code"] or rt.EXIT_USAGE)
+    plan_report, run_report = planned["report"], real["report"]
+    predicted = plan_report["predicted"]
+    return {"trainer": plan_report["trainer"], "rollouts": plan_report["counts"]["rollouts"],
+            "learn_calls": plan_report["counts"]["learn_calls"], "observed_learn_calls": run_report["learn_calls"],
+            "predicted_wall_s": predicted["wall_s"], "measured_wall_s": real["wall_s"],
+            "wall_error": round(predicted["wall_s"] / real["wall_s"] - 1, 4),
+            "predicted_peak_mib": predicted["peak_mib"], "measured_peak_mib": real["peak_rss_mib"],
+            "peak_error": round(predicted["peak_mib"] / real["peak_rss_mib"] - 1, 4),
+            "predicted_parts_s": {k: v for k, v in plan_report["time"].items() if k != "unit_s"},
+            "measured_parts_s": run_report["seconds"], "plan_wall_s": planned["wall_s"],
+            "run_status": run_report["status"], "load_average": load}
 
 
 def accuracy(bench, args, env: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-    """For each shipped accuracy config: the plan (a fresh process, ``--json``), then the real run
-    (a fresh process, ``--execute``) timed by the bench's ``run_child`` (os.wait4: wall seconds and
-    peak RSS). Both with one torch thread. A row passes when both relative errors are within
-    TARGETS; the 1-minute load average is read before and after each row (the machine is shared)."""
-    rows = []
+    """``args.repeat`` plan-and-run pairs of every shipped accuracy config (``args.plan_config``
+    selects some), interleaved; per config the median of each figure and error over its pairs.
+    A row passes when every run completed with the predicted number of learn() calls and both
+    median errors are within TARGETS. The 1-minute load average is read around each pair: the
+    machine is shared, and a pair whose load changed measures the machine as much as the plan."""
+    import statistics
     names = args.plan_config or list(ACCURACY_CONFIGS)
-    for i, name in enumerate(names, 1):
-        path = PLANS / name
-        common = ["--config", str(path), "--json", "--device", args.device, "--cpu-threads", "1"]
-        load = [round(os.getloadavg()[0], 2)]
-        planned = bench.run_child([sys.executable, str(Path(__file__).resolve()), *common])
-        real = bench.run_child([sys.executable, str(Path(__file__).resolve()), *common, "--execute"])
-        load.append(round(os.getloadavg()[0], 2))
-        for run in (planned, real):
-            if run["exit_code"] in (rt.EXIT_USAGE, rt.EXIT_DEPENDENCY) or run["report"] is None:
-                raise rt.SkillError(f"{name}: {run['stderr_tail'][0]}", run["exit_code"] or rt.EXIT_USAGE)
-        plan_report, run_report = planned["report"], real["report"]
-        predicted = plan_report["predicted"]
-        row = {"config": name, "trainer": plan_report["trainer"], "rollouts": plan_report["counts"]["rollouts"],
-               "learn_calls": plan_report["counts"]["learn_calls"], "observed_learn_calls": run_report["learn_calls"],
-               "predicted_wall_s": predicted["wall_s"], "measured_wall_s": real["wall_s"],
-               "wall_error": round(predicted["wall_s"] / real["wall_s"] - 1, 4),
-               "predicted_peak_mib": predicted["peak_mib"], "measured_peak_mib": real["peak_rss_mib"],
-               "peak_error": round(predicted["peak_mib"] / real["peak_rss_mib"] - 1, 4),
-               "plan_wall_s": planned["wall_s"], "run_status": run_report["status"], "load_average": load}
-        row["ok"] = (run_report["status"] == "ok" and row["learn_calls"] == row["observed_learn_calls"]
-                     and all(abs(row[key]) <= limit for key, limit in TARGETS.items()))
+    pairs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    for r in range(args.repeat):
+        for i, name in enumerate(names, 1):
+            pair = accuracy_pair(bench, name, args.device)
+            pairs[name].append(pair)
+            if not args.quiet:
+                sys.stderr.write(f"bench-smoke: [{r * len(names) + i}/{args.repeat * len(names)}] {name}: plan "
+                                 f"{pair['plan_wall_s']:.1f} s, run {pair['measured_wall_s']:.1f} s; wall error "
+                                 f"{pair['wall_error']:+.0%}, peak error {pair['peak_error']:+.0%}; load "
+                                 f"{pair['load_average'][0]} -> {pair['load_average'][1]}\n")
+    rows = []
+    for name, runs in pairs.items():
+        first = runs[0]
+        row = {"config": name, "trainer": first["trainer"], "rollouts": first["rollouts"],
+               "learn_calls": first["learn_calls"], "repeat": len(runs),
+               **{key: round(statistics.median(run[key] for run in runs), 4) for key in (
+                   "predicted_wall_s", "measured_wall_s", "wall_error", "predicted_peak_mib",
+                   "measured_peak_mib", "peak_error")},
+               "wall_errors": [run["wall_error"] for run in runs], "peak_errors": [run["peak_error"] for run in runs],
+               "load_average": [x for run in runs for x in run["load_average"]], "pairs": runs}
+        row["ok"] = (all(run["run_status"] == "ok" and run["observed_learn_calls"] == run["learn_calls"]
+                         for run in runs) and all(abs(row[key]) <= limit for key, limit in TARGETS.items()))
         rows.append(row)
-        if not args.quiet:
-            sys.stderr.write(f"bench-smoke: [{i}/{len(names)}] {name}: plan {planned['wall_s']:.1f} s, run "
-                             f"{real['wall_s']:.1f} s; wall error {row['wall_error']:+.0%}, peak error "
-                             f"{row['peak_error']:+.0%}; load {load[0]} -> {load[1]}\n")
     ok = all(row["ok"] for row in rows)
     report = {"kind": "plan-accuracy", "status": "ok" if ok else "failed", "device": args.device,
-              "targets": TARGETS, "date": time.strftime("%Y-%m-%d", time.gmtime()), "machine": bench.machine(),
-              "versions": env["versions"], "warnings": env["warnings"], "rows": rows}
+              "repeat": args.repeat, "targets": TARGETS, "date": time.strftime("%Y-%m-%d", time.gmtime()),
+              "machine": bench.machine(), "versions": env["versions"], "warnings": env["warnings"], "rows": rows}
     return report, ok
 
 
@@ -1236,7 +1261,8 @@ def accuracy_table(rows: list[dict[str, Any]]) -> list[str]:
         cells = [r["config"], r["trainer"], r["rollouts"], r["learn_calls"], f"{r['predicted_wall_s']:.1f}",
                  f"{r['measured_wall_s']:.1f}", f"{r['wall_error']:+.0%}", f"{r['predicted_peak_mib']:.0f}",
                  f"{r['measured_peak_mib']:.0f}", f"{r['peak_error']:+.0%}",
-                 f"{r['load_average'][0]} / {r['load_average'][1]}"]
+                 " ".join(f"{w:+.0%}/{p:+.0%}" for w, p in zip(r["wall_errors"], r["peak_errors"])),
+                 f"{min(r['load_average'])}-{max(r['load_average'])}"]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return lines
 
@@ -1248,11 +1274,12 @@ def accuracy_markdown(report: dict[str, Any]) -> str:
     text = [ACCURACY_TITLE, "",
             f"Measured {report['date']} on {m['system']}, {m['cpu']} ({m['cpu_count']} CPUs), Python {v['python']}, "
             f"torch {v['torch']}, palm-rlhf-pytorch {v['palm-rlhf-pytorch']}; device {report['device']}, one torch "
-            "thread. Each row: `palm-rlhf-skill plan --json` on a shipped config (`assets/plans/`), then the same "
-            "run for real (`--execute`), each a fresh process; measured wall time and peak RSS come from the "
-            "operating system (`os.wait4`). Errors are predicted / measured - 1; targets: wall within "
-            f"+/-{TARGETS['wall_error']:.0%}, peak within +/-{TARGETS['peak_error']:.0%}. Load: the 1-minute "
-            "load average before / after the row (the machine is shared; rerun when it is high).", "",
+            f"thread. Each row: {report['repeat']} interleaved pairs of `palm-rlhf-skill plan --json` on a shipped "
+            "config (`assets/plans/`), then the same run for real (`--execute`), each a fresh process; measured "
+            "wall time and peak RSS come from the operating system (`os.wait4`). Errors are predicted / measured "
+            f"- 1, the median over the pairs; targets: wall within +/-{TARGETS['wall_error']:.0%}, peak within "
+            f"+/-{TARGETS['peak_error']:.0%}. Load: the range of the 1-minute load average around the pairs (the "
+            "machine is shared: a pair whose load moved measures the machine as much as the plan).", "",
             "Regenerate (then replace this subsection with the output):", "",
             "```bash", "palm-rlhf-skill bench --plan-accuracy --markdown", "```", "",
             *accuracy_table(report["rows"])]
