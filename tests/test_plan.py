@@ -277,6 +277,10 @@ def test_plan_counts_match_the_real_run(plan, tmp_path, empty_dir):
     assert real["learn_calls"] == counts["learn_calls"] and real["items_per_learn"] == [9, 9]
     assert report["predicted"]["peak_mib"] > 0 and report["predicted"]["wall_s"] > 0
     assert report["memory"]["complete"] is True and report["probe"]["regime"] == "measured"
+    doc = " ".join(WORKFLOWS.read_text(encoding="utf-8").split("\n## Plan a run\n", 1)[1].split())
+    keys = set(re.findall(r"`([a-z_]+)`", doc.split("JSON keys: ", 1)[1].split(". ", 1)[0]))
+    statuses = {"fits", "does_not_fit", "never_learns"}
+    assert len(keys) > 20 and keys <= set(report) | set(report["predicted"]) | set(report["warnings"][0]) | statuses
     assert list(empty_dir.iterdir()) == []
 
 
@@ -414,6 +418,14 @@ def _between(source: str, needle: str, start: str, end: str) -> bool:
     begin = source.index(start)
     stop = source.index(end, begin + len(start))
     return all(begin < m.start() < stop for m in re.finditer(re.escape(needle), source))
+
+
+def test_documented_warning_codes_are_the_ones_emitted(plan):
+    source = PLAN.read_text(encoding="utf-8")
+    emitted = set(re.findall(r'"code": "([a-z_]+)"', source))
+    doc = " ".join(WORKFLOWS.read_text(encoding="utf-8").split("\n## Plan a run\n", 1)[1].split())
+    table = doc.split("| code | when |", 1)[1].split("Exit codes:", 1)[0]
+    assert set(re.findall(r"\| `([a-z_]+)` \|", table)) == emitted
 
 
 def test_ignored_settings_table_matches_the_installed_source(plan):
