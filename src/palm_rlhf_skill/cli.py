@@ -28,7 +28,10 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "list": ("module", "palm_rlhf_skill.install:list_main", "show where copies are installed"),
     "doctor": ("module", "palm_rlhf_skill.doctor", "check that this environment can run the trainers"),
     "bench": ("script", "sub-skills/policy-optimization/scripts/bench_smoke.py",
-              "time the smoke helper against the import floor; --scaling: the sizing table"),
+              "time the smoke helper against the import floor; --scaling: the sizing table; "
+              "--plan-accuracy: the planner against real runs"),
+    "plan": ("script", "sub-skills/policy-optimization/scripts/plan_run.py",
+             "before a run: predict its time, peak memory, learn() calls and dead settings from a config"),
 }
 
 

@@ -400,7 +400,8 @@ def build_parser() -> rt.OneLineParser:
                "  palm-rlhf-skill bench --trainer ppo --trainer all --repeat 7\n"
                "  palm-rlhf-skill bench --trainer ppo --repeat 1 --json\n"
                "  palm-rlhf-skill bench --scaling --markdown\n"
-               "  palm-rlhf-skill bench --scaling --trainer ppo --axis dim --repeat 1 --json\n\n"
+               "  palm-rlhf-skill bench --scaling --trainer ppo --axis dim --repeat 1 --json\n"
+               "  palm-rlhf-skill bench --plan-accuracy --markdown\n\n"
                "exit codes: 0 ok (every child passed, every measured budget passed); 1 a child's "
                "check or a budget failed; 2 usage or environment error; 3 palm-rlhf-pytorch or "
                "torch missing or outside the tested range")
@@ -408,19 +409,26 @@ def build_parser() -> rt.OneLineParser:
                         help="ppo, grpo, tpo, flowrl or all (the smoke's --trainer all); repeat to "
                              "select several (default: every one; with --scaling: ppo and grpo)")
     parser.add_argument("--repeat", type=rt.bounded_int(1), metavar="N",
-                        help="fresh processes per case, interleaved (default: 5; with --scaling: 3)")
+                        help="fresh processes per case, interleaved (default: 5; with --scaling or "
+                             "--plan-accuracy: 3)")
     parser.add_argument("--warmup", type=rt.bounded_int(0), default=1, metavar="N",
                         help="unmeasured floor runs first, to warm the disk cache (default: 1)")
     parser.add_argument("--device", default="cpu", type=rt.device_spec, help="passed to the smoke: auto, cpu, cuda, cuda:N (default: cpu)")
     parser.add_argument("--scaling", action="store_true",
                         help="measure the sizing table (PPO and GRPO train smoke) instead of the budgets")
+    parser.add_argument("--plan-accuracy", action="store_true",
+                        help="compare plan_run.py's predicted wall time and peak memory with real runs of "
+                             "its shipped configs (assets/plans/accuracy-*.toml)")
+    parser.add_argument("--plan-config", action="append", metavar="NAME",
+                        help="with --plan-accuracy: one shipped config (e.g. accuracy-ppo.toml); repeatable")
     parser.add_argument("--axis", action="append", choices=list(SCALING_AXES), metavar="NAME",
                         help="with --scaling: " + ", ".join(SCALING_AXES) + "; repeat to select several "
                              "(default: all)")
     out = parser.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     out.add_argument("--markdown", action="store_true",
-                     help="with --scaling: print the docs section (references/workflows.md) on stdout")
+                     help="with --scaling or --plan-accuracy: print the docs section (references/workflows.md) "
+                          "on stdout")
     parser.add_argument("--quiet", action="store_true", help="no per-run progress lines on stderr")
     parser.add_argument("--allow-untested", action="store_true",
                         help="warn instead of exiting 3 when palm-rlhf-pytorch is outside the tested range")
@@ -430,12 +438,25 @@ def build_parser() -> rt.OneLineParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.repeat is None:
-        args.repeat = 3 if args.scaling else 5
-    if (args.axis or args.markdown) and not args.scaling:
-        raise rt.SkillError("--axis and --markdown apply to --scaling")
+        args.repeat = 3 if args.scaling or args.plan_accuracy else 5
+    if args.scaling and args.plan_accuracy:
+        raise rt.SkillError("--scaling and --plan-accuracy are separate runs: choose one")
+    if args.axis and not args.scaling or args.markdown and not (args.scaling or args.plan_accuracy):
+        raise rt.SkillError("--axis applies to --scaling; --markdown to --scaling or --plan-accuracy")
+    if args.plan_config and not args.plan_accuracy:
+        raise rt.SkillError("--plan-config applies to --plan-accuracy")
     if not hasattr(os, "wait4"):
         raise rt.SkillError("the bench reads child rusage with os.wait4: Linux or macOS only")
     env = rt.check_versions(args.allow_untested)
+    if args.plan_accuracy:  # the accuracy logic lives with the planner
+        plan = rt.load_by_path("plan_run", THIS.parent / "plan_run.py")
+        with rt.private_workdir():
+            report, ok = plan.accuracy(sys.modules[__name__], args, env)
+        if args.markdown:
+            sys.stdout.write(plan.accuracy_markdown(report))
+        else:
+            rt.emit(report, args.json, plan.accuracy_summary)
+        return rt.EXIT_OK if ok else rt.EXIT_CHECK_FAILED
     with rt.private_workdir():  # children inherit it: TPO's replay buffer never lands in the caller's
         report, ok = (run_scaling if args.scaling else run_bench)(args, env)
     if args.markdown:

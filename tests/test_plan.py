@@ -1,0 +1,533 @@
+"""The run planner (plan_run.py / ``palm-rlhf-skill plan``): config errors are one-line exit-2 errors
+naming the key, its counts and memory arithmetic equal hand-computed values and what the installed
+trainers really store and do, the probe stops at --probe-seconds, a run that never learns is
+flagged, the upstream README's run gets a verdict, and bench --plan-accuracy can fail.
+Timings are never asserted: the machine is shared and noisy."""
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import sys
+from importlib import metadata
+
+import pytest
+
+from conftest import BIN, REPO, load_script, run, run_json, usage_error_without_torch
+
+SCRIPTS = REPO / "sub-skills" / "policy-optimization" / "scripts"
+PLAN = SCRIPTS / "plan_run.py"
+PLANS = REPO / "sub-skills" / "policy-optimization" / "assets" / "plans"
+WORKFLOWS = REPO / "sub-skills" / "policy-optimization" / "references" / "workflows.md"
+
+TINY = """
+[palm]
+num_tokens = 64
+dim = 16
+depth = 1
+heads = 2
+dim_head = 8
+
+[trainer]
+name = "{trainer}"
+minibatch_size = 4
+{extra}
+
+[prompts]
+count = 4
+length = 5
+
+[train]
+num_episodes = {episodes}
+max_timesteps = {timesteps}
+update_timesteps = {update}
+max_seq_len = 12
+"""
+GROUP = {"ppo": "", "grpo": "grpo_num_times_sample_rewards = 2", "tpo": "num_times_sample_rewards = 2",
+         "flowrl": "flowrl_num_times_sample = 2\npartition_function_hidden_dim = 16"}
+
+
+@pytest.fixture(scope="module")
+def plan():
+    return load_script(PLAN, "plan_run")
+
+
+def tiny_config(tmp_path, trainer="ppo", episodes=1, timesteps=6, update=3, extra=None, name="run.toml"):
+    path = tmp_path / name
+    path.write_text(TINY.format(trainer=trainer, extra=GROUP[trainer] if extra is None else extra,
+                                episodes=episodes, timesteps=timesteps, update=update), encoding="utf-8")
+    return path
+
+
+def resolved(plan, path):
+    config = plan.read_config(str(path))
+    plan.check_structure(config)
+    return plan.check_against_library(config)
+
+
+# --- usage and config errors ---------------------------------------------------------------------
+
+def test_help_without_torch(empty_dir):
+    proc = run([sys.executable, "-X", "importtime", str(PLAN), "--help"], empty_dir)
+    assert proc.returncode == 0, proc.stderr[-1000:]
+    assert not any(line.rstrip().endswith("| torch") for line in proc.stderr.splitlines())
+    for text in ("--config", "--probe-seconds", "[palm]", "[reward_model]", "[trainer]", "[prompts]", "[train]",
+                 "exit codes"):
+        assert text in proc.stdout
+
+
+@pytest.mark.parametrize("body, argv, key", [
+    (None, [], "cannot read it"),                                      # unreadable (missing) file
+    ("[palm\n", [], "not valid TOML"),
+    ("[palm]\ndim = 8\n[trainer]\nname = 'ppo'\n", [], "missing section [prompts]"),
+    ("[palm]\n[trainer]\nname='ppo'\n[prompts]\ncount=1\nlength=2\n[extra]\n", [], "unknown section [extra]"),
+    ("[palm]\n[trainer]\nname = 'sac'\n[prompts]\ncount = 1\nlength = 2\n", [], "[trainer] name"),
+    ("[palm]\n[trainer]\nname='ppo'\n[prompts]\ncount=1\n", [], "[prompts] length"),
+    ("[palm]\n[trainer]\nname='ppo'\n[prompts]\ncount=0\nlength=2\n", [], "[prompts] count"),
+    ("[palm]\n[trainer]\nname='ppo'\n[prompts]\ncount=1\nlength=2\n", ["--set", "train"], "--set"),
+    (None, ["--probe-seconds", "-1"], "--probe-seconds"),
+])
+def test_structural_errors_are_one_line_before_torch(empty_dir, body, argv, key):
+    path = empty_dir.parent / "bad.toml"
+    if body is not None:
+        path.write_text(body, encoding="utf-8")
+    line = usage_error_without_torch(PLAN, ["--config", str(path), *argv], empty_dir)
+    assert key in line, line
+    assert list(empty_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize("section, key, value, expected", [
+    ("palm", "dims", "8", "[palm] dims: not an argument of the installed PaLM.__init__"),
+    ("train", "update_timesteps", '"16"', "[train] update_timesteps: expected integer, got string"),
+    ("train", "max_seq_len", "12.5", "[train] max_seq_len: expected integer, got number"),
+    ("trainer", "actor_lr", "true", "[trainer] actor_lr: expected integer or number, got boolean"),
+    ("trainer", "accelerate_kwargs", "{}", "[trainer] accelerate_kwargs: set by the planner from --device"),
+    ("train", "update_timesteps", "0", "[train] update_timesteps: must be at least 1"),
+    ("reward_model", "palm", "1", "[reward_model] palm: set by the planner"),
+    ("train", "max_episodes", "2", "[train] max_episodes: not an argument of the installed RLHFTrainer.train"),
+])
+def test_library_checked_errors_name_the_key(plan, tmp_path, section, key, value, expected):
+    config = plan.read_config(str(tiny_config(tmp_path)))
+    plan.apply_override(config, f"{section}.{key}={value}")
+    plan.check_structure(config)
+    with pytest.raises(plan.rt.SkillError) as err:
+        plan.check_against_library(config)
+    assert err.value.exit_code == 2 and expected in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def test_missing_required_palm_key_through_the_cli(tmp_path, empty_dir):
+    """The installed PaLM requires dim: the planner says so in one line, exit 2, nothing left behind."""
+    path = tiny_config(tmp_path)
+    path.write_text(path.read_text().replace("dim = 16\n", ""), encoding="utf-8")
+    proc = run([sys.executable, str(PLAN), "--config", str(path), "--device", "cpu"], empty_dir)
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert "[palm] dim: missing" in proc.stderr and proc.stdout == ""
+    assert list(empty_dir.iterdir()) == []
+
+
+def test_json_config_and_overrides(plan, tmp_path):
+    config = plan.read_config(str(tiny_config(tmp_path)))
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(config), encoding="utf-8")
+    loaded = plan.read_config(str(path))
+    plan.apply_override(loaded, "trainer.betas=[0.9, 0.99]")
+    plan.apply_override(loaded, "train.eos_token=7")
+    plan.check_structure(loaded)
+    res = plan.check_against_library(loaded)
+    assert res["trainer"]["betas"] == (0.9, 0.99) and res["train"]["eos_token"] == 7
+    assert res["effective"]["train"]["temperature"] == 1.0  # library default filled in
+    assert res["effective"]["trainer"]["epochs"] == 1
+
+
+# --- arithmetic ------------------------------------------------------------------------------------
+
+def test_counts_by_hand(plan):
+    # FlowRL-like: 14 rollouts, learn every 6, groups of 4 items, minibatch 8, 2 epochs
+    c = plan.run_counts(rollouts=14, update_timesteps=6, items_per_rollout=4, minibatch_size=8, epochs=2)
+    assert (c["learn_calls"], c["items_per_learn"], c["minibatches_per_epoch"]) == (2, 24, 3)
+    assert (c["optimizer_steps_per_learn"], c["optimizer_steps"]) == (6, 12)
+    assert (c["leftover_rollouts_dropped"], c["leftover_items_dropped"], c["max_items_held"]) == (2, 8, 24)
+    assert c["last_minibatch_items"] == 8
+    # PPO: 10 rollouts, learn every 5, minibatch 4: the last minibatch holds one experience
+    c = plan.run_counts(10, 5, 1, 4, 1)
+    assert (c["learn_calls"], c["optimizer_steps"], c["last_minibatch_items"]) == (2, 4, 1)
+    # never learns: everything sampled is held to the end, then dropped
+    c = plan.run_counts(100, 5000, 11, 16, 1)
+    assert (c["learn_calls"], c["optimizer_steps"], c["leftover_rollouts_dropped"], c["max_items_held"]) == \
+        (0, 0, 100, 1100)
+
+
+def test_sampling_time_sums_every_step(plan):
+    # t(n) = 1 + (n - 10) / 10 on [10, 20]: sum over n = 10..20 is 11 + 55/10
+    assert plan.steps_time([(10, 1.0), (20, 2.0)], 10, 20) == pytest.approx(16.5)
+    assert plan.steps_time([(10, 1.0)], 10, 14) == pytest.approx(5.0)       # one point: flat
+    assert plan.steps_time([(10, 1.0), (20, 2.0)], 21, 22) == pytest.approx(2.1 + 2.2)  # last slope
+
+
+def test_time_and_memory_prediction_by_hand(plan):
+    counts = plan.run_counts(rollouts=8, update_timesteps=4, items_per_rollout=2, minibatch_size=4, epochs=1)
+    measured = {"startup_s": 5.0, "construct_s": 1.0, "rollout_s": 0.5, "first_rollout_extra_s": 0.25,
+                "learn_item_s": 0.1, "first_learn_extra_s": 0.4}
+    wall = plan.predict_time(counts, measured, epochs=1)
+    # 5 + 1 + (8 * 0.5 + 0.25) + (2 learn() * 8 items * 0.1 + 0.4)
+    assert wall["total_s"] == pytest.approx(5 + 1 + 4.25 + 2.0) and wall["lower_bound"] is False
+    assert plan.predict_time(counts, {"startup_s": 5.0, "construct_s": 1.0}, 1)["lower_bound"] is True
+
+    params = {"optimizer_state_bytes": 200, "gradient_bytes": 100}
+    probe = {"rollout_bytes": 50, "learn_bytes": 1300, "learn_items": 2}
+    memory = plan.predict_memory(counts, per_rollout=1000, buffer=False, base={"host": 10_000},
+                                 params=params, probe=probe, minibatch_size=4)
+    held, copy = 4 * 1000, 4 * 1000          # 4 rollouts of 2 experiences, stacked once more in learn()
+    activations = (1300 - 2 * 500 - 300) * 4 // 2  # measured on 2 experiences, minibatch of 4
+    assert memory["parts"]["held_before_learn"]["value"] == held
+    assert memory["parts"]["learn_copy"]["value"] == copy
+    assert memory["parts"]["learn_activations"]["value"] == activations
+    assert memory["pools"]["host"] == 10_000 + 300 + held + 50 + copy + activations
+    buffered = plan.predict_memory(counts, 1000, True, {"host": 10_000}, params, probe, 4)
+    assert buffered["parts"]["learn_copy"]["value"] == 0  # TPO: learn() reads minibatches from the memmap
+
+
+# --- the installed trainers: what they store, hold and count -----------------------------------------
+
+def tiny_trainer(plan, tmp_path, trainer):
+    res = resolved(plan, tiny_config(tmp_path, trainer))
+    kwargs, device = plan.rt.resolve_device("cpu")
+    ids = plan.prompt_token_ids(res, seed=0)
+    return res, kwargs, device, ids
+
+
+def test_parameter_counts_by_hand(plan, tmp_path):
+    """PaLM(num_tokens=64, dim=16, depth=1, heads=2, dim_head=8), LoRA r=8, PPO."""
+    res, kwargs, device, ids = tiny_trainer(plan, tmp_path, "ppo")
+    report = plan.parameter_report(plan.build_trainer(res, kwargs, device, ids, meta=True))
+    d, v, h, dh, ff, r = 16, 64, 2, 8, 64, 8
+    layer = d + d * (h * dh + 2 * dh + 2 * ff) + h * dh * d + ff * d   # norm, fused proj, attn_out, ff_out
+    palm = v * d + layer + d                                           # tied embedding, final norm
+    lora = (d * r + r * h * dh) + 2 * (d * r + r * dh) + (h * dh * r + r * d)
+    value_head = d * 6 + 6
+    reward = palm + 2 * d + d + lora                                   # its own copy, embeds, head, LoRA
+    assert report["components"]["palm"]["numel"] == palm + lora        # the policy and its actor LoRA
+    assert report["components"]["actor_critic.critic"]["numel"] == palm + lora  # copy + critic LoRA
+    assert report["components"]["reward_model"]["numel"] == reward
+    assert report["trainable_numel"] == lora + lora + value_head        # actor, critic LoRA; value head
+    assert report["optimizer_state_tensors_per_parameter"] == {"AdoptAtan2": 2}
+    assert report["optimizer_state_bytes"] == 2 * 4 * report["trainable_numel"]
+    assert report["gradient_bytes"] == 4 * report["trainable_numel"]
+
+
+@pytest.mark.parametrize("trainer", ["ppo", "grpo", "tpo", "flowrl"])
+def test_stored_bytes_by_hand_and_against_a_real_rollout(plan, tmp_path, monkeypatch, trainer):
+    """Per-rollout bytes extrapolated from three tiny rollouts equal the hand formula and what one
+    real rollout at the configured max_seq_len stores (vocabulary 64, prompt 5, max_seq_len 12)."""
+    monkeypatch.chdir(tmp_path)  # TPO writes its replay buffer in the working directory
+    res, kwargs, device, ids = tiny_trainer(plan, tmp_path, trainer)
+    built = plan.build_trainer(res, kwargs, device, ids)
+    probe = plan.Probe(built, res, device, plan.MemoryMeter(device), float("inf"))
+    stored = probe.stored_fields()
+    predicted = plan.stored_at(stored, probe.prompt_lens, 12)
+    s, p, v, g, width = 12, 5, 64, 3, 5
+    hand = {
+        "ppo": {"sequence": s * 8, "prompt_mask": s, "mask": s, "action_prob": s * v * 4,
+                "action_log_prob": (s - p) * 4, "reward": 4, "value": 6 * 4},
+        "grpo": {"sequence": g * s * 8, "prompt_mask": g * s, "mask": g * s, "action_prob": g * s * v * 4,
+                 "action_log_prob": g * s * 4, "group_relative_normalized_reward": g * 4},
+        "flowrl": {"sequence": g * s * 8, "prompt_mask": g * s, "mask": g * s, "action_prob": g * s * v * 4,
+                   "action_log_prob": g * (s - p) * 4, "group_relative_normalized_reward": g * 4},
+        "tpo": {"sequence": g * (width + s) * 4, "prompt_mask": g * (width + s), "mask": g * (width + s),
+                "target_q": g * 4},
+    }[trainer]
+    assert predicted == hand
+    assert stored["sequences_per_rollout"] == (1 if trainer == "ppo" else g)
+    assert stored["items"] == (g if trainer in ("grpo", "flowrl") else 1)
+    real: dict = {}
+    probe.train_once(1, 12, lambda got: real.update(plan.stored_sizes(got)))
+    assert real["fields"] == predicted
+    probe.close()
+
+
+def test_plan_counts_match_the_real_run(plan, tmp_path, empty_dir):
+    """The planner's learn() calls and experiences per learn() equal what --execute sees the library
+    do, leftovers included (FlowRL, 7 rollouts, learn every 3: 2 calls of 9, 1 rollout dropped)."""
+    path = tiny_config(tmp_path, "flowrl", episodes=1, timesteps=7, update=3)
+    common = [sys.executable, str(PLAN), "--config", str(path), "--json", "--device", "cpu", "--cpu-threads", "1"]
+    proc, report = run_json([*common, "--probe-seconds", "10"], empty_dir)
+    assert proc.returncode == 0 and report["status"] == "fits", proc.stderr[-2000:]
+    counts = report["counts"]
+    assert (counts["learn_calls"], counts["items_per_learn"], counts["leftover_rollouts_dropped"]) == (2, 9, 1)
+    assert [w["code"] for w in report["warnings"]] == ["leftovers_dropped"]
+    proc, real = run_json([*common, "--execute"], empty_dir)
+    assert proc.returncode == 0 and real["status"] == "ok", proc.stderr[-2000:]
+    assert real["learn_calls"] == counts["learn_calls"] and real["items_per_learn"] == [9, 9]
+    assert report["predicted"]["peak_mib"] > 0 and report["predicted"]["wall_s"] > 0
+    assert report["memory"]["complete"] is True and report["probe"]["regime"] == "measured"
+    doc = " ".join(WORKFLOWS.read_text(encoding="utf-8").split("\n## Plan a run\n", 1)[1].split())
+    keys = set(re.findall(r"`([a-z_]+)`", doc.split("JSON keys: ", 1)[1].split(". ", 1)[0]))
+    statuses = {"fits", "does_not_fit", "never_learns"}
+    assert len(keys) > 20 and keys <= set(report) | set(report["predicted"]) | set(report["warnings"][0]) | statuses
+    assert list(empty_dir.iterdir()) == []
+
+
+# --- the probe's budget ---------------------------------------------------------------------------
+
+def test_deadline_stops_every_forward_of_the_policy(plan, tmp_path):
+    """The deadline hook sits on the token embedding: PaLM.generate calls forward() directly,
+    which would skip a hook on the PaLM itself."""
+    res, kwargs, device, ids = tiny_trainer(plan, tmp_path, "ppo")
+    built = plan.build_trainer(res, kwargs, device, ids)
+    probe = plan.Probe(built, res, device, plan.MemoryMeter(device), 0.0)
+    assert probe.sampling_steps(batch=1) == []
+    probe.deadline = float("inf")
+    assert [n for n, _ in probe.sampling_steps(batch=1)] == [5, 8, 11]  # mean prompt, midway, max_seq_len - 1
+    probe.close()
+
+
+def test_probe_respects_probe_seconds(plan, tmp_path, capsys, monkeypatch):
+    """With --probe-seconds 1 the probe ends within the budget (or its mandatory stages) plus a few
+    sampling steps of overrun; with 30 the same config gets 16 real rollouts and two learn() calls."""
+    path = tiny_config(tmp_path, "ppo", episodes=1, timesteps=64, update=32)
+    text = path.read_text().replace("max_seq_len = 12", "max_seq_len = 160").replace("dim = 16", "dim = 64")
+    path.write_text(text, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    reports = {}
+    for budget in (1, 30):
+        code = plan.main(["--config", str(path), "--json", "--device", "cpu", "--cpu-threads", "1",
+                          "--probe-seconds", str(budget)])
+        reports[budget] = json.loads(capsys.readouterr().out)
+        assert code == 0, reports[budget]["verdict"]
+    short, long = reports[1]["probe"], reports[30]["probe"]
+    mandatory = short["stages_s"]["construct"] + short["stages_s"]["stored_fields"]
+    steps = [s for _, s in short.get("sampling_step_s", [])]
+    assert short["elapsed_s"] <= max(1.0, mandatory) + 3 * max(steps, default=0.5) + 0.5, short
+    assert long["regime"] == "measured" and long["rollouts"]["learn"], long
+    assert reports[30]["predicted"]["wall_lower_bound"] is False
+    assert long["elapsed_s"] > short["elapsed_s"]
+
+
+# --- verdicts and warnings ------------------------------------------------------------------------
+
+def test_a_run_that_never_learns_is_flagged(tmp_path, empty_dir):
+    path = tiny_config(tmp_path, "grpo", episodes=2, timesteps=5, update=5000)
+    proc, report = run_json([sys.executable, str(PLAN), "--config", str(path), "--json", "--device", "cpu",
+                             "--cpu-threads", "1", "--probe-seconds", "5"], empty_dir)
+    assert proc.returncode == 1 and report["status"] == "never_learns", report["verdict"]
+    assert report["verdict"].startswith("never learns: predicted")
+    assert report["counts"]["learn_calls"] == 0 and report["counts"]["max_items_held"] == 10 * 3
+    warning = next(w for w in report["warnings"] if w["code"] == "never_learns")
+    assert "update_timesteps 5000" in warning["message"] and "divisor of 10" in warning["fix"]
+    assert warning["doc"].endswith("#update-timesteps-default")
+    assert any("never reach update_timesteps" in r for r in report["reasons"])
+
+
+@pytest.mark.parametrize("trainer, override, code", [
+    ("ppo", "trainer.max_norm=0.5", "ppo_max_norm"),
+    ("ppo", "trainer.minibatch_size=1", "minibatch_of_one"),
+    ("grpo", "trainer.grpo_num_times_sample_rewards=0", "group_of_one"),
+    ("flowrl", "trainer.flowrl_num_times_sample=0", "group_of_one"),
+    ("tpo", "trainer.num_times_sample_rewards=0", "group_of_one"),
+    ("flowrl", "trainer.partition_function_hidden_dim=768", "flowrl_partition_dim"),
+])
+def test_settings_that_learn_nothing_are_flagged(plan, tmp_path, trainer, override, code):
+    config = plan.read_config(str(tiny_config(tmp_path, trainer)))
+    plan.apply_override(config, override)
+    plan.check_structure(config)
+    res = plan.check_against_library(config)
+    eff = res["effective"]["trainer"]
+    group = eff[plan.TRAINERS[trainer].group_kwarg] + 1 if plan.TRAINERS[trainer].group_kwarg else 1
+    counts = plan.run_counts(6, 3, group if trainer in ("grpo", "flowrl") else 1, eff["minibatch_size"], 1)
+    warnings = plan.build_warnings(trainer, res, counts, group, "AdoptAtan2", True, "")
+    found = {w["code"]: w for w in warnings}
+    assert code in found and found[code]["blocks_learning"] is True, warnings
+    status, _ = plan.verdict(True, counts, warnings, {"total_s": 1.0, "lower_bound": False}, 1, True, 2)
+    assert status == "never_learns"
+
+
+@pytest.mark.parametrize("trainer, extra, expect", [
+    ("grpo", "grpo_num_times_sample_rewards = 0", "AssertionError"),
+    ("grpo", "grpo_num_times_sample_rewards = 0\nuse_dr_grpo = true", "zero"),
+    ("flowrl", "flowrl_num_times_sample = 0\npartition_function_hidden_dim = 16", "nan"),
+    ("tpo", "num_times_sample_rewards = 0", "one"),
+])
+def test_group_of_one_claims_hold_on_the_installed_library(plan, tmp_path, monkeypatch, trainer, extra, expect):
+    """What group_warning says each trainer does with one sequence per prompt (canary)."""
+    import math
+    monkeypatch.chdir(tmp_path)
+    res = resolved(plan, tiny_config(tmp_path, trainer, extra=extra))
+    kwargs, device = plan.rt.resolve_device("cpu")
+    built = plan.build_trainer(res, kwargs, device, plan.prompt_token_ids(res, seed=0))
+    probe = plan.Probe(built, res, device, plan.MemoryMeter(device), float("inf"))
+    seen = []
+    if expect == "AssertionError":
+        with pytest.raises(AssertionError):
+            probe.train_once(1, 8, seen.append)
+        return
+    probe.train_once(1, 8, lambda stored: seen.extend(list(stored) if trainer != "tpo" else
+                                                        [stored.data["target_q"][0, 0].tolist()]))
+    if expect == "zero":
+        assert [float(m.group_relative_normalized_reward) for m in seen] == [0.0]
+    elif expect == "nan":
+        assert [math.isnan(float(m.group_relative_normalized_reward)) for m in seen] == [True]
+    else:  # TPO: the target over a group of one is that one sample: cross-entropy 0, no reward signal
+        assert seen == [[1.0]]
+
+
+def test_ppo_minibatch_of_one_has_zero_advantage():
+    """What the minibatch_of_one warning says (canary): PPO normalises the advantage over the
+    minibatch, so one experience gets exactly 0."""
+    import torch
+    from palm_rlhf_pytorch.ppo import masked_normalize
+    assert masked_normalize(torch.tensor([3.7])).tolist() == [0.0]
+
+
+def test_ignored_settings_and_minibatch_leftover_of_one(plan, tmp_path):
+    config = plan.read_config(str(tiny_config(tmp_path, "flowrl")))
+    for text in ("trainer.kl_div_loss_weight=0.5", "trainer.beta_s=0.1", "train.max_batch_size=4"):
+        plan.apply_override(config, text)
+    plan.check_structure(config)
+    res = plan.check_against_library(config)
+    counts = plan.run_counts(6, 3, 3, 4, 1)
+    codes = [(w["code"], w["message"].split(" has no effect")[0]) for w in
+             plan.build_warnings("flowrl", res, counts, 3, "AdoptAtan2", True, "")]
+    assert ("ignored_setting", "[trainer] kl_div_loss_weight") in codes
+    assert ("ignored_setting", "[trainer] beta_s") in codes
+    assert ("ignored_setting", "[train] max_batch_size") in codes
+    ppo = resolved(plan, tiny_config(tmp_path, "ppo", name="ppo.toml"))  # 5 experiences, minibatch 4
+    warnings = plan.build_warnings("ppo", ppo, plan.run_counts(10, 5, 1, 4, 1), 1, "AdoptAtan2", True, "")
+    one = next(w for w in warnings if w["code"] == "minibatch_of_one")
+    assert "last minibatch" in one["message"] and one["blocks_learning"] is False
+
+
+def _between(source: str, needle: str, start: str, end: str) -> bool:
+    """Every occurrence of ``needle`` lies after ``start`` and before the first ``end`` after it."""
+    begin = source.index(start)
+    stop = source.index(end, begin + len(start))
+    return all(begin < m.start() < stop for m in re.finditer(re.escape(needle), source))
+
+
+def test_documented_warning_codes_are_the_ones_emitted(plan):
+    source = PLAN.read_text(encoding="utf-8")
+    emitted = set(re.findall(r'"code": "([a-z_]+)"', source))
+    doc = " ".join(WORKFLOWS.read_text(encoding="utf-8").split("\n## Plan a run\n", 1)[1].split())
+    table = doc.split("| code | when |", 1)[1].split("Exit codes:", 1)[0]
+    assert set(re.findall(r"\| `([a-z_]+)` \|", table)) == emitted
+
+
+def test_ignored_settings_table_matches_the_installed_source(plan):
+    """Each IGNORED entry still holds for the installed library (a canary: upstream may start using one)."""
+    import importlib
+    checked = set()
+    for trainers, section, key, unless, _why in plan.IGNORED:
+        for name in trainers:
+            spec = plan.TRAINERS[name]
+            cls = getattr(importlib.import_module(spec.module), spec.class_name)
+            assert key in inspect.signature(cls.train if section == "train" else cls.__init__).parameters
+            if section == "train":
+                assert inspect.getsource(cls.train).count(key) == 1, (name, key)  # the signature only
+            elif unless is None:
+                source = inspect.getsource(cls)
+                assert f"self.{key}" not in inspect.getsource(cls.learn), (name, key)
+                assert source.count(f"self.{key}") <= 1, (name, key)  # at most its assignment
+            else:
+                learn = inspect.getsource(cls.learn)
+                branch = {"use_score_centering": "elif self.use_score_centering:",
+                          "add_entropy_to_advantage": "if self.add_entropy_to_advantage:"}[unless]
+                assert f"self.{key}" in learn and _between(learn, f"self.{key}", branch, "else:"), (name, key)
+            checked.add((name, key))
+    assert ("flowrl", "kl_div_loss_weight") in checked and ("ppo", "max_batch_size") in checked
+
+
+# --- the upstream README's run, the CLI, the accuracy bench ----------------------------------------
+
+def test_upstream_example_gets_a_verdict(empty_dir):
+    """The upstream README's RLHFTrainer run (shipped config) through the console script: it does not
+    fit, with the reasons, and the JSON has the predicted wall time and peak. A small probe budget
+    keeps CI fast; the full default budget is measured in the docs."""
+    exe = BIN / "palm-rlhf-skill"
+    assert exe.exists(), "install the package first: pip install '.[test]'"
+    proc, report = run_json([str(exe), "plan", "--config", str(PLANS / "upstream-readme.toml"), "--json",
+                             "--device", "cpu", "--cpu-threads", "1", "--probe-seconds", "3"], empty_dir, timeout=600)
+    assert proc.returncode == 1 and report["status"] == "does_not_fit", report.get("verdict")
+    assert report["verdict"].startswith("does not fit") and "peak" in report["verdict"]
+    assert any("experiences held before each learn()" in r for r in report["reasons"])
+    counts = report["counts"]
+    assert (counts["rollouts"], counts["learn_calls"], counts["items_per_learn"]) == (25_000_000, 5000, 5000)
+    stored = report["stored_per_rollout"]["fields_bytes"]
+    assert stored["action_prob"] == 2048 * 20000 * 4  # max_seq_len x num_tokens float32 per experience
+    assert report["memory"]["held_before_learn"]["value"] == 5000 * report["stored_per_rollout"]["bytes"]
+    assert report["predicted"]["peak_mib"] > report["predicted"]["available_mib"]
+    assert report["predicted"]["wall_s"] > 0 and report["predicted"]["fits"] is False
+    assert list(empty_dir.iterdir()) == []
+    # the figures workflows.md states for this run are the ones computed here
+    doc = WORKFLOWS.read_text(encoding="utf-8").split("\n## Plan a run\n", 1)[1]
+    for text in (f"{stored['action_prob'] / 2**20:.2f} MiB", f"{counts['items_per_learn']:,} held",
+                 f"{report['memory']['held_before_learn']['value'] / 2**30:,.1f} GiB",
+                 f"{counts['rollouts']:,} rollouts", "2048 x 20000 float32 `action_prob`"):
+        assert text in " ".join(doc.split()), text
+
+
+def fake_bench(wall_plan, peak_plan, wall_real, peak_real, learn_calls=(2, 2)):
+    class Bench:
+        calls = []
+
+        @staticmethod
+        def machine():
+            return {"system": "Linux", "cpu": "cpu", "cpu_count": 2, "load_average_1min": 0.5}
+
+        @classmethod
+        def run_child(cls, argv):
+            cls.calls.append(argv)
+            if "--execute" in argv:
+                return {"wall_s": wall_real, "peak_rss_mib": peak_real, "exit_code": 0, "stderr_tail": [""],
+                        "report": {"status": "ok", "learn_calls": learn_calls[1], "seconds": {"train": 5.0}}}
+            return {"wall_s": 3.0, "peak_rss_mib": 1.0, "exit_code": 0, "stderr_tail": [""],
+                    "report": {"trainer": "ppo", "counts": {"rollouts": 8, "learn_calls": learn_calls[0]},
+                               "predicted": {"wall_s": wall_plan, "peak_mib": peak_plan},
+                               "time": {"rollouts": 4.0, "unit_s": {}}}}
+    return Bench
+
+
+@pytest.mark.parametrize("plan_wall, plan_peak, calls, ok", [
+    (13.0, 460.0, (2, 2), True),     # +30% wall, -8% peak
+    (14.0, 460.0, (2, 2), False),    # +40% wall
+    (10.0, 360.0, (2, 2), False),    # -28% peak
+    (10.0, 500.0, (2, 1), False),    # the run learned a different number of times
+])
+def test_plan_accuracy_rows_and_targets(plan, plan_wall, plan_peak, calls, ok):
+    import argparse
+    args = argparse.Namespace(plan_config=["accuracy-ppo.toml"], device="cpu", quiet=True, repeat=3)
+    env = {"versions": {"python": "3", "torch": "t", "palm-rlhf-pytorch": "p"}, "warnings": []}
+    bench = fake_bench(plan_wall, plan_peak, 10.0, 500.0, calls)
+    report, passed = plan.accuracy(bench, args, env)
+    row = report["rows"][0]
+    assert passed is ok and row["ok"] is ok and report["status"] == ("ok" if ok else "failed")
+    assert row["wall_error"] == pytest.approx(plan_wall / 10 - 1) and row["peak_error"] == pytest.approx(plan_peak / 500 - 1)
+    assert row["repeat"] == 3 and len(row["wall_errors"]) == 3 and len(bench.calls) == 6
+    plan_argv, real_argv = bench.calls[:2]
+    assert "--execute" not in plan_argv and real_argv[-1] == "--execute" and "--cpu-threads" in plan_argv
+    assert plan.accuracy_table(report["rows"])[2].startswith("| accuracy-ppo.toml | ppo | 8 |")
+
+
+def test_bench_plan_accuracy_usage_errors(empty_dir):
+    bench = SCRIPTS / "bench_smoke.py"
+    for argv in (["--plan-config", "accuracy-ppo.toml"], ["--scaling", "--plan-accuracy"]):
+        assert "error:" in usage_error_without_torch(bench, argv, empty_dir)
+
+
+def test_docs_accuracy_table_has_the_commands_shape_and_meets_the_targets(plan):
+    text = WORKFLOWS.read_text(encoding="utf-8")
+    check = load_script(REPO / "scripts" / "check_skill.py", "check_skill")
+    assert "plan-a-run" in check.anchors(WORKFLOWS) and text.count(plan.ACCURACY_TITLE) == 1
+    section = re.split(r"\n##+ ", text.split(plan.ACCURACY_TITLE, 1)[1], maxsplit=1)[0]
+    assert "palm-rlhf-skill bench --plan-accuracy --markdown" in section
+    assert f"palm-rlhf-pytorch {metadata.version('palm-rlhf-pytorch')}" in section
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in section.splitlines()
+            if line.startswith("|")]
+    assert rows[0] == list(plan.ACCURACY_HEADER)
+    body = rows[2:]
+    assert [r[0] for r in body] == list(plan.ACCURACY_CONFIGS) and len({r[1] for r in body}) >= 3
+    for row in body:
+        wall, peak = (float(row[i].rstrip("%")) / 100 for i in (6, 9))
+        assert abs(wall) <= plan.TARGETS["wall_error"] and abs(peak) <= plan.TARGETS["peak_error"], row
+        assert 10 <= float(row[5]) <= 90, row  # full runs of 10-60 s here (loaded machine: some slack)
+        assert len(row[10].split()) >= 3, row  # the median of at least 3 plan-and-run pairs
+    for name in plan.ACCURACY_CONFIGS:
+        assert (PLANS / name).is_file()
