@@ -436,6 +436,21 @@ if WATCH_ENV in os.environ:  # a child of a watched run (a torchrun rank): log w
         DirectoryWatch(_dir, log=_log).start()
 
 
+def available_memory_mib() -> int | None:
+    """MemAvailable from /proc/meminfo in MiB; else free physical pages (os.sysconf); else None."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) // 1024  # kB
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 PAD_ID = 0  # the library's pad id: PaLM's cross_entropy_ignore_index and the trainers' pad_value
 
 

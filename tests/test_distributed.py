@@ -1,5 +1,6 @@
-"""Multi-process (DDP) training: the smoke's --nproc mode, the user-side fixes in ddp_fixes.py and
-their canaries, and the Accelerate launch facts that references/distributed.md states.
+"""Multi-process (DDP) training: the smoke's --nproc mode and its runs under torchrun, accelerate
+launch and srun (two simulated nodes on 127.0.0.1), the user-side fixes in ddp_fixes.py and their
+canaries, the FSDP findings, and the launch facts and recipes that references/distributed.md states.
 
 Each 2-process run is tiny (dim 32, depth 1, a few rollouts) over gloo on 127.0.0.1.
 Select with ``pytest -m distributed``; they also run in the default suite.
@@ -8,9 +9,12 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import re
+import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +23,7 @@ from conftest import BIN, REPO, SMOKE, load_script, run, run_json
 
 SCRIPTS = REPO / "sub-skills" / "policy-optimization" / "scripts"
 TRAINERS = ["ppo", "grpo", "tpo", "flowrl"]
+EOS = "3"  # an id no seed-0 prompt contains (the smoke refuses one that does)
 pytestmark = pytest.mark.distributed
 
 
@@ -28,11 +33,12 @@ def checks_of(result: dict) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def fixed_run(tmp_path_factory):
-    """`tiny-rlhf-smoke --trainer all --nproc 2 --json` (installed console script) from an empty dir."""
+    """`tiny-rlhf-smoke --trainer all --nproc 2 --eos-token 3 --json` (installed console script)
+    from an empty dir: rollouts end at eos at lengths that differ between the ranks."""
     cwd = tmp_path_factory.mktemp("fixed")
     exe = BIN / "tiny-rlhf-smoke"
     assert exe.exists(), "install the package first: pip install '.[test]'"
-    proc, report = run_json([str(exe), "--trainer", "all", "--nproc", "2", "--json"], cwd)
+    proc, report = run_json([str(exe), "--trainer", "all", "--nproc", "2", "--eos-token", EOS, "--json"], cwd)
     return proc, report, cwd
 
 
@@ -51,13 +57,20 @@ def test_all_trainers_in_sync_with_fixes(fixed_run):
                                   for c in r["checks"] if not c["passed"]]
     assert report["status"] == "ok" and report["nproc"] == 2 and report["distributed_type"] == "MULTI_CPU"
     assert report["launcher"]["master"].startswith("127.0.0.1:") and report["launcher"]["ddp_fixes"]
+    assert report["launcher"]["resources"]["predicted_mib"] <= report["launcher"]["resources"]["available_mib"]
     assert set(report["results"]) == set(TRAINERS)
+    differ = []
     for name, result in report["results"].items():
         checks = checks_of(result)
         for required in ("accelerate_multi_process", "ranks_in_sync", "ranks_drew_different_prompts",
                          "only_main_process_wrote", "all_ranks_passed", "caller_directory_untouched",
-                         "update_ran", "actor_lora_changed", "base_weights_unchanged"):
+                         "update_ran", "actor_lora_changed", "base_weights_unchanged", "parameters_finite",
+                         "rollouts_ended_at_eos"):
             assert checks[required]["passed"], (name, checks[required])
+        lengths = [r["rollout_lengths"] for r in result["ranks"]]
+        assert result["eos"]["longest_rollout_per_rank"] == [max(n) for n in lengths]
+        if result["eos"]["ranks_differ"]:
+            differ.append(name)
         sync = result["rank_sync"]
         assert sync["mismatched"] == 0 and sync["trainable_compared"] == result["parameters"]["trainable_total"]
         assert sync["tensors_compared"] == result["parameters"]["trainable_total"] + result["parameters"]["frozen_total"]
@@ -65,6 +78,8 @@ def test_all_trainers_in_sync_with_fixes(fixed_run):
         draws = [r["prompt_draws"] for r in result["ranks"]]
         assert draws[0] != draws[1] and len(draws[0]) == result["optimizer_steps"]["rollouts"]
         assert result["checkpoint"]["saves_per_rank"] == [1, 0]
+    # the case fix_buffers is for: rotary caches of different lengths on the ranks
+    assert differ, [r["eos"] for r in report["results"].values()]
     tpo = checks_of(report["results"]["tpo"])
     assert tpo["replay_buffer_per_rank"]["passed"] and "rank1/tpo_memmap_replay_buffer" in tpo["replay_buffer_per_rank"]["detail"]
     assert list(cwd.iterdir()) == []
@@ -105,7 +120,8 @@ def test_unfixed_ppo_drifts_between_ranks(unfixed_run):
 
 
 def test_unfixed_grpo_stays_in_sync(unfixed_run):
-    """GRPO needs no training fix: one backward per step, so DDP's own averaging is exact."""
+    """GRPO needs no gradient fix: one backward per step, so DDP's own averaging is exact (without
+    eos, where every rollout has the same length)."""
     checks = checks_of(unfixed_run[1]["results"]["grpo"])
     assert checks["update_ran"]["passed"] and checks["ranks_in_sync"]["passed"]
 
@@ -196,6 +212,8 @@ PROBE = textwrap.dedent("""
     a = Accelerator()
     with open(f"probe-{os.getpid()}.txt", "w") as f:  # one file per process: no interleaving
         f.write(f"probe {os.environ.get('RANK')} {a.distributed_type} {a.num_processes}")
+    with open(f"env-{os.getpid()}.txt", "w") as f:
+        f.write(" ".join(sorted(os.environ)))
 """)
 
 
@@ -220,6 +238,11 @@ def test_torchrun_on_cpu_needs_accelerate_use_cpu(empty_dir):
     assert plain == ["probe 0 DistributedType.NO 1", "probe 1 DistributedType.NO 1"]
     cpu = probe_lines(torchrun(script, launch.free_port()), empty_dir, env={"ACCELERATE_USE_CPU": "true"})
     assert cpu == ["probe 0 DistributedType.MULTI_CPU 2", "probe 1 DistributedType.MULTI_CPU 2"]
+    # the page's table of what torchrun sets in each rank's environment
+    row = next(line for line in DOC.read_text(encoding="utf-8").splitlines() if line.startswith("| `torchrun` |"))
+    documented = set(re.findall(r"`([A-Z_]+)`", row))
+    for names in (f.read_text().split() for f in empty_dir.glob("env-*.txt")):
+        assert len(documented) == 8 and documented <= set(names), documented - set(names)
 
 
 def test_accelerate_launch_cpu_starts_one_process(empty_dir):
@@ -255,7 +278,9 @@ def test_mixed_precision_on_cpu(empty_dir):
 
 @pytest.mark.parametrize("argv, message", [
     (["--nproc", "0"], "--nproc: must be between 1 and 64"),
-    (["--no-ddp-fixes"], "--no-ddp-fixes applies to --nproc runs"),
+    (["--no-ddp-fixes"], "--no-ddp-fixes applies to --nproc runs or to the ranks a launcher started"),
+    (["--oversubscribe"], "--oversubscribe applies to --nproc runs"),
+    (["--nproc", "2", "--eos-token", "68"], "--eos-token 68 occurs in prompt(s) [0]"),
     (["--nproc", "2", "--device", "cuda"], "needs 2 visible CUDA devices"),
     (["--nproc", "2", "--device", "cuda:1"], "use auto, cpu or cuda"),
 ])
@@ -454,14 +479,17 @@ def test_doc_names_exist():
     fixes = load_script(SCRIPTS / "ddp_fixes.py", "ddp_fixes")
     launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
     text = DOC.read_text(encoding="utf-8")
-    for name in ("fix_ppo", "fix_tpo", "fix_flowrl", "apply_ddp_fixes", "save_checkpoint", "checkpoint_module"):
+    for name in ("fix_ppo", "fix_tpo", "fix_flowrl", "fix_buffers", "apply_ddp_fixes", "save_checkpoint",
+                 "checkpoint_module"):
         assert f"`{name}" in text and callable(getattr(fixes, name))
     assert "`tensor_digest`" in text and callable(launch.tensor_digest)
-    names = {row.split("`")[0] for row in text.split("\n| `")[1:]}  # the checks table
-    assert names == {"accelerate_multi_process", "ranks_in_sync", "ranks_drew_different_prompts",
+    checks_table = text[text.index("| check | passes when |"):].split("\n\n")[0]
+    names = {row.split("`")[0] for row in checks_table.split("\n| `")[1:]}
+    assert names == {"accelerate_multi_process", "parameters_finite", "ranks_in_sync", "ranks_drew_different_prompts",
                      "only_main_process_wrote", "replay_buffer_per_rank", "all_ranks_passed"}
     help_text = run([sys.executable, str(SMOKE), "--help"], REPO).stdout
-    assert "--nproc" in help_text and "--no-ddp-fixes" in help_text
+    for option in ("--nproc", "--no-ddp-fixes", "--oversubscribe", "--dist-timeout", "--eos-token"):
+        assert option in help_text and f"`{option}" in text, option
 
 
 def test_workers_dying_without_report_is_a_failed_report(smoke, capsys, monkeypatch, empty_dir):
@@ -482,11 +510,13 @@ def test_workers_dying_without_report_is_a_failed_report(smoke, capsys, monkeypa
 
 
 def processes_mentioning(text: str) -> list[int]:
-    """PIDs whose command line contains ``text`` (Linux /proc)."""
+    """PIDs whose command line or environment contains ``text`` (Linux /proc; torchrun and its ranks
+    carry the launcher's private directory as TMPDIR)."""
     pids = []
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and text in (entry / "cmdline").read_bytes().decode(errors="replace"):
+            if entry.name.isdigit() and any(text in (entry / part).read_bytes().decode(errors="replace")
+                                            for part in ("cmdline", "environ")):
                 pids.append(int(entry.name))
         except OSError:
             continue
@@ -521,3 +551,396 @@ def test_signal_to_the_launcher_stops_its_ranks_and_cleans_up(tmp_path, empty_di
         time.sleep(0.2)
     assert processes_mentioning(str(run_dir)) == [], "torchrun or a rank outlived the launcher"
     assert list(tmp.iterdir()) == [] and list(empty_dir.iterdir()) == []
+
+
+# eos: rotary caches of different lengths under DDP (fix_buffers) ------------------------------------
+
+ROTARY = "distributed.md#rotary-caches-under-eos: upstream changed; re-check fix_buffers and the section"
+
+def test_unfixed_eos_run_fails(empty_dir):
+    """Canary for fix_buffers, end to end: without the fixes, rollouts that end at eos at different
+    lengths on the two ranks break DDP's buffer broadcast. PPO (the first trainer) aborts in gloo
+    when rank 0's longer rotary cache is copied into rank 1's shorter one."""
+    proc, report = run_json([sys.executable, str(SMOKE), "--trainer", "all", "--nproc", "2", "--eos-token", EOS,
+                             "--no-ddp-fixes", "--dist-timeout", "60", "--json"], empty_dir, timeout=400)
+    assert proc.returncode == 1 and report["status"] == "failed"
+    detail = " ".join(c["detail"] for c in report["checks"] if not c["passed"])
+    assert "Received data size doesn't match expected size" in detail, (ROTARY, detail)
+    assert "Received data size doesn't match expected size" in DOC.read_text(encoding="utf-8")
+    assert list(empty_dir.iterdir()) == []
+
+
+def test_unfixed_eos_grpo_ranks_fall_out_of_step(empty_dir):
+    """Canary for the GRPO row: GRPO alone, without the fixes, under eos. Its one backward per step
+    keeps gradients exact, but the buffer broadcast corrupts the rotary tables: the ranks' collectives
+    fall out of step and fail only at the timeout (5 s here)."""
+    proc, report = run_json([sys.executable, str(SMOKE), "--trainer", "grpo", "--nproc", "2", "--eos-token", EOS,
+                             "--no-ddp-fixes", "--dist-timeout", "5", "--json"], empty_dir, timeout=400)
+    detail = " ".join(c["detail"] for c in report["checks"] if not c["passed"])
+    assert proc.returncode == 1 and report["status"] == "failed" and "lost the other ranks" in detail, (ROTARY, detail)
+    assert list(empty_dir.iterdir()) == []
+
+
+BUFFERS = textwrap.dedent("""
+    import os, sys, warnings, torch, torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    sys.path.insert(0, sys.argv[1])
+    import ddp_fixes
+    from palm_rlhf_pytorch import PaLM
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{sys.argv[2]}")
+    palm = PaLM(num_tokens=257, dim=32, depth=1, heads=2, dim_head=16)
+    lengths = []
+    for n in (5, 9, 7):  # the cache grows to the longest sequence seen, never shrinks
+        palm(torch.randint(1, 257, (1, n)))
+        lengths.append([tuple(b.shape) for name, b in palm.named_buffers() if name.endswith("pos_emb")])
+    print("cache", lengths)
+    holder = torch.nn.Module()
+    holder.actor = DDP(palm)
+    print("default", holder.actor.will_sync_module_buffers())
+    print("fixed", ddp_fixes.fix_buffers(holder), holder.actor.will_sync_module_buffers())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        at_construction = DDP(palm, broadcast_buffers=False)
+    print("kwargs", at_construction.will_sync_module_buffers(), [str(w.message).split(".")[0] for w in caught])
+    dist.destroy_process_group()
+""")
+
+
+def test_ddp_broadcasts_rotary_caches_and_fix_buffers_stops_it(tmp_path):
+    """Canary for fix_buffers, the cause: palm.py grows its rotary cache buffers to the longest
+    sequence seen, and a DDP wrapper broadcasts buffers before each forward unless told not to; the
+    construction-time alternative (broadcast_buffers=False) warns on torch 2.13."""
+    launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
+    (tmp_path / "buffers.py").write_text(BUFFERS)
+    proc = run([sys.executable, str(tmp_path / "buffers.py"), str(SCRIPTS), str(launch.free_port())], tmp_path,
+               env={"GLOO_SOCKET_IFNAME": "lo"}, timeout=120)
+    lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines())
+    assert lines.get("cache") == "[[(5, 16)], [(9, 16)], [(9, 16)]]", (ROTARY, proc.stderr[-2000:])
+    assert lines["default"] == "True" and lines["fixed"] == "['actor'] False", (ROTARY, lines)
+    assert lines["kwargs"] == "False ['`broadcast_buffers` is deprecated']", (ROTARY, lines)
+    assert "`broadcast_buffers` is deprecated. Use `forward_sync_buffers` instead" in DOC.read_text(encoding="utf-8")
+
+
+# under the user's own launcher: torchrun, accelerate launch, srun (two nodes simulated) ------------
+
+def doc_fence(lang: str, marker: str) -> str:
+    """The one fenced ``lang`` block of distributed.md that contains ``marker``."""
+    blocks = ["\n" + b.split("```")[0] for b in DOC.read_text(encoding="utf-8").split(f"```{lang}\n")[1:]]
+    found = [b for b in blocks if marker in b]
+    assert len(found) == 1, marker
+    return found[0]
+
+
+TORCHRUN_RECIPE = doc_fence("bash", "\ntorchrun --nnodes 2").strip()
+ACCELERATE_RECIPE = doc_fence("bash", "accelerate launch --config_file").strip()
+SLURM_SCRIPT = doc_fence("bash", "#SBATCH")
+
+
+def launcher_env(**extra) -> dict[str, str]:
+    """Each simulated node's environment: the installed console scripts first on PATH, CPU gloo."""
+    return {"PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
+            "CUDA_VISIBLE_DEVICES": "", **extra}
+
+
+def start(cmd: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen(cmd, cwd=cwd, env={**os.environ, **env}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen, timeout: int = 400) -> tuple[int, str, str, float]:
+    """(exit code, stdout, stderr, seconds since start) of a started process."""
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err, time.monotonic() - proc.started
+
+
+@pytest.fixture(scope="module")
+def lone_ranks(tmp_path_factory):
+    """Started first, waited for later (they mostly wait): the 2-node torchrun recipe with one node
+    missing, node 0 alone and node 1 alone (rendezvous timeout 5 s), and one srun task of two whose
+    peer never starts (--dist-timeout 5)."""
+    launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
+    cwd = tmp_path_factory.mktemp("lone")
+    line = TORCHRUN_RECIPE.replace("timeout=300", "timeout=5")
+    procs = {f"torchrun node {rank}": start(["bash", "-c", line], cwd, launcher_env(
+        NODE_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(launch.free_port()))) for rank in (0, 1)}
+    procs.update({
+        "srun": start([str(BIN / "tiny-rlhf-smoke"), "--trainer", "grpo", "--dist-timeout", "5", "--json"], cwd,
+                      launcher_env(SLURM_STEP_ID="0", SLURM_PROCID="0", SLURM_NTASKS="2", SLURM_LOCALID="0",
+                                   SLURM_NODEID="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(launch.free_port())))})
+    for proc in procs.values():
+        proc.started = time.monotonic()
+    yield procs, cwd
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory, lone_ranks):
+    """The page's torchrun recipe on two simulated nodes: two torchrun launchers, --nnodes 2,
+    --node-rank 0 and 1, one process each, rendezvous on 127.0.0.1, each node in its own directory."""
+    launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
+    port = str(launch.free_port())
+    cwds = [tmp_path_factory.mktemp(f"node{rank}") for rank in (0, 1)]
+    procs = [start(["bash", "-c", TORCHRUN_RECIPE], cwds[rank],
+                   launcher_env(NODE_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)) for rank in (1, 0)]
+    for proc in procs:
+        proc.started = time.monotonic()
+    (code1, out1, err1, _), (code0, out0, err0, seconds) = (finish(p) for p in procs)
+    return code0, out0, err0, code1, out1, seconds, cwds
+
+
+def test_two_torchrun_nodes_give_one_report_in_sync(two_nodes):
+    code0, out0, err0, code1, out1, _, cwds = two_nodes
+    assert code0 == 0 and code1 == 0, err0[-3000:]
+    assert out1 == ""  # only global rank 0 prints
+    report = json.loads(out0)
+    assert report["status"] == "ok" and report["nproc"] == 2 and report["distributed_type"] == "MULTI_CPU"
+    assert report["launcher"]["name"] == "torchrun" and report["launcher"]["nodes"] == 2
+    assert set(report["results"]) == set(TRAINERS)
+    for name, result in report["results"].items():
+        assert checks_of(result)["ranks_in_sync"]["passed"] and result["rank_sync"]["mismatched"] == 0, name
+        assert [r["status"] for r in result["ranks"]] == ["ok", "ok"], name
+    assert [list(cwd.iterdir()) for cwd in cwds] == [[], []]
+
+
+@pytest.mark.parametrize("node, last_line", [
+    (0, r"torch\.distributed\.DistStoreError: Timed out after \d+ seconds waiting for clients\. 1/2 clients joined\."),
+    (1, r"torch\.distributed\.DistNetworkError: The client socket has timed out after \d+ms while trying to "
+        r"connect to \(127\.0\.0\.1, \d+\)\."),
+])
+def test_missing_torchrun_node_fails_within_the_rendezvous_timeout(two_nodes, lone_ranks, node, last_line):
+    """torchrun waits in its rendezvous before the smoke starts; --rdzv-conf timeout bounds it and
+    its last stderr line says what is missing."""
+    from torch.distributed.elastic.rendezvous import static_tcp_rendezvous
+    code, out, err, seconds = finish(lone_ranks[0][f"torchrun node {node}"])
+    last = err.strip().splitlines()[-1]
+    assert code == 1 and out == "" and seconds < 120, (code, seconds, err[-2000:])
+    assert re.fullmatch(last_line, last), last
+    text = " ".join(DOC.read_text(encoding="utf-8").split())
+    assert "waiting for clients. 1/2 clients joined." in text and "while trying to connect to (HOST, PORT)." in text
+    assert static_tcp_rendezvous._default_timeout_seconds == 600 and "(default 600 s" in text
+
+
+def test_missing_srun_task_fails_with_one_line(two_nodes, lone_ranks):
+    code, out, err, seconds = finish(lone_ranks[0]["srun"])
+    lines = err.strip().splitlines()
+    assert code == 2 and out == "" and len(lines) == 1 and seconds < 120, err[-2000:]
+    assert lines[0].startswith("tiny-rlhf-smoke: error: rank 0 of 2: no process group with the other ranks at "
+                               "127.0.0.1:") and "within --dist-timeout 5 s: DistStoreError:" in lines[0], lines
+    assert "no process group with the other ranks at" in DOC.read_text(encoding="utf-8")
+    assert list(lone_ranks[1].iterdir()) == []
+
+
+def test_srun_tasks_form_a_world(tmp_path):
+    """srun starting the smoke once per rank (no torchrun): SLURM_PROCID/NTASKS/LOCALID become the
+    rank; the batch script exports MASTER_ADDR and MASTER_PORT. Construct-only: the world and the rank
+    checks are the point (the torchrun runs train)."""
+    launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
+    port = str(launch.free_port())
+    procs = [start([str(BIN / "tiny-rlhf-smoke"), "--trainer", "grpo", "--construct-only", "--json"], tmp_path,
+                   launcher_env(SLURM_STEP_ID="0", SLURM_PROCID=str(r), SLURM_NTASKS="2", SLURM_LOCALID=str(r),
+                                SLURM_NODEID="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)) for r in (1, 0)]
+    for proc in procs:
+        proc.started = time.monotonic()
+    (code1, out1, err1, _), (code0, out0, err0, _) = (finish(p) for p in procs)
+    assert code0 == code1 == 0 and out1 == "", (err0[-2000:], err1[-2000:])
+    report = json.loads(out0)
+    assert report["launcher"]["name"] == "srun" and report["nproc"] == 2 and report["status"] == "ok"
+    assert checks_of(report["results"]["grpo"])["ranks_in_sync"]["passed"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_accelerate_launch_recipe_on_two_machines(tmp_path):
+    launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
+    config = doc_fence("yaml", "distributed_type: MULTI_GPU").replace(
+        "main_process_port: 29500", f"main_process_port: {launch.free_port()}")
+    assert f"main_process_port: 29500" not in config
+    (tmp_path / "multinode.yaml").write_text(config)
+    procs = [start(["bash", "-c", ACCELERATE_RECIPE], tmp_path, launcher_env(NODE_RANK=str(rank))) for rank in (1, 0)]
+    for proc in procs:
+        proc.started = time.monotonic()
+    (code1, out1, err1, _), (code0, out0, err0, _) = (finish(p) for p in procs)
+    assert code0 == code1 == 0 and out1 == "", err0[-3000:]
+    report = json.loads(out0)
+    assert report["status"] == "ok" and report["launcher"]["name"] == "accelerate launch"
+    assert report["launcher"]["nodes"] == 2 and set(report["results"]) == set(TRAINERS)
+    assert all(checks_of(r)["ranks_in_sync"]["passed"] for r in report["results"].values())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["multinode.yaml"]
+
+
+def test_slurm_script_parses_and_runs_the_torchrun_recipe(tmp_path):
+    """No Slurm here: the batch script parses (bash -n), and each node's command is the page's
+    torchrun recipe, run above on two simulated nodes, with SLURM_NODEID as the node rank."""
+    (tmp_path / "smoke.sbatch").write_text(SLURM_SCRIPT)
+    proc = run(["bash", "-n", str(tmp_path / "smoke.sbatch")], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    srun = [line for line in SLURM_SCRIPT.splitlines() if line.startswith("srun ")]
+    assert srun == [f"srun bash -c 'NODE_RANK=$SLURM_NODEID; {TORCHRUN_RECIPE}' > smoke-report.json"], srun
+    assert "export MASTER_ADDR=" in SLURM_SCRIPT and "export MASTER_PORT=" in SLURM_SCRIPT
+
+
+# the launcher's world, --nproc's arguments and resources (in-process, no launch) ------------------
+
+@pytest.mark.parametrize("env, expected", [
+    ({}, None),
+    ({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "GROUP_RANK": "0", "MASTER_ADDR": "h", "MASTER_PORT": "9",
+      "TORCHELASTIC_RUN_ID": "none"}, ("torchrun", 1, 4, 1, "0", "h:9")),
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "GROUP_RANK": "1", "MASTER_ADDR": "h", "MASTER_PORT": "9",
+      "TORCHELASTIC_RUN_ID": "none", "ACCELERATE_MIXED_PRECISION": "no"}, ("accelerate launch", 0, 2, 0, "1", "h:9")),
+    ({"SLURM_STEP_ID": "0", "SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_NODEID": "1",
+      "MASTER_ADDR": "h", "MASTER_PORT": "9"}, ("srun", 3, 4, 1, "1", "h:9")),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "4"}, None),  # a batch script's own shell: no step, no world
+    ({"SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "1"}, None),  # a one-task step
+])
+def test_launcher_world_from_environment(env, expected):
+    launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
+    environ = dict(env)
+    world = launch.launcher_world(environ)
+    assert (world and (world.launcher, world.rank, world.size, world.local_rank, world.node, world.master)) == expected
+    if expected and expected[0] == "srun":  # what torch's env:// rendezvous and Accelerate read
+        assert (environ["RANK"], environ["WORLD_SIZE"], environ["LOCAL_RANK"]) == ("3", "4", "1")
+
+
+@pytest.mark.parametrize("argv, env, message", [
+    (["--trainer", "grpo"], {"SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "2"},
+     "srun started this smoke as task 0 of 2, but MASTER_ADDR and MASTER_PORT are not set"),
+    (["--nproc", "3"], {"RANK": "0", "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "x"},
+     "--nproc 3, but torchrun started a world of 2 processes: drop --nproc under a launcher"),
+    (["--trainer", "grpo"], {"RANK": "two", "WORLD_SIZE": "2"}, "RANK='two' from the launcher is not an integer"),
+])
+def test_launcher_usage_errors_exit_2_one_line_without_torch(empty_dir, monkeypatch, argv, env, message):
+    from conftest import usage_error_without_torch
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    line = usage_error_without_torch(SMOKE, argv, empty_dir)
+    assert message in line, line
+    assert list(empty_dir.iterdir()) == []
+
+
+def test_without_nproc_drops_every_spelling():
+    launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
+    argv = ["--trainer", "all", "--nproc", "2", "--np=3", "--npro", "4", "--json", "--new-tokens", "5", "--no-ddp-fixes"]
+    assert launch.without_nproc(argv) == ["--trainer", "all", "--json", "--new-tokens", "5", "--no-ddp-fixes"]
+
+
+def test_nproc_resources_refused_unless_oversubscribe(smoke, monkeypatch):
+    launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
+    rt = sys.modules["skill_runtime"]
+    config = smoke.palm_config(smoke.build_parser().parse_args([]))
+    cpus = launch.usable_cpus()
+    with pytest.raises(rt.SkillError, match=rf"--nproc {cpus + 1} on {cpus} usable CPU cores: .* --oversubscribe"):
+        launch.check_resources(cpus + 1, "cpu", config, oversubscribe=False)
+    launch.check_resources(cpus + 1, "cuda", config, oversubscribe=False)  # GPUs: counted by launch_device
+    monkeypatch.setattr(rt, "available_memory_mib", lambda: 500)
+    with pytest.raises(rt.SkillError, match=r"--nproc 2 needs about \d+ MiB .* 500 MiB available"):
+        launch.check_resources(2, "cpu", config, oversubscribe=False)
+    facts = launch.check_resources(cpus + 1, "cpu", config, oversubscribe=True)
+    assert facts["oversubscribe"] and facts["available_mib"] == 500 and facts["usable_cpus"] == cpus
+
+
+def test_nproc_above_cpu_cores_is_exit_2_one_line(empty_dir):
+    launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
+    cpus = launch.usable_cpus()
+    if cpus >= launch.MAX_NPROC:
+        pytest.skip(f"{cpus} CPUs: --nproc cannot exceed them")
+    proc = run([sys.executable, str(SMOKE), "--nproc", str(cpus + 1), "--device", "cpu"], empty_dir)
+    assert proc.returncode == 2 and proc.stdout == "" and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert f"--nproc {cpus + 1} on {cpus} usable CPU cores" in proc.stderr and "--oversubscribe" in proc.stderr
+    assert list(empty_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize("dim, depth, heads, dim_head", [(32, 1, 2, 16), (256, 4, 2, 16), (96, 3, 8, 64)])
+def test_palm_weights_counts_what_palm_builds(dim, depth, heads, dim_head):
+    import torch
+    from palm_rlhf_pytorch import PaLM
+    launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
+    config = dict(num_tokens=257, dim=dim, depth=depth, heads=heads, dim_head=dim_head)
+    with torch.device("meta"):
+        assert launch.palm_weights(config) == sum(p.numel() for p in PaLM(**config).parameters())
+
+
+def test_predicted_rank_memory_matches_the_sizing_table():
+    """The per-rank prediction against the peak RSS measured in workflows.md's sizing table (rows
+    that vary dim or depth): within 15 % of the heaviest trainer (PPO: actor-critic, value head),
+    never below 90 % of any row, so --nproc refuses before the memory runs out."""
+    launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
+    smoke_module = sys.modules.get("tiny_rlhf_smoke") or load_script(SMOKE, "tiny_rlhf_smoke")
+    text = (SCRIPTS.parent / "references" / "workflows.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| (\w+) \| (?:dim|depth) = \d+ \| (\d+) \| (\d+) \|.*\| (\d+) \|$", text, re.MULTILINE)
+    assert len(rows) >= 8 and {r[0] for r in rows} >= {"ppo"}
+    for trainer, dim, depth, rss in rows:
+        predicted = launch.predicted_rank_mib({**smoke_module.TINY_PALM, "dim": int(dim), "depth": int(depth)})
+        assert predicted >= 0.9 * int(rss), (trainer, dim, depth, rss, predicted)
+        if trainer == "ppo":
+            assert predicted <= 1.15 * int(rss), (trainer, dim, depth, rss, predicted)
+
+
+# sharding: Accelerate's FSDP plugin --------------------------------------------------------------
+
+FSDP = textwrap.dedent("""
+    import os, sys, torch
+    sys.path.insert(0, sys.argv[1])
+    import tiny_rlhf_smoke as smoke
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+    rank = os.environ["RANK"]
+    def line(text):
+        if rank == "0":
+            os.write(1, (text + "\\n").encode())
+    plain = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=1))
+    line(f"cpu {plain.distributed_type} {type(plain.prepare(torch.nn.Linear(2, 2))).__name__}")
+    for version in (1, 2):  # force what Accelerate does on GPUs: distributed type FSDP with the plugin
+        for shared in (PartialState._shared_state, AcceleratorState._shared_state):
+            shared.update(distributed_type=DistributedType.FSDP, device=torch.device("cpu"))
+        AcceleratorState._shared_state["fsdp_plugin"] = FullyShardedDataParallelPlugin(fsdp_version=version)
+        for name in smoke.TRAINERS:
+            construct_only = not (version == 1 and name == "ppo")
+            args = smoke.build_parser().parse_args(["--trainer", name] + ["--construct-only"] * construct_only)
+            args.caller_dir = "/"
+            result = smoke.run_trainer(name, args, {"cpu": True}, torch.device("cpu"), ["default"])
+            failed = [c["detail"] for c in result["checks"] if c["name"] in ("trainer_constructed", "update_ran")
+                      and not c["passed"]]
+            line(f"fsdp{version} {name} {failed[0] if failed else 'ok'}")
+""")
+
+
+SHARDING = "distributed.md#sharding-fsdp: Accelerate or the trainers changed; re-run and update the table"
+
+
+def test_fsdp_plugin_findings(tmp_path):
+    """The page's sharding table: on CPU the plugin is ignored (DDP); forced as on GPUs, FSDP2 refuses
+    every trainer in Accelerator.prepare and FSDP1 fails in the trainers' own modules."""
+    launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
+    (tmp_path / "fsdp.py").write_text(FSDP)
+    cwd = tmp_path / "run"
+    cwd.mkdir()
+    proc = run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+                "--master_port", str(launch.free_port()), str(tmp_path / "fsdp.py"), str(SCRIPTS)], cwd,
+               env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}, timeout=300)
+    found = {}  # "cpu" -> what it got; "fsdp<version> <trainer>" -> "ok" or the first error
+    for line in proc.stdout.splitlines():
+        key, rest = line.split(" ", 1)
+        if key.startswith("fsdp"):
+            trainer, rest = rest.split(" ", 1)
+            key = f"{key} {trainer}"
+        found[key] = rest
+    assert found.get("cpu") == "DistributedType.MULTI_CPU DistributedDataParallel", (SHARDING, proc.stderr[-3000:])
+    assert "fsdp" not in proc.stderr.lower()  # ignored without a word
+    table = {row[0]: row[1:] for row in (
+        [cell.strip() for cell in line.strip("|").split("|")]
+        for line in DOC.read_text(encoding="utf-8").split("## Sharding (FSDP)")[1].splitlines()
+        if line.startswith("| ") and not line.startswith("| trainer") and not line.startswith("| ---"))}
+    label = {"ppo": "PPO", "grpo": "GRPO", "tpo": "TPO", "flowrl": "FlowRL"}
+    for name in TRAINERS:
+        fsdp1, fsdp2 = found[f"fsdp1 {name}"], found[f"fsdp2 {name}"]
+        assert fsdp2 == "ValueError: Only one model is supported when using FSDP2", (SHARDING, fsdp2)
+        expected = {"ppo": "RuntimeError: setStorage:", "grpo": "TypeError: 'list' object is not an iterator",
+                    "tpo": "TypeError: Actor.parameters() got an unexpected keyword argument 'recurse'",
+                    "flowrl": "TypeError: 'list' object is not an iterator"}[name]
+        assert fsdp1.startswith(expected), (SHARDING, name, fsdp1)
+        row = table[label[name]]
+        assert f"`{expected}" in row[0] and ("`ValueError: Only one model" in row[1] or "same `ValueError`" in row[1])
+    assert list(cwd.iterdir()) == []

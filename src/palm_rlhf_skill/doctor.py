@@ -344,19 +344,7 @@ def tqdm_check(shadowed: set[str]) -> tuple[dict[str, Any], dict[str, str]]:
     return info, _check("tqdm", "ok", f"{detail} ({TQDM_DOC})", fix)
 
 
-def available_memory_mib() -> int | None:
-    """MemAvailable from /proc/meminfo in MiB; else free physical pages (os.sysconf); else None."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) // 1024  # kB
-    except OSError:
-        pass
-    try:
-        return _mib(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return None
+available_memory_mib = rt.available_memory_mib  # one reader of MemAvailable, shared with --nproc
 
 
 def resources_checks() -> tuple[dict[str, Any], list[dict[str, str]]]:

@@ -22,7 +22,14 @@ What each fix works around (upstream files under ``palm_rlhf_pytorch/``):
 - every trainer's ``save()`` writes ``self.actor(_critic).state_dict()`` of the DDP wrapper
   (keys prefixed ``module.``) from every rank to one path. ``save_checkpoint`` saves the unwrapped
   state dict from the main process only.
-- grpo.py needs nothing: one forward and one backward per optimizer step, so DDP's sync is exact.
+- every trainer, with ``train(eos_token=...)``: palm.py ``ParallelTransformerBlock.get_rotary_embedding``
+  caches rotary tables in buffers grown to the longest sequence the rank has seen, so ranks whose
+  rollouts stop at eos at different lengths hold buffers of different shapes; DDP broadcasts rank
+  0's buffers into every rank's before each forward of a wrapped model (torch
+  ``DistributedDataParallel._pre_forward``), which then corrupts them (NaN weights) or aborts in
+  gloo ("Received data size doesn't match"). ``fix_buffers`` turns that broadcast off.
+- grpo.py needs only ``fix_buffers``: one forward and one backward per optimizer step, so DDP's
+  gradient sync is exact.
 
 Only torch and accelerate are imported (lazily); this file imports nothing from the skill package
 and runs from a copy of the skill tree.
@@ -188,17 +195,45 @@ def fix_flowrl(trainer) -> None:
         expose_wrapped_attributes(trainer.actor, ["actor_palm", "actor_lora_scope", "actor_lora"])
 
 
+def fix_buffers(trainer) -> list[str]:
+    """Turn off DDP's buffer broadcast on every DDP-wrapped model of the trainer; returns their names.
+
+    Before each forward of a wrapped model, DDP copies rank 0's buffers into every rank's
+    (``forward_sync_buffers``, on by default; torch/nn/parallel/distributed.py ``_pre_forward``).
+    The PaLM buffers are constants (``inv_freq``, ``scale``, the layer norms' ``beta``: equal on
+    every rank since DDP's construction-time sync, which this leaves as it was) and the rotary
+    caches ``pos_emb`` / ``pos_emb_scale``, which palm.py ``get_rotary_embedding`` grows to the
+    longest sequence that rank has run. With ``eos_token`` the ranks' rollouts end at different
+    lengths, the caches differ in shape, and the broadcast corrupts them. Rank-local caches are
+    correct: each rank's table is computed from its own length. Nothing in these models is a
+    running statistic that needs averaging, so the broadcast is never needed.
+
+    Sets the wrapper's ``broadcast_buffers`` attribute (a property over ``forward_sync_buffers``
+    in torch 2.13, a plain attribute before) after construction. The equivalent at construction,
+    ``accelerate_kwargs=dict(kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])``,
+    works too, but torch 2.13 warns that the DDP argument is deprecated (FutureWarning).
+    """
+    from torch.nn.parallel import DistributedDataParallel
+
+    wrapped = [name for name, child in trainer.named_children() if isinstance(child, DistributedDataParallel)]
+    for name in wrapped:
+        getattr(trainer, name).broadcast_buffers = False
+    return wrapped
+
+
 FIXES: dict[str, Callable[[Any], Any]] = {
     "ppo": fix_ppo,
-    "grpo": lambda trainer: None,  # one backward per optimizer step: DDP's own sync is exact
+    "grpo": lambda trainer: None,  # one backward per optimizer step: DDP's own gradient sync is exact
     "tpo": fix_tpo,
     "flowrl": fix_flowrl,
 }
 
 
 def apply_ddp_fixes(trainer) -> str:
-    """Apply the fix for this trainer's kind (see ``FIXES``); returns the kind. No-op in one process."""
+    """Apply ``fix_buffers`` and the fix for this trainer's kind (see ``FIXES``); returns the kind.
+    No-op in one process."""
     kind = trainer_kind(trainer)
+    fix_buffers(trainer)
     FIXES[kind](trainer)
     return kind
 

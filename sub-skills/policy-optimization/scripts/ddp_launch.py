@@ -1,51 +1,166 @@
-#!/usr/bin/env python3
-"""Multi-process mode of tiny_rlhf_smoke.py (``--nproc N``): launch, per-rank worker, rank checks.
+"""Multi-process mode of tiny_rlhf_smoke.py: one rank of a launcher's world, and the ``--nproc N`` shortcut.
 
-Launcher (``launch``, in the process that ran ``tiny-rlhf-smoke --nproc N``): picks a free port on
-127.0.0.1, starts N processes with ``python -m torch.distributed.run`` (torchrun) inside a private
-temporary directory, and on CPU sets ``ACCELERATE_USE_CPU=true`` so Accelerate selects MULTI_CPU
-(gloo) instead of silently running N independent single-process trainers. It reads the report the
-main process wrote and prints it: one JSON object for the whole run.
+Under a launcher (``torchrun``, ``accelerate launch``, ``srun``, or anything that sets ``RANK`` and
+``WORLD_SIZE`` for torch's env:// rendezvous) the smoke sees from the environment that it is one rank
+of a world (``launcher_world``) and runs ``run_rank``: every rank runs the smoke's ``run_trainer``
+with the fixes of ``ddp_fixes.py`` applied right after the trainer is built and
+``set_seed(seed, device_specific=True)``, then checks across ranks that every parameter (trainable
+and frozen) is finite and bitwise identical (all_gather_object of a SHA-256 per tensor), that the
+ranks drew their rollout prompts independently, and that only the main process wrote the
+checkpoint. The ranks of one node share one private working directory, as a training script's ranks
+share theirs. Library prints never reach stdout; global rank 0 prints the one report, the other
+ranks' stdout stays empty, and every rank exits with the report's exit code.
 
-Worker (this file run by torchrun, ``ddp_launch.py --run-dir DIR -- <smoke args>``): every rank
-runs the smoke's ``run_trainer`` with the fixes of ``ddp_fixes.py`` applied right after the trainer
-is built and ``set_seed(seed, device_specific=True)``, then checks across ranks that every
-parameter (trainable and frozen) is bitwise identical (all_gather_object of a SHA-256 per tensor),
-that the ranks drew their rollout prompts independently, and that only the main process wrote the
-checkpoint. Library prints never reach stdout; rank 0 writes DIR/report.json.
+``--nproc N`` (``launch``) is the one-machine shortcut on top of it: it starts
+``python -m torch.distributed.run --nproc_per_node N tiny_rlhf_smoke.py <the same arguments>`` on
+a free port of 127.0.0.1 inside a private temporary directory (on CPU with ``ACCELERATE_USE_CPU=true``),
+reads rank 0's report from its stdout, adds the launcher's facts and prints it. It refuses (exit 2)
+more processes than usable CPU cores, or a predicted peak memory above what is available, unless
+``--oversubscribe``; on CUDA, more processes than visible GPUs always.
 
 Usage (normally through tiny_rlhf_smoke.py):
     tiny_rlhf_smoke.py --trainer all --nproc 2 --json
     tiny_rlhf_smoke.py --trainer ppo --nproc 2 --no-ddp-fixes --json   # shows PPO's rank drift
+    torchrun --nproc-per-node 2 tiny_rlhf_smoke.py --trainer all --json   # the same, your launcher
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2] / "scripts"))
 import skill_runtime as rt  # noqa: E402  (shared runtime at the skill root, imported by path)
 
-REPORT_NAME = "report.json"
 CHECKPOINT_NAME = "checkpoint.pt"
-LAUNCH_TIMEOUT_S = 1800        # whole multi-process run, every trainer
+LAUNCH_TIMEOUT_S = 1800        # whole --nproc run, every trainer
 STOP_GRACE_S = 60             # after the timeout, time torchrun gets to stop its ranks
-COLLECTIVE_TIMEOUT_S = 600     # one collective (a rank stuck in the library fails the run, no hang)
+DIST_TIMEOUT_S = 600           # default --dist-timeout: process-group start-up and each collective
 MAX_DIFF_NAMES = 8             # mismatched tensors whose max |difference| is gathered and reported
+MAX_NPROC = 64                 # --nproc bound (a usage error beyond it, before torch is imported)
+# Predicted peak resident memory of one rank, for --nproc's refusal: measured peak RSS of the smoke
+# (`/usr/bin/time -f %M`, torch 2.13 CPU): 340 MiB at the tiny default size (imports alone: 310 MiB),
+# +118 MiB at --dim 256 --depth 4 (12.6 MiB of float32 PaLM weights), +407 MiB at --dim 512
+# --depth 4 --new-tokens 64 (49 MiB): about 10 times the PaLM's float32 bytes above the floor. Against
+# workflows.md's sizing table: PPO, the heaviest trainer, within 10 % up to --dim 2048; GRPO over by
+# up to 1.5x (tests/test_distributed.py checks both).
+RANK_FLOOR_MIB = 350
+RANK_MIB_PER_WEIGHT_MIB = 10
 
 
-# launcher ---------------------------------------------------------------------------------------
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """The smoke's multi-process options (torch-free: --help and usage errors stay fast)."""
+    group = parser.add_argument_group(
+        "multi-process (DDP)", "under torchrun, accelerate launch or srun the smoke runs as one rank of "
+        "their world by itself; --nproc N starts N ranks on this machine")
+    group.add_argument("--nproc", type=rt.bounded_int(1, MAX_NPROC), metavar="N",
+                       help="launch N processes with torch.distributed.run (Accelerate MULTI_CPU or "
+                            "MULTI_GPU, one GPU each), train on every rank with the DDP fixes of "
+                            "ddp_fixes.py, and check the ranks stay in sync (see ddp_launch.py)")
+    group.add_argument("--no-ddp-fixes", action="store_true",
+                       help="with --nproc or under a launcher: skip the DDP fixes, to see what breaks without them")
+    group.add_argument("--oversubscribe", action="store_true",
+                       help="with --nproc: start N processes even when N exceeds the usable CPU cores "
+                            "or their predicted memory exceeds the available memory (refused by default, exit 2)")
+    group.add_argument("--dist-timeout", type=rt.bounded_int(1, 86400), default=DIST_TIMEOUT_S, metavar="S",
+                       help="seconds a rank waits for the others to start and in each collective before "
+                            f"it fails with one line (default: {DIST_TIMEOUT_S})")
+
+
+# the launcher's world ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class World:
+    """This process's place in a world that a launcher started (from its environment variables)."""
+    launcher: str    # torchrun, accelerate launch, srun, or env (RANK/WORLD_SIZE from anything else)
+    rank: int        # global rank
+    size: int        # world size (all nodes)
+    local_rank: int  # rank on this node
+    node: str        # which node: torchrun's GROUP_RANK, Slurm's SLURM_NODEID, else the host name
+    master: str      # MASTER_ADDR:MASTER_PORT, the rendezvous of torch's env:// init
+
+
+def _env_int(environ: Mapping[str, str], name: str, default: int | None = None) -> int:
+    value = environ.get(name)
+    if value is None and default is not None:
+        return default
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise rt.SkillError(f"{name}={value!r} from the launcher is not an integer") from None
+
+
+def launcher_world(environ: dict[str, str] | None = None) -> World | None:
+    """The world this process is one rank of, read from the launcher's variables; None when no
+    launcher started it. Torch-free.
+
+    - torchrun (torch/distributed/run.py; also what ``accelerate launch`` runs for multi-GPU and
+      multi-node configs, adding ``ACCELERATE_MIXED_PRECISION`` and other ``ACCELERATE_*``): RANK,
+      WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK (node rank), MASTER_ADDR, MASTER_PORT,
+      TORCHELASTIC_RUN_ID.
+    - srun (Slurm, one task per rank): SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID and,
+      in a job step, SLURM_STEP_ID (a batch script's own shell also has SLURM_PROCID and
+      SLURM_NTASKS, but no step id). Torch reads none of them: this maps them to RANK, WORLD_SIZE
+      and LOCAL_RANK in ``environ``; MASTER_ADDR and MASTER_PORT must be exported by the batch
+      script (SkillError, exit 2, when missing). A step of one task is not a world.
+    Raises SkillError (exit 2) for a variable that is not an integer.
+    """
+    environ = os.environ if environ is None else environ
+    if "RANK" in environ and "WORLD_SIZE" in environ:
+        if "TORCHELASTIC_RUN_ID" in environ:
+            launcher = "accelerate launch" if "ACCELERATE_MIXED_PRECISION" in environ else "torchrun"
+        else:
+            launcher = "env"
+        rank, size = _env_int(environ, "RANK"), _env_int(environ, "WORLD_SIZE")
+        local_rank = _env_int(environ, "LOCAL_RANK", 0)
+        node = environ.get("GROUP_RANK", socket.gethostname())
+    elif "SLURM_STEP_ID" in environ and _env_int(environ, "SLURM_NTASKS", 1) > 1:
+        launcher = "srun"
+        rank, size = _env_int(environ, "SLURM_PROCID"), _env_int(environ, "SLURM_NTASKS")
+        local_rank = _env_int(environ, "SLURM_LOCALID", 0)
+        node = environ.get("SLURM_NODEID", socket.gethostname())
+        missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not environ.get(name)]
+        if missing:
+            raise rt.SkillError(f"srun started this smoke as task {rank} of {size}, but {' and '.join(missing)} "
+                                f"{'is' if len(missing) == 1 else 'are'} not set: export MASTER_ADDR (the first "
+                                "node's host name) and MASTER_PORT (a free port) in the batch script before srun "
+                                "(see distributed.md)")
+        environ.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(local_rank))
+    else:
+        return None
+    if not 0 <= rank < size or local_rank < 0:
+        raise rt.SkillError(f"launcher variables out of range: rank {rank}, world size {size}, local rank {local_rank}")
+    master = f"{environ.get('MASTER_ADDR', '?')}:{environ.get('MASTER_PORT', '?')}"
+    return World(launcher, rank, size, local_rank, str(node), master)
+
+
+def check_options(args, world: World | None) -> None:
+    """Usage errors of the multi-process options, before torch is imported (SkillError, exit 2)."""
+    if world is None:
+        if args.no_ddp_fixes and args.nproc is None:
+            raise rt.SkillError("--no-ddp-fixes applies to --nproc runs or to the ranks a launcher started")
+        if args.oversubscribe and args.nproc is None:
+            raise rt.SkillError("--oversubscribe applies to --nproc runs")
+    elif args.nproc is not None and args.nproc != world.size:
+        raise rt.SkillError(f"--nproc {args.nproc}, but {world.launcher} started a world of {world.size} "
+                            "processes: drop --nproc under a launcher")
+
+
+# the --nproc shortcut -----------------------------------------------------------------------------
 
 def free_port() -> int:
     """A TCP port that was free on 127.0.0.1 a moment ago (bound to port 0, then released)."""
@@ -69,6 +184,51 @@ def launch_device(spec: str, nproc: int) -> str:
         raise rt.SkillError(f"--device {spec} --nproc {nproc} needs {nproc} visible CUDA devices, found "
                             f"{count}: one process per GPU; use --nproc {max(count, 1)} or --device cpu")
     return "cuda"
+
+
+def usable_cpus() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one, else os.cpu_count())."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def palm_weights(config: dict[str, int]) -> int:
+    """Number of weights of ``PaLM(**config)`` for the smoke's config keys (num_tokens, dim, depth,
+    heads, dim_head; palm.py defaults ff_mult=4, qk_rmsnorm=False): the token embedding (tied with
+    to_logits), per layer a layer norm, the fused attention/feed-forward projection and the two
+    output projections, and the final norm. Counted without importing the library, which would cost
+    the launching process ~300 MiB for the whole run; tests compare it with ``PaLM(...).parameters()``."""
+    n, d, dh = config["num_tokens"], config["dim"], config["dim_head"]
+    attn, ff = config["heads"] * dh, 4 * d
+    layer = d + d * (attn + 2 * dh + 2 * ff) + attn * d + ff * d
+    return n * d + d + config["depth"] * layer
+
+
+def predicted_rank_mib(config: dict[str, int]) -> int:
+    """Predicted peak resident memory of one rank in MiB: RANK_FLOOR_MIB plus RANK_MIB_PER_WEIGHT_MIB
+    times the PaLM's float32 weights (``palm_weights``)."""
+    return RANK_FLOOR_MIB + round(RANK_MIB_PER_WEIGHT_MIB * palm_weights(config) * 4 / 2**20)
+
+
+def check_resources(nproc: int, device: str, palm_config: dict[str, int], oversubscribe: bool) -> dict[str, Any]:
+    """Refuse (SkillError, exit 2) N CPU ranks on fewer usable cores, or N ranks whose predicted memory
+    exceeds MemAvailable, unless ``oversubscribe``. Returns what was compared (for the report)."""
+    cpus, available = usable_cpus(), rt.available_memory_mib()
+    predicted = nproc * predicted_rank_mib(palm_config)
+    facts = {"usable_cpus": cpus, "predicted_mib": predicted, "available_mib": available,
+             "oversubscribe": oversubscribe}
+    if oversubscribe:
+        return facts
+    if device == "cpu" and nproc > cpus:
+        raise rt.SkillError(f"--nproc {nproc} on {cpus} usable CPU cores: more ranks than cores only slow "
+                            f"each other down; use --nproc {cpus} or less, or pass --oversubscribe")
+    if available is not None and predicted > available:
+        raise rt.SkillError(f"--nproc {nproc} needs about {predicted} MiB ({predicted // nproc} MiB per rank), "
+                            f"{available} MiB available: use fewer processes or a smaller --dim/--depth, "
+                            "or pass --oversubscribe")
+    return facts
 
 
 def worker_env(device: str) -> dict[str, str]:
@@ -111,11 +271,53 @@ def run_launcher(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[int | 
         raise
 
 
+def without_nproc(argv: list[str]) -> list[str]:
+    """The smoke's arguments minus ``--nproc N`` (also ``--nproc=N`` and the prefixes argparse
+    accepts, ``--np`` ...): the ranks must not launch again, and torchrun's own parser would reject
+    ``--nproc`` after the script as an ambiguous prefix of its ``--nproc-per-node``."""
+    out, skip = [], False
+    for token in argv:
+        name = token.split("=", 1)[0]
+        if skip:
+            skip = False
+        elif len(name) > len("--n") and "--nproc".startswith(name):
+            skip = "=" not in token
+        else:
+            out.append(token)
+    return out
+
+
+def rank0_report(out: str) -> dict[str, Any] | None:
+    """Rank 0's JSON report from torchrun's stdout (the other ranks print nothing there), or None."""
+    try:
+        report = json.loads(out)
+    except ValueError:
+        return None
+    return report if isinstance(report, dict) and "results" in report else None
+
+
+def workers_errors(output: str) -> str:
+    """What the ranks said before torchrun's failure log (``E<date> ... torch/distributed/elastic``):
+    their error lines (a Python exception, a C++ ``what():``, a one-line smoke error), first ones
+    first, or else their last lines."""
+    workers_out = re.split(r"^[EWI]\d{4} [^\n]*torch/distributed/elastic", output, maxsplit=1,
+                           flags=re.MULTILINE)[0]
+    lines = [line.strip() for line in workers_out.splitlines() if line.strip()]
+    errors = [line for line in lines if re.search(r"(\w+Error|what\(\)|error):", line)]
+    if errors:
+        return "workers' errors: " + " | ".join(dict.fromkeys(errors[:2] + errors[-2:]))
+    return "workers' last lines: " + (" | ".join(lines[-4:]) or "none")
+
+
 def launch(smoke, args, argv: list[str], env_info: dict[str, Any]) -> int:
     """Run the smoke (the loaded ``tiny_rlhf_smoke`` module, whose ``args`` and ``argv`` these are)
-    on ``args.nproc`` processes; print one report; return the exit code."""
+    as ``args.nproc`` ranks on this machine under torchrun; print one report; return the exit code.
+
+    Raises SkillError (exit 2) for CUDA that cannot serve N ranks and, without ``--oversubscribe``,
+    N above the usable CPU cores or a predicted memory above the available memory."""
     timer = rt.Timer()
     device = launch_device(args.device, args.nproc)
+    resources = check_resources(args.nproc, device, smoke.palm_config(args), args.oversubscribe)
     port = free_port()
     caller = os.getcwd()
     caller_before = rt.watch_directory(caller)
@@ -123,29 +325,24 @@ def launch(smoke, args, argv: list[str], env_info: dict[str, Any]) -> int:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
                "--nproc_per_node", str(args.nproc), "--master_addr", "127.0.0.1",
                "--master_port", str(port), "--max_restarts", "0",
-               str(Path(__file__).resolve()), "--run-dir", str(run_dir), "--", *argv]
+               str(Path(smoke.__file__).resolve()), *without_nproc(argv), "--json"]
         env = worker_env(device)
-        env["TMPDIR"] = str(run_dir)  # torchrun's torchelastic_* logs go with the private dir
+        env["TMPDIR"] = str(run_dir)  # torchrun's torchelastic_* logs and the ranks' directory go with it
         with timer.stage("launch"):
             returncode, out, err = run_launcher(cmd, run_dir, env)
         if args.verbose:
-            sys.stderr.write(out + err)
-        report_path = run_dir / REPORT_NAME
-        report = json.loads(report_path.read_text(encoding="utf-8")) if report_path.is_file() else None
+            sys.stderr.write(err)
+    report = rank0_report(out)
     tail = (out + err)[-2000:]
-    if report is None:  # a rank died before rank 0 wrote the report (crash, timeout, launcher error)
+    if report is None:  # no rank 0 report (crash, timeout, launcher error)
         report = {"status": "failed", "mode": smoke.mode_name(args), "trainer": args.trainer, "device": device,
                   "seed": args.seed, "results": {}, "checks": [], "timings_s": {}}
-        # the workers' own last lines: what precedes torchrun's failure log (E<date> ... elastic)
-        workers_out = re.split(r"^[EWI]\d{4} [^\n]*torch/distributed/elastic", out + err, maxsplit=1,
-                               flags=re.MULTILINE)[0]
-        last = [line.strip() for line in workers_out.splitlines() if line.strip()][-4:]
         report["checks"].append({"name": "workers_finished", "passed": False,
-                                 "detail": f"launcher exit {returncode}, no report; workers' last lines: "
-                                           f"{' | '.join(last) or 'none'} (more in launcher.output_tail)"})
+                                 "detail": f"launcher exit {returncode}, no report; {workers_errors(out + err)} "
+                                           "(more in launcher.output_tail)"})
     workdir_check = rt.caller_directory_check(caller, caller_before)
-    for result in report["results"].values():
-        result["checks"].append(workdir_check)
+    for result in report["results"].values():  # the ranks checked the private run directory; this, yours
+        result["checks"] = [c for c in result["checks"] if c["name"] != workdir_check["name"]] + [workdir_check]
         result["status"] = rt.status_of(result["checks"])
     if "checks" in report and args.trainer != "all" and report["results"]:
         report["checks"] = report["results"][args.trainer]["checks"]
@@ -156,18 +353,18 @@ def launch(smoke, args, argv: list[str], env_info: dict[str, Any]) -> int:
     report.update(versions=env_info["versions"], tested=env_info["tested"], warnings=env_info["warnings"])
     report["launcher"] = {"command": "python -m torch.distributed.run", "nproc": args.nproc,
                           "master": f"127.0.0.1:{port}", "returncode": returncode,
-                          "accelerate_use_cpu": device == "cpu", "ddp_fixes": not args.no_ddp_fixes}
+                          "accelerate_use_cpu": device == "cpu", "ddp_fixes": not args.no_ddp_fixes,
+                          "resources": resources}
     if not ok:
         report["launcher"]["output_tail"] = tail
     report.setdefault("timings_s", {})
-    # the parent imports no torch: "import" is each rank's business, so null here (as documented)
     report["timings_s"].update(launch=timer.stages["launch"], total=timer.total())
     report["timings_s"].setdefault("import", None)
     rt.emit(report, args.json, smoke.summary)
     return rt.EXIT_OK if ok else rt.EXIT_CHECK_FAILED
 
 
-# worker -----------------------------------------------------------------------------------------
+# one rank ----------------------------------------------------------------------------------------
 
 def tensor_digest(tensor) -> str:
     """SHA-256 of a tensor's dtype, shape and raw bytes (bitwise identity, any dtype)."""
@@ -216,10 +413,17 @@ class RankRecorder:
 
 
 def gather(obj):
-    """all_gather_object over the default process group: a list with one entry per rank."""
+    """all_gather_object over the default process group: a list with one entry per rank.
+
+    Raises SkillError (exit 1) when the collective fails (a rank died, or the ranks' collectives
+    went out of step and one timed out after --dist-timeout): the world cannot report any more."""
     import torch.distributed as dist
     out = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
+    try:
+        dist.all_gather_object(out, obj)
+    except Exception as exc:  # noqa: BLE001 - gloo/NCCL raise RuntimeError or DistError subclasses
+        raise rt.SkillError(f"rank {dist.get_rank()} of {dist.get_world_size()} lost the other ranks in a "
+                            f"collective: {rt.one_line(exc)}", rt.EXIT_CHECK_FAILED) from None
     return out
 
 
@@ -229,12 +433,18 @@ def rank_checks(name: str, recorder: RankRecorder, smoke, fixes, state) -> dict[
     trainer, rank = recorder.trainer, state.process_index
     info: dict[str, Any] = {"checks": []}
     if trainer is None:  # construction failed on this rank; still join the collectives below
-        digests, trainable = {}, set()
+        digests, trainable, nonfinite = {}, set(), []
     else:
         params = dict(trainer.named_parameters())
         digests = {n: tensor_digest(p) for n, p in params.items()}
         ids = {id(p) for ps in smoke.trainable_groups(name, trainer).values() for p in ps}
         trainable = {n for n, p in params.items() if id(p) in ids}
+        nonfinite = [n for n, p in params.items() if p.is_floating_point() and not bool(torch.isfinite(p).all())]
+    nonfinite_per_rank = gather(nonfinite)
+    info["checks"].append({
+        "name": "parameters_finite", "passed": trainer is not None and not any(nonfinite_per_rank),
+        "detail": "non-finite tensors per rank: " + str([len(n) for n in nonfinite_per_rank])
+                  + (f"; e.g. {next(n for n in nonfinite_per_rank if n)[:3]}" if any(nonfinite_per_rank) else "")})
     all_digests = gather(digests)
     names = sorted(set().union(*all_digests))
     mismatched = [n for n in names if len({d.get(n) for d in all_digests}) > 1]
@@ -299,7 +509,7 @@ def rank_checks(name: str, recorder: RankRecorder, smoke, fixes, state) -> dict[
                            f"{'equal to' if keys_ok else 'not'} the unwrapped state_dict keys")
         except Exception as exc:  # noqa: BLE001 - e.g. a file two ranks wrote at once
             detail_keys = f"unreadable: {rt.one_line(exc)}"
-    state.wait_for_everyone()
+    keys_ok, detail_keys = gather((keys_ok, detail_keys))[0]  # rank 0 read it: every rank reports the same
     if rank == 0 and path.exists():
         path.unlink()
     errors = gather(error)
@@ -310,15 +520,18 @@ def rank_checks(name: str, recorder: RankRecorder, smoke, fixes, state) -> dict[
         "detail": f"torch.save calls per rank {saves_per_rank}; checkpoint: {detail_keys}"
                   + (f"; errors {errors}" if any(errors) else "")})
     if name == "tpo" and not recorder.args.construct_only:  # the buffer exists once train() ran
+        # each rank lists its node's shared working directory: its own rank folder, no shared buffer
         folders = gather(sorted(str(p.relative_to(Path.cwd())) for p in Path.cwd().rglob(smoke.TPO_BUFFER)))
-        per_rank = folders[0] == [f"{fixes.RANK_FOLDER.format(rank=r)}/{smoke.TPO_BUFFER}"
-                                  for r in range(state.num_processes)]
+        per_rank = all(f"{fixes.RANK_FOLDER.format(rank=r)}/{smoke.TPO_BUFFER}" in seen
+                       and smoke.TPO_BUFFER not in seen for r, seen in enumerate(folders))
         info["checks"].append({"name": "replay_buffer_per_rank", "passed": per_rank,
-                               "detail": f"replay-buffer folders in the shared working directory: {folders[0]}"})
+                               "detail": f"replay-buffer folders in rank 0's working directory (shared by "
+                                         f"the ranks of its node): {folders[0]}"})
     return info
 
 
-def merge(name: str, per_rank: list[dict[str, Any]], sync: dict[str, Any], state_info: dict) -> dict:
+def merge(name: str, per_rank: list[dict[str, Any]], sync: dict[str, Any], state_info: dict,
+          eos_token: int | None) -> dict:
     """Rank 0's result plus the cross-rank checks; fails when any rank's own check failed."""
     result = per_rank[0]
     failing = [f"rank {r}: {c['name']}" for r, res in enumerate(per_rank) for c in res["checks"] if not c["passed"]]
@@ -328,73 +541,134 @@ def merge(name: str, per_rank: list[dict[str, Any]], sync: dict[str, Any], state
     result["rank_sync"] = sync["rank_sync"]
     result["checkpoint"] = sync["checkpoint"]
     result["ranks"] = [{"rank": r, "status": res["status"], "prompt_draws": sync["prompt_draws"][r],
-                        "timings_s": res["timings_s"]} for r, res in enumerate(per_rank)]
+                        "rollout_lengths": res.get("rollout_lengths"), "timings_s": res["timings_s"]}
+                       for r, res in enumerate(per_rank)]
+    if eos_token is not None:  # the rotary caches grow to each rank's longest sequence
+        lengths = [res.get("rollout_lengths") or [] for res in per_rank]
+        longest = [max(n, default=0) for n in lengths]
+        result["eos"] = {"token": eos_token, "longest_rollout_per_rank": longest,
+                         "ranks_differ": len(set(longest)) > 1}
+        for check in result["checks"]:
+            if check["name"] == "rollouts_ended_at_eos":
+                check["detail"] += (f"; rollout lengths per rank {lengths}, longest {longest}"
+                                    + (" (the ranks' rotary caches differ)" if len(set(longest)) > 1 else ""))
     result["status"] = rt.status_of(result["checks"])
     return result
 
 
-def worker(argv: list[str]) -> int:
-    """One rank: run the smoke for each trainer, check the ranks, rank 0 writes the report."""
-    parser = argparse.ArgumentParser(prog="ddp_launch.py")
-    parser.add_argument("--run-dir", required=True, type=Path)
-    parser.add_argument("smoke_args", nargs=argparse.REMAINDER)
-    ns = parser.parse_args(argv)
-    smoke_args = ns.smoke_args[1:] if ns.smoke_args[:1] == ["--"] else ns.smoke_args
-    smoke = rt.load_by_path("tiny_rlhf_smoke", HERE / "tiny_rlhf_smoke.py")
-    fixes = rt.load_by_path("ddp_fixes", HERE / "ddp_fixes.py")
-    args = smoke.build_parser().parse_args(smoke_args)
-    variants = smoke.parse_variants(args.grpo_variant)
+def rank_uses_cpu(spec: str, world: World) -> bool:
+    """Whether this rank runs on the CPU: --device cpu, ACCELERATE_USE_CPU, or auto without CUDA.
+    SkillError (exit 2) for cuda:N (rank r uses its LOCAL_RANK's GPU) or too few visible GPUs."""
+    import torch
+    if spec not in ("auto", "cpu", "cuda"):
+        raise rt.SkillError(f"--device {spec} under {world.launcher}: use auto, cpu or cuda "
+                            "(each rank uses the GPU of its LOCAL_RANK)")
+    if spec == "cpu" or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
+        return True
+    if not torch.cuda.is_available():
+        if spec == "cuda":
+            raise rt.SkillError(f"--device cuda under {world.launcher}, but CUDA is not available to torch")
+        return True
+    if world.local_rank >= torch.cuda.device_count():
+        raise rt.SkillError(f"local rank {world.local_rank} needs GPU {world.local_rank}, "
+                            f"{torch.cuda.device_count()} visible: one process per GPU")
+    return False
 
+
+@contextlib.contextmanager
+def node_workdir(state, world: World):
+    """chdir into one private temporary directory per node, shared by the ranks of that node (as a
+    training script's working directory is), and remove it once every rank is done with it."""
+    keys = gather(world.node)
+    leader = keys.index(world.node) == state.process_index  # the node's lowest rank creates it
+    paths = gather(tempfile.mkdtemp(prefix="palm-rlhf-skill-") if leader else None)
+    folder = paths[keys.index(world.node)]
+    caller = os.getcwd()
+    os.chdir(folder)
+    done = False
+    try:
+        yield Path(folder)
+        done = True
+    finally:
+        os.chdir(caller)
+        try:
+            if done:  # after an error or a signal no barrier: a peer stuck elsewhere would hold it
+                gather(None)  # every rank of the node is done with the folder
+        finally:
+            if leader:
+                shutil.rmtree(folder, ignore_errors=True)
+
+
+def run_rank(smoke, args, env_info: dict[str, Any], world: World) -> int:
+    """Run the smoke as one rank of ``world``: every trainer, the rank checks, and on global rank 0
+    the one report on stdout (``--json``) or stderr (summary). Returns the report's exit code on
+    every rank. Raises SkillError (exit 2) when the ranks cannot form a process group within
+    ``--dist-timeout`` seconds, or for a device this rank cannot use."""
     from datetime import timedelta
     import torch
     from accelerate import PartialState
     from accelerate.utils import DistributedType
 
-    cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
-    state = PartialState(cpu=cpu, timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    fixes = rt.load_by_path("ddp_fixes", HERE / "ddp_fixes.py")
+    variants = smoke.parse_variants(args.grpo_variant)
+    cpu = rank_uses_cpu(args.device, world)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            state = PartialState(cpu=cpu, timeout=timedelta(seconds=args.dist_timeout))
+    except Exception as exc:  # noqa: BLE001 - e.g. DistStoreError: a rank never arrived
+        raise rt.SkillError(f"rank {world.rank} of {world.size}: no process group with the other ranks at "
+                            f"{world.master} within --dist-timeout {args.dist_timeout} s: {rt.one_line(exc)}") from None
     device = state.device
     if device.type == "cuda":
         torch.cuda.set_device(device)
     multi = state.distributed_type in (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
     state_info = {"check": {
-        "name": "accelerate_multi_process", "passed": multi and state.num_processes == world,
+        "name": "accelerate_multi_process", "passed": multi and state.num_processes == world.size,
         "detail": f"Accelerate {state.distributed_type} with {state.num_processes} processes "
-                  f"(launcher started {world}), backend {state.backend}, rank 0 on {device}"}}
-    work = ns.run_dir / "work"  # one working directory shared by all ranks, as a user's would be
-    work.mkdir(exist_ok=True)
-    os.chdir(work)
-    args.caller_dir = str(ns.run_dir)
-    if not args.no_ddp_fixes:  # where fix_tpo puts this rank's replay buffer
-        args.tpo_buffer = f"{fixes.RANK_FOLDER.format(rank=state.process_index)}/{smoke.TPO_BUFFER}"
+                  f"({world.launcher} started {world.size}), backend {state.backend}, rank 0 on {device}"}}
     names = list(smoke.TRAINERS) if args.trainer == "all" else [args.trainer]
+    caller = os.getcwd()
+    caller_before = sorted(os.listdir(caller))
     results = {}
-    for name in names:
-        recorder = RankRecorder(args, fixes)
-        try:
-            result = smoke.run_trainer(name, args, {"cpu": True} if cpu else {}, device, variants,
-                                       after_build=recorder.after_build)
-        except Exception as exc:  # noqa: BLE001 - e.g. construction failed: report, keep ranks matched
-            result = {"trainer": name, "status": "failed", "timings_s": {}, "checks": [
-                {"name": "trainer_ran", "passed": False, "detail": rt.one_line(exc)}]}
-        finally:
-            recorder.restore()
-        if not state.is_main_process:  # Accelerator.print (the trainers' loss prints) is main-only
-            for check in result["checks"]:
-                if check["name"] == "losses_finite" and check["detail"] == "no loss printed":
-                    check.update(passed=True, detail="not printed here: the trainers print with "
-                                 "Accelerator.print, main process only (rank 0 checks its losses)")
-            result["status"] = rt.status_of(result["checks"])
-        sync = rank_checks(name, recorder, smoke, fixes, state)
-        per_rank = gather(result)
-        results[name] = merge(name, per_rank, sync, state_info)
+    # library and Accelerate prints go to stderr: stdout carries rank 0's report only
+    with contextlib.redirect_stdout(sys.stderr), node_workdir(state, world), \
+            rt.torch_threads(args.cpu_threads) as threads:
+        args.caller_dir = caller
+        if not args.no_ddp_fixes:  # where fix_tpo puts this rank's replay buffer
+            args.tpo_buffer = f"{fixes.RANK_FOLDER.format(rank=state.process_index)}/{smoke.TPO_BUFFER}"
+        for name in names:
+            recorder = RankRecorder(args, fixes)
+            try:
+                result = smoke.run_trainer(name, args, {"cpu": True} if cpu else {}, device, variants,
+                                           after_build=recorder.after_build)
+            except Exception as exc:  # noqa: BLE001 - e.g. construction failed: report, keep ranks matched
+                result = {"trainer": name, "status": "failed", "timings_s": {}, "checks": [
+                    {"name": "trainer_ran", "passed": False, "detail": rt.one_line(exc)}]}
+            finally:
+                recorder.restore()
+            if not state.is_main_process:  # Accelerator.print (the trainers' loss prints) is main-only
+                for check in result["checks"]:
+                    if check["name"] == "losses_finite" and check["detail"] == "no loss printed":
+                        check.update(passed=True, detail="not printed here: the trainers print with "
+                                     "Accelerator.print, main process only (rank 0 checks its losses)")
+                result["status"] = rt.status_of(result["checks"])
+            sync = rank_checks(name, recorder, smoke, fixes, state)
+            results[name] = merge(name, gather(result), sync, state_info, args.eos_token)
+    # every rank's view of its caller's directory, once the node's working directory is gone
+    untouched = gather(rt.caller_directory_check(caller, caller_before))
+    workdir_check = {"name": untouched[0]["name"], "passed": all(c["passed"] for c in untouched),
+                     "detail": "; ".join(f"rank {r}: {c['detail']}" for r, c in enumerate(untouched))}
+    for result in results.values():
+        result["checks"].append(workdir_check)
+        result["status"] = rt.status_of(result["checks"])
+    report = smoke.trainers_report(args, results, device, threads)
+    report.update(nproc=state.num_processes, distributed_type=str(state.distributed_type).split(".")[-1],
+                  versions=env_info["versions"], tested=env_info["tested"], warnings=env_info["warnings"])
+    report["launcher"] = {"name": world.launcher, "world_size": world.size, "master": world.master,
+                          "nodes": len(set(gather(world.node))), "ddp_fixes": not args.no_ddp_fixes,
+                          "accelerate_use_cpu": cpu}
+    report["timings_s"].setdefault("import", None)  # each rank imported torch before its world existed
     if state.is_main_process:
-        report = smoke.trainers_report(args, results, device, args.cpu_threads)
-        report.update(nproc=state.num_processes, distributed_type=str(state.distributed_type).split(".")[-1])
-        (ns.run_dir / REPORT_NAME).write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
-    state.wait_for_everyone()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(worker(sys.argv[1:]))
+        rt.emit(report, args.json, smoke.summary)
+    state.wait_for_everyone()  # rank 0 has printed before any rank exits (torchrun stops the rest then)
+    return rt.EXIT_OK if report["status"] == "ok" else rt.EXIT_CHECK_FAILED

@@ -37,6 +37,8 @@ HERE = Path(__file__).resolve().parent
 PROMPTS_FILE = HERE.parent / "assets" / "prompts.txt"
 # the TPO replay-buffer folder name: one fact, kept with the DDP fixes (torch-free at import)
 TPO_BUFFER = rt.load_by_path("ddp_fixes", HERE / "ddp_fixes.py").TPO_BUFFER
+# multi-process mode: a launcher's rank, --nproc and their options (torch-free at import)
+ddp_launch = rt.load_by_path("ddp_launch", HERE / "ddp_launch.py")
 
 # Tiny model: big enough to exercise every code path, small enough for a laptop CPU.
 TINY_PALM = dict(num_tokens=257, dim=32, depth=1, heads=2, dim_head=16)
@@ -51,7 +53,11 @@ NUM_GENERATE_SAMPLES = 2
 REQUIRED_STEPS = {"AdoptAtan2": 3, "AdamAtan2": 2}
 
 # Bounds that keep the smoke a smoke: a usage error (exit 2) beyond them, before torch is imported.
-MAX_ROLLOUTS, MAX_NPROC, MAX_DIM, MAX_DEPTH, MAX_TOKENS = 1000, 64, 8192, 64, 4096
+MAX_ROLLOUTS, MAX_DIM, MAX_DEPTH, MAX_TOKENS = 1000, 8192, 64, 4096
+# --eos-token: an untrained 257-token PaLM almost never samples one chosen id, so the smoke adds this
+# to the policy's logit for it (a forward hook on to_logits): about 0.4 per sampled token at the tiny
+# sizes (measured: 0.37-0.45 at dim 32 and 128), so rollouts end at eos at varying lengths.
+EOS_LOGIT_BIAS = 3.0
 
 GRPO_VARIANTS = {
     "default": {},
@@ -121,6 +127,8 @@ def build_parser() -> rt.OneLineParser:
                "  tiny-rlhf-smoke --construct-only --device cpu\n"
                "  tiny-rlhf-smoke --prompt-style file\n"
                "  tiny-rlhf-smoke --trainer all --nproc 2 --json\n"
+               "  tiny-rlhf-smoke --trainer all --nproc 2 --eos-token 3 --json\n"
+               "  torchrun --nproc-per-node 2 tiny_rlhf_smoke.py --trainer all --json\n"
                "  tiny-rlhf-smoke --dim 128 --depth 2 --prompt-len 16 --new-tokens 32\n\n"
                + rt.EXIT_CODES_EPILOG)
     parser.add_argument("--trainer", choices=[*TRAINERS, "all"], default="ppo",
@@ -140,12 +148,11 @@ def build_parser() -> rt.OneLineParser:
     parser.add_argument("--rollouts", type=rt.bounded_int(1, MAX_ROLLOUTS), metavar="N",
                         help="rollouts before the single learn() (default: computed so every "
                              "trainable tensor moves; fewer makes the weight checks fail)")
-    parser.add_argument("--nproc", type=rt.bounded_int(1, MAX_NPROC), metavar="N",
-                        help="launch N processes with torch.distributed.run (Accelerate MULTI_CPU or "
-                             "MULTI_GPU, one GPU each), train on every rank with the DDP fixes of "
-                             "ddp_fixes.py, and check the ranks stay in sync (see ddp_launch.py)")
-    parser.add_argument("--no-ddp-fixes", action="store_true",
-                        help="with --nproc: skip the DDP fixes, to see what breaks without them")
+    parser.add_argument("--eos-token", type=rt.bounded_int(1, TINY_PALM["num_tokens"] - 1), metavar="ID",
+                        help="pass eos_token=ID to train() and generate(); the tiny policy's logit for ID "
+                             f"is raised by {EOS_LOGIT_BIAS} so rollouts end at eos at varying lengths "
+                             "(0 is the pad id; no prompt may contain ID)")
+    ddp_launch.add_options(parser)
     size = parser.add_argument_group("model size (to size a bigger smoke; defaults: the tiny config)")
     size.add_argument("--dim", type=rt.bounded_int(1, MAX_DIM), default=TINY_PALM["dim"], metavar="N",
                       help=f"PaLM model dimension (default: {TINY_PALM['dim']})")
@@ -263,6 +270,8 @@ def run_trainer(name: str, args, device_kwargs: dict, device, variants: list[str
         prompt_args, prompt_info = prompt_kwargs(args.prompt_style, args.seed, args.prompt_len)
         palm = PaLM(**palm_config(args)).to(device)
         reward_model = RewardModel(palm, num_binned_output=0).to(device)  # deep-copies palm
+        if args.eos_token is not None:  # after that copy: the policy, not the reward model, ends early
+            raise_logit(palm, args.eos_token, EOS_LOGIT_BIAS)
         if "prompt_token_ids" in prompt_args:
             prompt_args["prompt_token_ids"] = prompt_args["prompt_token_ids"].to(device)
         kwargs = dict(palm=palm, reward_model=reward_model, minibatch_size=spec.minibatch_size,
@@ -326,14 +335,16 @@ def run_trainer(name: str, args, device_kwargs: dict, device, variants: list[str
     for key, opt in optimizers(name, trainer).items():
         opt.register_step_post_hook(lambda *_, key=key: step_counts.__setitem__(key, step_counts[key] + 1))
     reward_batches: list[int] = []
+    rollout_lengths: list[int] = []  # sequence length (prompt + sampled) the reward model scored per rollout
     hook = unwrap(trainer, trainer.reward_model).register_forward_hook(
-        lambda _m, inputs, _o: reward_batches.append(int(inputs[0].shape[0])))
+        lambda _m, inputs, _o: reward_batches.append(int(inputs[0].shape[0]))  # returns None: output kept
+        or rollout_lengths.append(int(inputs[0].shape[-1])))
 
     with timer.stage("update"):
         try:
             with rt.capture_library_output() as captured:
                 trainer.train(num_episodes=1, max_timesteps=rollouts, update_timesteps=rollouts,
-                              max_seq_len=max_seq_len)
+                              max_seq_len=max_seq_len, eos_token=args.eos_token)
             error = None
         except Exception as exc:  # the library's failure is this smoke's finding, not a crash
             error = rt.one_line(exc)
@@ -343,6 +354,7 @@ def run_trainer(name: str, args, device_kwargs: dict, device, variants: list[str
         sys.stderr.write(captured.stdout)
     losses = rt.parse_losses(captured.stdout)
     result["losses"] = losses
+    result["rollout_lengths"] = rollout_lengths
     result["optimizer_steps"] = {"expected": expected_steps, "required": spec.required_steps,
                                  "observed": step_counts, "rollouts": rollouts}
     if not checks.add("update_ran", error is None,
@@ -355,6 +367,11 @@ def run_trainer(name: str, args, device_kwargs: dict, device, variants: list[str
     checks.add("rollout_group_size", set(reward_batches) == {spec.group_size},
                f"reward model scored {sorted(set(reward_batches))} completions per prompt per rollout "
                f"(expected {spec.group_size}" + (f" = {spec.group_kwarg} + 1)" if spec.group_kwarg else ")"))
+    if args.eos_token is not None:
+        early = sum(n < max_seq_len for n in rollout_lengths)
+        checks.add("rollouts_ended_at_eos", early > 0,
+                   f"eos_token {args.eos_token}: rollout lengths {rollout_lengths} (max_seq_len {max_seq_len}); "
+                   f"{early} ended at eos before max_seq_len")
     trainable_changed = 0
     for key, ps in groups.items():
         changed = rt.changed_names(before[key], ((names[id(p)], p) for p in ps))
@@ -397,7 +414,8 @@ def run_trainer(name: str, args, device_kwargs: dict, device, variants: list[str
     with timer.stage("generate"):
         try:
             with rt.capture_library_output():
-                sequence = trainer.generate(max_seq_len, prompt=prompt, num_samples=NUM_GENERATE_SAMPLES)
+                sequence = trainer.generate(max_seq_len, prompt=prompt, num_samples=NUM_GENERATE_SAMPLES,
+                                            eos_token=args.eos_token)
         except Exception as exc:
             sequence = None
             checks.add("generated_sequence", False, f"trainer.generate raised {rt.one_line(exc)}")
@@ -408,12 +426,37 @@ def run_trainer(name: str, args, device_kwargs: dict, device, variants: list[str
     result["generated"] = {"shape": list(sequence.shape), "dtype": str(sequence.dtype).replace("torch.", ""),
                            "expected_shape": [expected_len], "prompt_len": int(prompt.shape[0])}
     in_vocab = bool(((sequence >= 0) & (sequence < TINY_PALM["num_tokens"])).all())
+    # with eos, sampling stops once every sample holds it: shorter, but then it contains eos
+    length_ok = (len(sequence) == expected_len if args.eos_token is None else
+                 prompt.shape[0] < len(sequence) <= expected_len
+                 and (len(sequence) == expected_len or bool((sequence == args.eos_token).any())))
     checks.add("generated_sequence",
-               tuple(sequence.shape) == (expected_len,) and sequence.dtype == torch.long and in_vocab
+               sequence.dim() == 1 and length_ok and sequence.dtype == torch.long and in_vocab
                and torch.equal(sequence[:prompt.shape[0]].cpu(), prompt.cpu()),
-               f"shape {tuple(sequence.shape)} (prompt {prompt.shape[0]} + sampled), {sequence.dtype}, "
-               f"ids in [0, {TINY_PALM['num_tokens']}): {in_vocab}, starts with the prompt")
+               f"shape {tuple(sequence.shape)} (prompt {prompt.shape[0]} + sampled"
+               + (f", stops at eos {args.eos_token}" if args.eos_token is not None else "")
+               + f"), {sequence.dtype}, ids in [0, {TINY_PALM['num_tokens']}): {in_vocab}, starts with the prompt")
     return finish(result, checks)
+
+
+def raise_logit(palm, token: int, bias: float) -> None:
+    """Add ``bias`` to ``palm``'s logit for ``token`` on every forward (a forward hook on
+    ``palm.to_logits``; no parameter changes): rollouts and learn() see the same policy."""
+    import torch
+    offset = torch.zeros(palm.to_logits.out_features)
+    offset[token] = bias
+    palm.to_logits.register_forward_hook(lambda _m, _inputs, logits: logits + offset.to(logits))
+
+
+def eos_in_prompts(args) -> list[int]:
+    """Indices of the prompts --prompt-style would give the trainers that contain --eos-token. palm.py
+    ``generate`` tests the whole sequence, prompt included, for eos: such a rollout stops after
+    one sampled token, replaced by the pad id."""
+    prompt_args, _ = prompt_kwargs(args.prompt_style, args.seed, args.prompt_len)
+    ids = prompt_args.get("prompt_token_ids")
+    if ids is None:
+        ids = prompt_args["tokenizer"](prompt_args.get("prompts") or PROMPTS_FILE.read_text(encoding="utf-8").split("\n"))
+    return [i for i, row in enumerate(ids.tolist()) if args.eos_token in row]
 
 
 def finish(result: dict[str, Any], checks: rt.Checks) -> dict[str, Any]:
@@ -487,11 +530,17 @@ def main(argv: list[str] | None = None) -> int:
         raise rt.SkillError("--rollouts applies to the train smoke, not --construct-only")
     if args.prompt_len is not None and args.prompt_style != "token-ids":
         raise rt.SkillError("--prompt-len applies to --prompt-style token-ids")
-    if args.no_ddp_fixes and args.nproc is None:
-        raise rt.SkillError("--no-ddp-fixes applies to --nproc runs")
+    world = ddp_launch.launcher_world()  # one rank of torchrun / accelerate launch / srun?
+    ddp_launch.check_options(args, world)
     env = rt.check_versions(args.allow_untested)
-    if args.nproc is not None:  # multi-process run: launcher, workers and rank checks live there
-        ddp_launch = rt.load_by_path("ddp_launch", HERE / "ddp_launch.py")
+    clashes = eos_in_prompts(args) if args.eos_token is not None else []
+    if clashes:
+        raise rt.SkillError(f"--eos-token {args.eos_token} occurs in prompt(s) {clashes} of "
+                            f"--prompt-style {args.prompt_style}: generate() would stop after one token "
+                            "(it looks for eos in the prompt too); choose another id or --seed")
+    if world is not None:  # a launcher started this process: run as one rank of its world
+        return ddp_launch.run_rank(sys.modules[__name__], args, env, world)
+    if args.nproc is not None:  # the one-machine shortcut: torchrun on this smoke, N ranks
         return ddp_launch.launch(sys.modules[__name__], args, sys.argv[1:] if argv is None else argv, env)
 
     timer = rt.Timer()
