@@ -628,7 +628,7 @@ def run_rank(smoke, args, env_info: dict[str, Any], world: World) -> int:
                   f"({world.launcher} started {world.size}), backend {state.backend}, rank 0 on {device}"}}
     names = list(smoke.TRAINERS) if args.trainer == "all" else [args.trainer]
     caller = os.getcwd()
-    caller_before = sorted(os.listdir(caller))
+    caller_before = rt.watch_directory(caller)
     results = {}
     # library and Accelerate prints go to stderr: stdout carries rank 0's report only
     with contextlib.redirect_stdout(sys.stderr), node_workdir(state, world), \
