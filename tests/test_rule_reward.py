@@ -5,7 +5,6 @@ page states. palm_rlhf_pytorch 0.8.0: ppo.py, grpo.py, tpo.py, flowrl.py, reward
 from __future__ import annotations
 
 import contextlib
-import importlib
 import inspect
 import io
 
@@ -17,6 +16,13 @@ RULE_REWARD = REPO / "sub-skills" / "reward-modeling" / "scripts" / "rule_reward
 REWARD_API = REPO / "sub-skills" / "reward-modeling" / "references" / "reward-api.md"
 TRAINERS = ["ppo", "grpo", "tpo", "flowrl"]
 VOCAB, PROMPT_LEN, MAX_SEQ_LEN, GROUP, SAMPLES, EOS = 16, 4, 12, 4, 3, 3
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread(smoke):
+    """One intra-op thread, as the helpers run: tiny models on a shared CPU are slower with more."""
+    with smoke.rt.torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="module")
