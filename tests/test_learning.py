@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, SMOKE, inprocess, load_script, run_json, usage_error_without_torch
+from conftest import REPO, SMOKE, inprocess, load_script, run, run_json, usage_error_without_torch
 from test_trainers import flatten, section, table
 
 TRAINERS = ["ppo", "grpo", "tpo", "flowrl"]
@@ -167,6 +167,12 @@ def test_calibration_blocks_are_the_smoke_runs(smoke, capsys, monkeypatch, empty
 def test_usage_errors_exit_2_before_torch(empty_dir, argv):
     usage_error_without_torch(SMOKE, argv, empty_dir)
     assert list(empty_dir.iterdir()) == []
+
+
+def test_calibration_help_without_torch(empty_dir):
+    proc = run([sys.executable, "-X", "importtime", str(CALIBRATE), "--help"], empty_dir)
+    assert proc.returncode == 0 and "--markdown" in proc.stdout and "negated" in proc.stdout
+    assert not any(line.rstrip().endswith("| torch") for line in proc.stderr.splitlines())
 
 
 @pytest.mark.parametrize("argv", [["--set", "ppo.lr"], ["--set", "sac.lr=1"], ["--set", "ppo.why=x"],

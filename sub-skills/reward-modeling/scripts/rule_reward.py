@@ -14,8 +14,8 @@ references/reward-api.md, "Rule-based rewards"):
     prompt_mask  (b, n) bool, True on prompt positions (always given)
     mask         (b, n) bool, False after an ``eos_token``; None from ``trainer.generate``
                  without ``eos_token``
-What it must return: shape (b,), float32, on ``x.device`` (TPO asserts the shape; the others
-broadcast a wrong one silently or fail later).
+What it must return: shape (b,), float32, on ``x.device`` (TPO asserts the shape; per-token
+(b, n) rewards make the other trainers raise inside ``train()``).
 
 Usage (import by path; torch and palm-rlhf-pytorch are imported when this module is):
     sys.path.insert(0, "<skill root>/sub-skills/reward-modeling/scripts")
