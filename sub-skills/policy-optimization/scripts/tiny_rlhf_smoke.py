@@ -718,13 +718,18 @@ def mode_name(args) -> str:
     return "learn" if args.learn else "construct-only" if args.construct_only else "train-smoke"
 
 
+def learn_seeds(args) -> list[int]:
+    """The seeds of a --learn run: --seed to --seed + --learn-seeds - 1."""
+    return list(range(args.seed, args.seed + (args.learn_seeds or LEARN_SEEDS)))
+
+
 def learn_config(args, cpu_threads: int) -> dict[str, Any]:
     """The toy task, seeds and control of a --learn run, for its report."""
-    count = args.learn_seeds or LEARN_SEEDS
+    seeds = learn_seeds(args)
     return {**LEARN_PALM, "prompt_len": LEARN_PROMPT_LEN, "new_tokens": LEARN_NEW_TOKENS,
             "target_ids": list(LEARN_TARGET_IDS), "train_prompts": LEARN_TRAIN_PROMPTS,
             "eval_prompts": LEARN_EVAL_PROMPTS, "eval_samples": LEARN_EVAL_SAMPLES,
-            "seeds": list(range(args.seed, args.seed + count)), "min_improved": math.ceil(LEARN_MIN_IMPROVED * count),
+            "seeds": seeds, "min_improved": math.ceil(LEARN_MIN_IMPROVED * len(seeds)),
             "control": args.learn_control, "cpu_threads": cpu_threads}
 
 
@@ -800,7 +805,7 @@ def check_learn_options(args) -> None:
         if used:
             raise rt.SkillError(f"{option} applies to the train smoke, not --learn (its toy task is fixed: "
                                 "references/workflows.md#learning-check)")
-    last = args.seed + (args.learn_seeds or LEARN_SEEDS) - 1
+    last = learn_seeds(args)[-1]
     if last > rt.MAX_SEED:
         raise rt.SkillError(f"--seed {args.seed} leaves no room for the learning check's seeds up to {last} "
                             f"(at most {rt.MAX_SEED})")
@@ -834,8 +839,8 @@ def main(argv: list[str] | None = None) -> int:
     caller_before = sorted(os.listdir(args.caller_dir))
     with rt.private_workdir(), rt.torch_threads(args.cpu_threads) as threads:
         if args.learn:
-            seeds = list(range(args.seed, args.seed + (args.learn_seeds or LEARN_SEEDS)))
-            results = {name: learn_trainer(name, seeds, args.learn_control, device_kwargs, device) for name in names}
+            results = {name: learn_trainer(name, learn_seeds(args), args.learn_control, device_kwargs, device)
+                       for name in names}
         else:
             results = {name: run_trainer(name, args, device_kwargs, device, variants) for name in names}
     workdir_check = rt.caller_directory_check(args.caller_dir, caller_before)
