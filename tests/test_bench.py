@@ -15,7 +15,7 @@ from conftest import BIN, REPO, SMOKE, load_script, run, run_json
 BENCH = REPO / "sub-skills" / "policy-optimization" / "scripts" / "bench_smoke.py"
 WORKFLOWS = REPO / "sub-skills" / "policy-optimization" / "references" / "workflows.md"
 BUDGET_NAMES = ["help_without_torch", "construct_only_wall", "ppo_train_wall", "all_train_wall",
-                "ppo_train_peak_rss"]
+                "ppo_train_peak_rss", "all_learn_wall"]
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +68,7 @@ def test_quick_bench_through_the_console_script(empty_dir):
     assert list(budgets) == BUDGET_NAMES
     assert budgets["help_without_torch"]["passed"] is True
     assert budgets["all_train_wall"]["passed"] is None  # --trainer all was not selected
+    assert budgets["all_learn_wall"]["passed"] is None
     for name in ("construct_only_wall", "ppo_train_wall", "ppo_train_peak_rss"):
         assert isinstance(budgets[name]["passed"], bool) and budgets[name]["ratio"] > 0
     assert list(empty_dir.iterdir()) == []
@@ -100,6 +101,15 @@ def test_budgets_use_paired_ratios_and_can_fail(bench):
         run_["report"] = {"status": "ok", "timings_s": {}}
     budgets = {b["name"]: b for b in bench.check_budgets(bench.summarize(cases, runs))}
     assert budgets["ppo_train_wall"]["passed"] is False and "1.333x" in budgets["ppo_train_wall"]["detail"]
+
+
+def test_all_selects_the_learning_check_with_its_budget(bench):
+    keys = [case.key for case in bench.bench_cases(["all"], "cpu")]
+    assert keys == ["floor", "all/train-smoke", "all/learn"]
+    learn = bench.bench_cases(["all"], "cpu")[-1]
+    assert learn.argv[-3:] == ("--trainer", "all", "--learn")
+    budget = {name: (key, metric, limit) for name, key, metric, limit in bench.BUDGETS}["all_learn_wall"]
+    assert budget[:2] == ("all/learn", "wall_s") and budget[2] <= 15.0  # issue 11: at most 15x the floor
 
 
 def doc_section() -> str:

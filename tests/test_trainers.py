@@ -375,8 +375,9 @@ def test_documented_options_match_argparse(smoke):
             continue
         if action.nargs == 0:  # store_true flags
             assert default == "off", option
-        elif action.default is None:
-            assert default in ("computed", "`default`", "off"), option  # off: --nproc unset
+        elif action.default is None:  # off: --nproc unset; or the value its help names as default
+            named = re.search(r"\(default: (\w+)\)", action.help or "")
+            assert default in ("computed", "`default`", "off") or (named and default == f"`{named[1]}`"), option
         else:
             assert default == f"`{action.default}`", option
         for choice in action.choices or (smoke.GRPO_VARIANTS if option == "--grpo-variant" else []):

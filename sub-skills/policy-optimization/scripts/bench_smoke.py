@@ -52,6 +52,8 @@ BUDGETS = (
     ("ppo_train_wall", "ppo/train-smoke", "wall_s", 1.25),
     ("all_train_wall", "all/train-smoke", "wall_s", 1.60),
     ("ppo_train_peak_rss", "ppo/train-smoke", "peak_rss_mib", 1.20),
+    # issue 11 asked for at most 15x; measured 5.2x (paired 4.5-5.7x, load average 2.5-2.8): 10x
+    ("all_learn_wall", "all/learn", "wall_s", 10.0),
 )
 
 # Scaling sweep: one axis varied at a time around the base point (smoke options of the same name).
@@ -90,12 +92,13 @@ def smoke_case(trainer: str, mode: str, device: str, extra: tuple[str, ...] = ()
 
 
 def bench_cases(trainers: list[str], device: str) -> list[Case]:
-    """The floor, then construct-only and train-smoke for each single trainer, then ``all``."""
+    """The floor, then construct-only and train-smoke for each single trainer, then ``all``
+    (train smoke and learning check)."""
     cases = [floor_case()]
     for name in (t for t in SINGLE_TRAINERS if t in trainers):
         cases += [smoke_case(name, "construct-only", device), smoke_case(name, "train-smoke", device)]
     if "all" in trainers:
-        cases.append(smoke_case("all", "train-smoke", device))
+        cases += [smoke_case("all", "train-smoke", device), smoke_case("all", "learn", device)]
     return cases
 
 

@@ -115,11 +115,65 @@ TRAINERS = {
 }
 
 
+# Learning check (--learn): does the reward rise? ------------------------------------------------
+# The toy task: a tiny PaLM with 16 token ids samples LEARN_NEW_TOKENS tokens after a random prompt
+# of LEARN_PROMPT_LEN ids; the rule-based reward (reward-modeling/scripts/rule_reward.py) is the
+# fraction of sampled tokens whose id is in LEARN_TARGET_IDS: half the ids, so an untrained policy
+# scores about 0.5 and the reward has room to rise, or (inverted control) to fall. PaLM.generate
+# keeps only the top ceil(0.1 * num_tokens) logits (palm_rlhf_pytorch/utils.py top_k, thres 0.9,
+# which no trainer overrides): 2 candidate ids per step here; 10 ids or fewer would leave 1, greedy.
+LEARN_PALM = dict(num_tokens=16, dim=32, depth=1, heads=2, dim_head=16)
+LEARN_TARGET_IDS = tuple(range(1, 9))
+LEARN_PROMPT_LEN = 4
+LEARN_NEW_TOKENS = 8   # a power of two: every reward k/8 is exact in float32, so a group of equal
+                       # rewards gets GRPO's, TPO's and FlowRL's (r - mean) / std exactly 0
+LEARN_TRAIN_PROMPTS = 16  # prompts the trainer draws rollouts from
+LEARN_EVAL_PROMPTS = 16   # held-out prompts, drawn after the training ones from the same generator
+LEARN_EVAL_SAMPLES = 8    # completions per held-out prompt, the same sampling noise before and after
+LEARN_SEEDS = 5           # seeds per trainer by default: --seed, --seed + 1, ...
+LEARN_MIN_IMPROVED = 0.8  # fraction of seeds whose held-out reward must rise (4 of 5)
+MAX_LEARN_SEEDS = 100
+LEARN_CONTROLS = ("frozen", "inverted")
+
+
+@dataclass(frozen=True)
+class LearnSetting:
+    """One trainer's row of the learning check; calibrated with calibrate_learning.py."""
+    episodes: int        # learn() calls: train(num_episodes=episodes, ...)
+    rollouts: int        # rollouts per learn(): max_timesteps = update_timesteps = rollouts
+    lr: float            # actor learning rate; PPO's critic and FlowRL's partition function too
+    group_size: int      # completions per prompt per rollout (PPO: 1, no group)
+    minibatch_size: int
+    threshold: float     # the median held-out gain over the seeds must reach it
+    why: str             # the measured reason for these numbers
+
+
+LEARN_SETTINGS = {  # alternatives measured on seeds 0-9: calibrate_learning.py --seeds 10 --set ...
+    "ppo": LearnSetting(
+        episodes=8, rollouts=16, lr=1e-2, group_size=1, minibatch_size=4, threshold=0.15,
+        why="seeds 0-9 all rose (median +0.40, least +0.17); minibatch 8 gave a median of +0.30, lr 3e-3 "
+            "+0.14; minibatch 16, 6 x 12 rollouts, or 6 x 8 with lr 2e-2 or minibatch 2 let a seed fall "
+            "(to -0.56 at worst); one completion per rollout: PPO takes most of the check's time"),
+    "grpo": LearnSetting(
+        episodes=5, rollouts=4, lr=3e-3, group_size=8, minibatch_size=8, threshold=0.2,
+        why="the default lr 1e-4 gave a median of +0.03, 1e-3 +0.27; groups of 8, one group per "
+            "optimizer step, 4 steps per learn()"),
+    "tpo": LearnSetting(
+        episodes=5, rollouts=4, lr=3e-3, group_size=8, minibatch_size=1, threshold=0.2,
+        why="lr 1e-4 gave a median of +0.05, 1e-3 +0.38; TPO stores a group as one item, so minibatch 1 "
+            "is one group of 8 per step, as GRPO's 8"),
+    "flowrl": LearnSetting(
+        episodes=5, rollouts=4, lr=3e-3, group_size=8, minibatch_size=8, threshold=0.2,
+        why="lr 1e-4 gave a median of +0.04, 1e-3 +0.28 (actor and partition function); otherwise as GRPO"),
+}
+
+
 def build_parser() -> rt.OneLineParser:
     parser = rt.OneLineParser(
         description="Bounded RLHF smoke for palm-rlhf-pytorch: build a tiny PaLM policy, a scalar "
                     "reward model and a trainer, run one update that must move every trainable "
-                    "weight, one generate call, and check the results.",
+                    "weight, one generate call, and check the results. --learn instead checks that "
+                    "each trainer raises a rule-based reward on a toy task over several seeds.",
         epilog="examples:\n"
                "  tiny-rlhf-smoke --json\n"
                "  tiny-rlhf-smoke --trainer all --json\n"
@@ -129,7 +183,9 @@ def build_parser() -> rt.OneLineParser:
                "  tiny-rlhf-smoke --trainer all --nproc 2 --json\n"
                "  tiny-rlhf-smoke --trainer all --nproc 2 --eos-token 3 --json\n"
                "  torchrun --nproc-per-node 2 tiny_rlhf_smoke.py --trainer all --json\n"
-               "  tiny-rlhf-smoke --dim 128 --depth 2 --prompt-len 16 --new-tokens 32\n\n"
+               "  tiny-rlhf-smoke --dim 128 --depth 2 --prompt-len 16 --new-tokens 32\n"
+               "  tiny-rlhf-smoke --learn --trainer all --json\n"
+               "  tiny-rlhf-smoke --learn --trainer ppo --learn-control frozen   # must exit 1\n\n"
                + rt.EXIT_CODES_EPILOG)
     parser.add_argument("--trainer", choices=[*TRAINERS, "all"], default="ppo",
                         help="ppo (root RLHFTrainer), grpo, tpo, flowrl, or all four (default: ppo)")
@@ -142,6 +198,16 @@ def build_parser() -> rt.OneLineParser:
                       help="stop after building the models and trainer")
     mode.add_argument("--train-smoke", action="store_true",
                       help="build, run one bounded update and one generate call (the default)")
+    mode.add_argument("--learn", action="store_true",
+                      help="the learning check: on a toy task with a rule-based reward, the held-out "
+                           f"reward must rise for at least {math.ceil(LEARN_MIN_IMPROVED * LEARN_SEEDS)} of "
+                           f"{LEARN_SEEDS} seeds, by the trainer's calibrated median threshold "
+                           "(references/workflows.md#learning-check)")
+    parser.add_argument("--learn-control", choices=LEARN_CONTROLS,
+                        help="with --learn: frozen (learning rates 0: the check must fail, exit 1) or "
+                             "inverted (reward 1 - target fraction: passes only if the target falls)")
+    parser.add_argument("--learn-seeds", type=rt.bounded_int(1, MAX_LEARN_SEEDS), metavar="N",
+                        help=f"with --learn: seeds per trainer, --seed to --seed + N - 1 (default: {LEARN_SEEDS})")
     parser.add_argument("--prompt-style", choices=["token-ids", "text", "file"], default="token-ids",
                         help="token-ids: padded prompt_token_ids; text: prompts= with a byte-level "
                              "tokenizer; file: prompts_path= to the shipped prompts file")
@@ -252,21 +318,64 @@ def optimizers(name: str, trainer) -> dict[str, Any]:
     return {k: getattr(opt, "optimizer", opt) for k, opt in found.items()}
 
 
-def run_trainer(name: str, args, device_kwargs: dict, device, variants: list[str],
-                after_build=None) -> dict[str, Any]:
-    """Build (and unless construct-only, train and sample from) one trainer; return its report.
-
-    ``after_build(name, trainer)``, when given, runs right after construction (the multi-process
-    worker in ddp_launch.py applies its DDP fixes and per-rank seeding there)."""
+def construct_trainer(spec: TrainerSpec, palm, reward_model, prompt_args: dict[str, Any],
+                      device_kwargs: dict, device, **kwargs):
+    """Build ``spec``'s trainer class on ``palm`` and ``reward_model`` with the library's output
+    captured; move its prompt ids (a buffer of its own, not prepared by Accelerate) to ``device``.
+    Raises whatever the library's constructor raises."""
     import importlib
-    import torch
-    from accelerate.utils import set_seed
+    trainer_cls = getattr(importlib.import_module(spec.module), spec.class_name)
+    with rt.capture_library_output():
+        trainer = trainer_cls(palm=palm, reward_model=reward_model, accelerate_kwargs=device_kwargs,
+                              **prompt_args, **kwargs)
+    trainer.prompt_token_ids = trainer.prompt_token_ids.to(device)
+    return trainer
+
+
+def bounded_train(trainer, rollouts: int, max_seq_len: int, episodes: int = 1,
+                  eos_token: int | None = None) -> tuple[str, str | None]:
+    """``episodes`` x (``rollouts`` rollouts, then one ``learn()``): the library's own ``train()``
+    with ``max_timesteps = update_timesteps = rollouts`` (and ``eos_token``). Returns (captured
+    library stdout, None) or (captured, ``Type: message``) when the library raised."""
+    try:
+        with rt.capture_library_output() as captured:
+            trainer.train(num_episodes=episodes, max_timesteps=rollouts, update_timesteps=rollouts,
+                          max_seq_len=max_seq_len, eos_token=eos_token)
+        return captured.stdout, None
+    except Exception as exc:  # the library's failure is the caller's finding, not a crash
+        return captured.stdout, rt.one_line(exc)
+
+
+# train smoke: the checklist's steps (build, snapshot, update, compare, sample) -------------------
+
+@dataclass
+class SmokeRun:
+    """One trainer's train smoke in progress: what each step of the checklist reads and adds."""
+    name: str
+    args: Any
+    device: Any
+    result: dict[str, Any]
+    checks: rt.Checks = field(default_factory=rt.Checks)
+    timer: rt.Timer = field(default_factory=rt.Timer)
+    trainer: Any = None
+    groups: dict[str, list] = field(default_factory=dict)
+    names: dict[int, str] = field(default_factory=dict)
+    frozen: list = field(default_factory=list)
+    max_seq_len: int = 0
+
+    @property
+    def spec(self) -> TrainerSpec:
+        return TRAINERS[self.name]
+
+
+def build(run: SmokeRun, device_kwargs: dict, variants: list[str], after_build=None) -> bool:
+    """Step 1: the tiny PaLM, a scalar RewardModel and the trainer; checks that the trainer was
+    built, added its LoRA scope and holds its trainable tensors on the device. False when the
+    constructor raised (recorded as the failed ``trainer_constructed`` check)."""
     from palm_rlhf_pytorch import PaLM, RewardModel
 
-    spec, checks, timer = TRAINERS[name], rt.Checks(), rt.Timer()
-    result: dict[str, Any] = {"trainer": name, "status": "failed", "mode": mode_name(args)}
-    set_seed(args.seed)
-    with timer.stage("construct"):
+    args, spec, device = run.args, run.spec, run.device
+    with run.timer.stage("construct"):
         prompt_args, prompt_info = prompt_kwargs(args.prompt_style, args.seed, args.prompt_len)
         palm = PaLM(**palm_config(args)).to(device)
         reward_model = RewardModel(palm, num_binned_output=0).to(device)  # deep-copies palm
@@ -274,63 +383,67 @@ def run_trainer(name: str, args, device_kwargs: dict, device, variants: list[str
             raise_logit(palm, args.eos_token, EOS_LOGIT_BIAS)
         if "prompt_token_ids" in prompt_args:
             prompt_args["prompt_token_ids"] = prompt_args["prompt_token_ids"].to(device)
-        kwargs = dict(palm=palm, reward_model=reward_model, minibatch_size=spec.minibatch_size,
-                      epochs=1, accelerate_kwargs=device_kwargs, **spec.extra, **prompt_args)
+        kwargs = dict(minibatch_size=spec.minibatch_size, epochs=1, **spec.extra)
         if kwargs.get("partition_function_hidden_dim") == TINY_PALM["dim"]:  # FlowRL: must equal
             kwargs["partition_function_hidden_dim"] = args.dim                # the PaLM dim (--dim)
         if spec.group_kwarg:
             kwargs[spec.group_kwarg] = GROUP_SAMPLES
-        if name == "grpo":
+        if run.name == "grpo":
             for variant in variants:
                 kwargs.update(GRPO_VARIANTS[variant])
-        trainer_cls = getattr(importlib.import_module(spec.module), spec.class_name)
         try:
-            with rt.capture_library_output():
-                trainer = trainer_cls(**kwargs)
+            run.trainer = construct_trainer(spec, palm, reward_model, prompt_args, device_kwargs, device, **kwargs)
         except Exception as exc:  # the library's failure is this smoke's finding, not a crash
-            result["timings_s"] = {"construct": None, "update": None, "generate": None}
-            result.update(parameters=None, optimizer_steps=None, losses=None, generated=None)
-            checks.add("trainer_constructed", False, rt.one_line(exc))
-            return finish(result, checks)
-        # the trainer registers prompt ids as a buffer of its own (not prepared by Accelerate)
-        trainer.prompt_token_ids = trainer.prompt_token_ids.to(device)
+            run.result["timings_s"] = {"construct": None, "update": None, "generate": None}
+            run.result.update(parameters=None, optimizer_steps=None, losses=None, generated=None)
+            run.checks.add("trainer_constructed", False, rt.one_line(exc))
+            return False
         if after_build is not None:
-            after_build(name, trainer)
+            after_build(run.name, run.trainer)
 
+    trainer = run.trainer
     tokenizer = prompt_info.pop("tokenizer", None)
     if tokenizer is not None:
         prompt_info.update(count=int(trainer.prompt_token_ids.shape[0]),
                            max_len=int(trainer.prompt_token_ids.shape[1]),
                            dropped_empty=tokenizer.dropped_empty)
-    groups = trainable_groups(name, trainer)
-    trainable_ids = {id(p) for ps in groups.values() for p in ps}
-    names = dict((id(p), n) for n, p in trainer.named_parameters())
-    frozen = [(n, p) for n, p in trainer.named_parameters() if id(p) not in trainable_ids]
-    result.update(
+    run.groups = trainable_groups(run.name, trainer)
+    trainable_ids = {id(p) for ps in run.groups.values() for p in ps}
+    run.names = dict((id(p), n) for n, p in trainer.named_parameters())
+    run.frozen = [(n, p) for n, p in trainer.named_parameters() if id(p) not in trainable_ids]
+    run.result.update(
         class_name=f"{spec.module}.{spec.class_name}", optimizer=spec.optimizer, prompts=prompt_info,
-        grpo_variants=variants if name == "grpo" else None, group_size=spec.group_size)
-    checks.add("trainer_constructed", True, f"{spec.module}.{spec.class_name} on {device}")
-    checks.add("actor_lora_scope_added", "actor" in actor_palm(name, trainer).finetune_modules,
-               "the trainer added LoRA scope 'actor' to the PaLM passed in")
-    n_trainable = sum(len(ps) for ps in groups.values())
-    checks.add("trainable_parameters_on_device",
-               n_trainable > 0 and all(p.device.type == device.type for ps in groups.values() for p in ps),
-               f"{n_trainable} trainable tensors in groups {', '.join(groups)} on {device.type}")
-    result["parameters"] = {
+        grpo_variants=variants if run.name == "grpo" else None, group_size=spec.group_size)
+    run.checks.add("trainer_constructed", True, f"{spec.module}.{spec.class_name} on {device}")
+    run.checks.add("actor_lora_scope_added", "actor" in actor_palm(run.name, trainer).finetune_modules,
+                   "the trainer added LoRA scope 'actor' to the PaLM passed in")
+    n_trainable = sum(len(ps) for ps in run.groups.values())
+    run.checks.add("trainable_parameters_on_device",
+                   n_trainable > 0 and all(p.device.type == device.type for ps in run.groups.values() for p in ps),
+                   f"{n_trainable} trainable tensors in groups {', '.join(run.groups)} on {device.type}")
+    run.result["parameters"] = {
         "trainable_total": n_trainable,
-        "trainable_numel": sum(p.numel() for ps in groups.values() for p in ps),
-        "trainable_changed": None, "frozen_total": len(frozen), "frozen_changed": None}
-    result["timings_s"] = {"construct": timer.stages["construct"], "update": None, "generate": None}
-    result.update(optimizer_steps=None, losses=None, generated=None)
-    if args.construct_only:
-        return finish(result, checks)
+        "trainable_numel": sum(p.numel() for ps in run.groups.values() for p in ps),
+        "trainable_changed": None, "frozen_total": len(run.frozen), "frozen_changed": None}
+    run.result["timings_s"] = {"construct": run.timer.stages["construct"], "update": None, "generate": None}
+    run.result.update(optimizer_steps=None, losses=None, generated=None)
+    return True
 
+
+def snapshot(run: SmokeRun) -> tuple[dict[str, dict], dict]:
+    """Step 2: clones of every trainable tensor (per group) and of every frozen one."""
+    before = {key: rt.snapshot((run.names[id(p)], p) for p in ps) for key, ps in run.groups.items()}
+    return before, rt.snapshot(run.frozen)
+
+
+def update(run: SmokeRun) -> bool:
+    """Step 3: one bounded ``train()`` (``--rollouts`` rollouts, one ``learn()``), counting optimizer
+    steps and the completions the reward model scored per rollout; checks the update ran, the step
+    count and the group size. False when ``train()`` raised (the failed ``update_ran`` check)."""
+    name, spec, trainer, checks, args = run.name, run.spec, run.trainer, run.checks, run.args
     rollouts = args.rollouts or spec.rollouts_for(spec.required_steps)
     expected_steps = spec.steps_for(rollouts)
-    max_seq_len = int(trainer.prompt_token_ids.shape[1]) + args.new_tokens
-    before = {key: rt.snapshot((names[id(p)], p) for p in ps) for key, ps in groups.items()}
-    frozen_before = rt.snapshot(frozen)
-
+    run.max_seq_len = int(trainer.prompt_token_ids.shape[1]) + args.new_tokens
     step_counts = {key: 0 for key in optimizers(name, trainer)}
     for key, opt in optimizers(name, trainer).items():
         opt.register_step_post_hook(lambda *_, key=key: step_counts.__setitem__(key, step_counts[key] + 1))
@@ -339,28 +452,19 @@ def run_trainer(name: str, args, device_kwargs: dict, device, variants: list[str
     hook = unwrap(trainer, trainer.reward_model).register_forward_hook(
         lambda _m, inputs, _o: reward_batches.append(int(inputs[0].shape[0]))  # returns None: output kept
         or rollout_lengths.append(int(inputs[0].shape[-1])))
-
-    with timer.stage("update"):
-        try:
-            with rt.capture_library_output() as captured:
-                trainer.train(num_episodes=1, max_timesteps=rollouts, update_timesteps=rollouts,
-                              max_seq_len=max_seq_len, eos_token=args.eos_token)
-            error = None
-        except Exception as exc:  # the library's failure is this smoke's finding, not a crash
-            error = rt.one_line(exc)
+    with run.timer.stage("update"):
+        printed, error = bounded_train(trainer, rollouts, run.max_seq_len, eos_token=args.eos_token)
     hook.remove()
-    result["timings_s"]["update"] = timer.stages["update"]
+    run.result["timings_s"]["update"] = run.timer.stages["update"]
     if args.verbose:
-        sys.stderr.write(captured.stdout)
-    losses = rt.parse_losses(captured.stdout)
-    result["losses"] = losses
-    result["rollout_lengths"] = rollout_lengths
-    result["optimizer_steps"] = {"expected": expected_steps, "required": spec.required_steps,
-                                 "observed": step_counts, "rollouts": rollouts}
+        sys.stderr.write(printed)
+    run.result["losses"] = rt.parse_losses(printed)
+    run.result["rollout_lengths"] = rollout_lengths
+    run.result["optimizer_steps"] = {"expected": expected_steps, "required": spec.required_steps,
+                                     "observed": step_counts, "rollouts": rollouts}
     if not checks.add("update_ran", error is None,
-                      error or f"train(): {rollouts} rollouts, one learn(), max_seq_len {max_seq_len}"):
-        return finish(result, checks)
-
+                      error or f"train(): {rollouts} rollouts, one learn(), max_seq_len {run.max_seq_len}"):
+        return False
     checks.add("optimizer_steps", step_counts["actor"] == expected_steps >= spec.required_steps,
                f"actor optimizer stepped {step_counts['actor']}x (expected {expected_steps}, "
                f"{spec.optimizer} needs >= {spec.required_steps}); all: {step_counts}")
@@ -368,33 +472,42 @@ def run_trainer(name: str, args, device_kwargs: dict, device, variants: list[str
                f"reward model scored {sorted(set(reward_batches))} completions per prompt per rollout "
                f"(expected {spec.group_size}" + (f" = {spec.group_kwarg} + 1)" if spec.group_kwarg else ")"))
     if args.eos_token is not None:
-        early = sum(n < max_seq_len for n in rollout_lengths)
+        early = sum(n < run.max_seq_len for n in rollout_lengths)
         checks.add("rollouts_ended_at_eos", early > 0,
-                   f"eos_token {args.eos_token}: rollout lengths {rollout_lengths} (max_seq_len {max_seq_len}); "
+                   f"eos_token {args.eos_token}: rollout lengths {rollout_lengths} (max_seq_len {run.max_seq_len}); "
                    f"{early} ended at eos before max_seq_len")
+    return True
+
+
+def compare(run: SmokeRun, before: dict[str, dict], frozen_before: dict) -> None:
+    """Step 4: every trainable tensor changed, no frozen one did, printed losses are finite; TPO's
+    replay buffer is in the private directory; FlowRL's reference policy is the LoRA-off PaLM."""
+    import torch
+    name, trainer, checks, args = run.name, run.trainer, run.checks, run.args
     trainable_changed = 0
-    for key, ps in groups.items():
-        changed = rt.changed_names(before[key], ((names[id(p)], p) for p in ps))
+    for key, ps in run.groups.items():
+        changed = rt.changed_names(before[key], ((run.names[id(p)], p) for p in ps))
         trainable_changed += len(changed)
         unchanged = sorted(set(before[key]) - set(changed))
         checks.add(f"{key}_changed", not unchanged,
                    f"{len(changed)}/{len(ps)} tensors changed"
                    + (f"; unchanged: {', '.join(unchanged[:4])}" if unchanged else ""))
-    frozen_changed = rt.changed_names(frozen_before, frozen)
+    frozen_changed = rt.changed_names(frozen_before, run.frozen)
     reward_changed = [n for n in frozen_changed if n.startswith("reward_model.")]
     checks.add("base_weights_unchanged", not set(frozen_changed) - set(reward_changed),
-               f"{len(frozen) - sum(n.startswith('reward_model.') for n, _ in frozen)} base PaLM tensors; "
+               f"{len(run.frozen) - sum(n.startswith('reward_model.') for n, _ in run.frozen)} base PaLM tensors; "
                f"changed: {sorted(set(frozen_changed) - set(reward_changed))[:4] or 'none'}")
     checks.add("reward_model_unchanged", not reward_changed,
                f"changed: {reward_changed[:4] or 'none'}")
-    result["parameters"].update(trainable_changed=trainable_changed, frozen_changed=len(frozen_changed))
+    run.result["parameters"].update(trainable_changed=trainable_changed, frozen_changed=len(frozen_changed))
+    losses = run.result["losses"]
     values = [v for vs in losses.values() for v in vs]
     checks.add("losses_finite", rt.all_finite(losses),
                f"{len(values)} printed values ({', '.join(losses)})" if values else "no loss printed")
     if name == "tpo":
         buffer = Path(getattr(args, "tpo_buffer", TPO_BUFFER))  # ddp_launch.py: a per-rank folder
         size = sum(f.stat().st_size for f in buffer.rglob("*") if f.is_file()) if buffer.is_dir() else 0
-        result["replay_buffer"] = {"path": f"./{buffer}", "bytes": size}
+        run.result["replay_buffer"] = {"path": f"./{buffer}", "bytes": size}
         checks.add("replay_buffer_in_private_dir",
                    buffer.is_dir() and Path.cwd().resolve() != Path(args.caller_dir).resolve(),
                    f"./{buffer} written in the private working directory ({size} bytes on disk), "
@@ -409,22 +522,28 @@ def run_trainer(name: str, args, device_kwargs: dict, device, variants: list[str
                    f"PaLM (same object: {trainer.palm is palm_}) with LoRA off (logits differ from "
                    f"the actor's after the update: {ref_differs})")
 
+
+def sample(run: SmokeRun) -> None:
+    """Step 5: one ``trainer.generate()`` on the first prompt; checks shape, dtype, vocabulary and
+    that the sequence starts with the prompt."""
+    import torch
+    trainer, checks, args = run.trainer, run.checks, run.args
     prompt = trainer.prompt_token_ids[0]
     prompt = prompt[prompt != rt.PAD_ID]
-    with timer.stage("generate"):
+    with run.timer.stage("generate"):
         try:
             with rt.capture_library_output():
-                sequence = trainer.generate(max_seq_len, prompt=prompt, num_samples=NUM_GENERATE_SAMPLES,
+                sequence = trainer.generate(run.max_seq_len, prompt=prompt, num_samples=NUM_GENERATE_SAMPLES,
                                             eos_token=args.eos_token)
         except Exception as exc:
             sequence = None
             checks.add("generated_sequence", False, f"trainer.generate raised {rt.one_line(exc)}")
-    result["timings_s"]["generate"] = timer.stages["generate"]
+    run.result["timings_s"]["generate"] = run.timer.stages["generate"]
     if sequence is None:
-        return finish(result, checks)
-    expected_len = max(max_seq_len, prompt.shape[0] + 1)
-    result["generated"] = {"shape": list(sequence.shape), "dtype": str(sequence.dtype).replace("torch.", ""),
-                           "expected_shape": [expected_len], "prompt_len": int(prompt.shape[0])}
+        return
+    expected_len = max(run.max_seq_len, prompt.shape[0] + 1)
+    run.result["generated"] = {"shape": list(sequence.shape), "dtype": str(sequence.dtype).replace("torch.", ""),
+                               "expected_shape": [expected_len], "prompt_len": int(prompt.shape[0])}
     in_vocab = bool(((sequence >= 0) & (sequence < TINY_PALM["num_tokens"])).all())
     # with eos, sampling stops once every sample holds it: shorter, but then it contains eos
     length_ok = (len(sequence) == expected_len if args.eos_token is None else
@@ -436,7 +555,6 @@ def run_trainer(name: str, args, device_kwargs: dict, device, variants: list[str
                f"shape {tuple(sequence.shape)} (prompt {prompt.shape[0]} + sampled"
                + (f", stops at eos {args.eos_token}" if args.eos_token is not None else "")
                + f"), {sequence.dtype}, ids in [0, {TINY_PALM['num_tokens']}): {in_vocab}, starts with the prompt")
-    return finish(result, checks)
 
 
 def raise_logit(palm, token: int, bias: float) -> None:
@@ -459,6 +577,176 @@ def eos_in_prompts(args) -> list[int]:
     return [i for i, row in enumerate(ids.tolist()) if args.eos_token in row]
 
 
+def run_trainer(name: str, args, device_kwargs: dict, device, variants: list[str],
+                after_build=None) -> dict[str, Any]:
+    """The train smoke of one trainer, step by step: build, snapshot, update, compare, sample;
+    ``--construct-only`` stops after build. Returns its report entry.
+
+    ``after_build(name, trainer)``, when given, runs right after construction (the multi-process
+    worker in ddp_launch.py applies its DDP fixes and per-rank seeding there)."""
+    from accelerate.utils import set_seed
+
+    run = SmokeRun(name, args, device, {"trainer": name, "status": "failed", "mode": mode_name(args)})
+    set_seed(args.seed)
+    if not build(run, device_kwargs, variants, after_build) or args.construct_only:
+        return finish(run.result, run.checks)
+    before, frozen_before = snapshot(run)
+    if update(run):
+        compare(run, before, frozen_before)
+        sample(run)
+    return finish(run.result, run.checks)
+
+
+# learning check: the steps are build, measure, train, measure ------------------------------------
+
+def rule_reward_module():
+    """reward-modeling/scripts/rule_reward.py, imported by path (it imports torch)."""
+    return rt.load_by_path("rule_reward", rt.SKILL_ROOT / "sub-skills" / "reward-modeling" / "scripts" / "rule_reward.py")
+
+
+def learn_trainer_kwargs(spec: TrainerSpec, setting: LearnSetting) -> dict[str, Any]:
+    """Constructor arguments of one trainer for the learning check."""
+    kwargs = dict(minibatch_size=setting.minibatch_size, epochs=1, actor_lr=setting.lr, **spec.extra)
+    if spec.name == "ppo":
+        kwargs["critic_lr"] = setting.lr
+    if spec.name == "flowrl":
+        kwargs.update(partition_function_hidden_dim=LEARN_PALM["dim"], partition_function_lr=setting.lr)
+    if spec.group_kwarg:
+        kwargs[spec.group_kwarg] = setting.group_size - 1
+    return kwargs
+
+
+def held_out_reward(name: str, trainer, reward_model, prompts, seed: int) -> float:
+    """Mean reward of the policy on held-out ``prompts`` (p, LEARN_PROMPT_LEN) int64: each prompt
+    sampled LEARN_EVAL_SAMPLES times exactly as a rollout samples (the actor's PaLM with LoRA scope
+    'actor', ``PaLM.generate`` defaults: top-k filter, temperature 1), with the torch generator
+    seeded by ``seed`` inside ``torch.random.fork_rng`` so training's random stream is untouched and
+    the same noise is used before and after training."""
+    import torch
+    palm = actor_palm(name, trainer)
+    batch = prompts.repeat_interleave(LEARN_EVAL_SAMPLES, dim=0)
+    with torch.random.fork_rng(devices=[batch.device] if batch.device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        response = palm.generate(batch.shape[1] + LEARN_NEW_TOKENS, prompt=batch, finetune_scope="actor")
+    sequence = torch.cat((batch, response), dim=1)
+    prompt_mask = (torch.arange(sequence.shape[1], device=sequence.device) < batch.shape[1]).expand_as(sequence)
+    with torch.no_grad():
+        return float(reward_model(sequence, prompt_mask=prompt_mask).mean())
+
+
+def learn_seed(name: str, seed: int, control: str | None, device_kwargs: dict, device,
+               setting: LearnSetting | None = None, train_score=None) -> dict[str, Any]:
+    """One seed of the learning check: build, measure held-out reward, train, measure again.
+
+    Seeds ``random``, numpy and torch with ``seed`` (Accelerate ``set_seed``), draws the training
+    and held-out prompts, builds the tiny PaLM, the rule-based reward (the target-id fraction; under
+    ``control == 'inverted'`` 1 - that fraction: negated, plus 1 to stay inside PPO's critic range
+    [0, 5]) and the trainer (under ``'frozen'`` its optimizers' learning rates then set to 0), and
+    runs ``setting.episodes`` x (``setting.rollouts`` rollouts + one ``learn()``). Returns ``{seed,
+    reward_before, reward_after, gain, curve}``: held-out rewards in [0, 1] and ``curve``, the mean
+    rollout reward of each episode (the policy after 0, 1, ... learn() calls).
+
+    calibrate_learning.py only: ``control == 'negated'`` rewards minus the fraction, in [-1, 0];
+    ``train_score(x, response_mask) -> (b,)`` replaces the reward the trainer optimizes (its noise
+    null) while the held-out reward stays the task's.
+    Raises RuntimeError ``seed N: Type: message`` when the library raises.
+    """
+    import torch
+    from accelerate.utils import set_seed
+    from palm_rlhf_pytorch import PaLM
+
+    spec, setting = TRAINERS[name], setting or LEARN_SETTINGS[name]
+    rules = rule_reward_module()
+    set_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(1, LEARN_PALM["num_tokens"], (LEARN_TRAIN_PROMPTS + LEARN_EVAL_PROMPTS,
+                                                          LEARN_PROMPT_LEN), generator=gen).to(device)
+    train_prompts, eval_prompts = prompts[:LEARN_TRAIN_PROMPTS], prompts[LEARN_TRAIN_PROMPTS:]
+    fraction = rules.token_fraction(LEARN_TARGET_IDS)
+    score = {"inverted": lambda x, response: 1.0 - fraction(x, response),
+             "negated": lambda x, response: -fraction(x, response)}.get(control, fraction)
+    reward_model = rules.RuleReward(score)
+    trained_reward = rules.RuleReward(train_score) if train_score else reward_model
+    try:
+        trainer = construct_trainer(spec, PaLM(**LEARN_PALM).to(device), trained_reward,
+                                    {"prompt_token_ids": train_prompts}, device_kwargs, device,
+                                    **learn_trainer_kwargs(spec, setting))
+    except Exception as exc:
+        raise RuntimeError(f"seed {seed}: {rt.one_line(exc)}") from None
+    if control == "frozen":  # AdoptAtan2 and AdamAtan2 assert lr > 0 when built: set it to 0 after
+        for optimizer in optimizers(name, trainer).values():
+            for group in optimizer.param_groups:
+                group["lr"] = 0.0
+    before = held_out_reward(name, trainer, reward_model, eval_prompts, seed)
+    rewards: list[float] = []
+    hook = trained_reward.register_forward_hook(lambda _m, _i, out: rewards.append(float(out.mean())))
+    _, error = bounded_train(trainer, setting.rollouts, LEARN_PROMPT_LEN + LEARN_NEW_TOKENS, setting.episodes)
+    hook.remove()
+    if error:
+        raise RuntimeError(f"seed {seed}: {error}")
+    after = held_out_reward(name, trainer, reward_model, eval_prompts, seed)
+    n = setting.rollouts
+    curve = [sum(rewards[e * n:(e + 1) * n]) / n for e in range(setting.episodes)]
+    return {"seed": seed, "reward_before": before, "reward_after": after, "gain": after - before,
+            "curve": curve}
+
+
+def learning_verdict(per_seed: list[dict[str, Any]], threshold: float) -> tuple[bool, str]:
+    """The criterion: at least ceil(LEARN_MIN_IMPROVED * seeds) seeds raised their held-out reward
+    (gain > 0) and the median gain is at least ``threshold``. Returns (passed, detail)."""
+    import statistics
+    gains = [s["gain"] for s in per_seed]
+    need = math.ceil(LEARN_MIN_IMPROVED * len(gains))
+    improved, median = sum(g > 0 for g in gains), statistics.median(gains)
+    passed = improved >= need and median >= threshold
+    figures = ", ".join(f"{s['seed']}: {s['reward_before']:.3f} -> {s['reward_after']:.3f}" for s in per_seed)
+    return passed, (f"{improved}/{len(gains)} seeds improved (need {need}), median gain {median:+.3f} "
+                    f"(threshold {threshold}); held-out reward per seed {figures}")
+
+
+def learn_trainer(name: str, seeds: list[int], control: str | None, device_kwargs: dict, device,
+                  setting: LearnSetting | None = None) -> dict[str, Any]:
+    """The learning check of one trainer over ``seeds``; returns its report entry with
+    ``learning: {reward_before, reward_after, per_seed, curve, threshold, passed}`` (means over the
+    seeds, rounded to 4 places) and the check ``reward_rose``."""
+    spec, setting = TRAINERS[name], setting or LEARN_SETTINGS[name]
+    checks, timer = rt.Checks(), rt.Timer()
+    result: dict[str, Any] = {"trainer": name, "status": "failed", "mode": "learn",
+                              "class_name": f"{spec.module}.{spec.class_name}",
+                              "settings": dict(vars(setting)), "learning": None}
+    per_seed = []
+    with timer.stage("learn"):
+        try:
+            for seed in seeds:
+                per_seed.append(learn_seed(name, seed, control, device_kwargs, device, setting))
+        except RuntimeError as exc:
+            checks.add("learning_ran", False, str(exc))
+    result["timings_s"] = {"learn": timer.stages["learn"]}
+    if checks.items:
+        return finish(result, checks)
+    mean = lambda values: round(sum(values) / len(values), 4)
+    passed, detail = learning_verdict(per_seed, setting.threshold)
+    result["learning"] = {
+        "reward_before": mean([s["reward_before"] for s in per_seed]),
+        "reward_after": mean([s["reward_after"] for s in per_seed]),
+        "per_seed": [{k: round(s[k], 4) if k != "seed" else s[k] for k in ("seed", "reward_before", "reward_after", "gain")}
+                     for s in per_seed],
+        "curve": [mean(values) for values in zip(*(s["curve"] for s in per_seed))],
+        "threshold": setting.threshold, "passed": passed}
+    checks.add("reward_rose", passed, detail)
+    return finish(result, checks)
+
+
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float], low: float, high: float) -> str:
+    """One character per value, ``low`` -> '▁' and ``high`` -> '█' (clamped)."""
+    span = (high - low) or 1.0
+    return "".join(SPARKS[min(len(SPARKS) - 1, max(0, round((v - low) / span * (len(SPARKS) - 1))))]
+                   for v in values)
+
+
 def finish(result: dict[str, Any], checks: rt.Checks) -> dict[str, Any]:
     result["checks"] = checks.items
     result["status"] = rt.status_of(checks.items)
@@ -471,20 +759,35 @@ def palm_config(args) -> dict[str, int]:
 
 
 def mode_name(args) -> str:
-    return "construct-only" if args.construct_only else "train-smoke"
+    return "learn" if args.learn else "construct-only" if args.construct_only else "train-smoke"
+
+
+def learn_seeds(args) -> list[int]:
+    """The seeds of a --learn run: --seed to --seed + --learn-seeds - 1."""
+    return list(range(args.seed, args.seed + (args.learn_seeds or LEARN_SEEDS)))
+
+
+def learn_config(args, cpu_threads: int) -> dict[str, Any]:
+    """The toy task, seeds and control of a --learn run, for its report."""
+    seeds = learn_seeds(args)
+    return {**LEARN_PALM, "prompt_len": LEARN_PROMPT_LEN, "new_tokens": LEARN_NEW_TOKENS,
+            "target_ids": list(LEARN_TARGET_IDS), "train_prompts": LEARN_TRAIN_PROMPTS,
+            "eval_prompts": LEARN_EVAL_PROMPTS, "eval_samples": LEARN_EVAL_SAMPLES,
+            "seeds": seeds, "min_improved": math.ceil(LEARN_MIN_IMPROVED * len(seeds)),
+            "control": args.learn_control, "cpu_threads": cpu_threads}
 
 
 # Single trainer: these keys of its result also appear at the top level of the report (stable keys).
 SINGLE_TRAINER_KEYS = ("checks", "parameters", "generated", "optimizer_steps", "losses", "prompts",
-                       "grpo_variants", "class_name", "replay_buffer", "rank_sync")
+                       "grpo_variants", "class_name", "replay_buffer", "rank_sync", "settings", "learning")
 
 
 def trainers_report(args, results: dict[str, dict[str, Any]], device, cpu_threads: int) -> dict[str, Any]:
     """The report's part common to single- and multi-process runs (ddp_launch.py's rank 0).
 
     ``results`` maps trainer name to its result (``run_trainer``); status is ok when every result
-    is. ``timings_s`` holds construct, update and generate in seconds, summed over trainers, each
-    None when a trainer never reached that stage (a constructor raised; --construct-only).
+    is. ``timings_s`` holds construct, update and generate in seconds (--learn: learn), summed over
+    trainers, each None when a trainer never reached that stage (a constructor raised; --construct-only).
     """
     def stage_sum(key: str) -> float | None:
         values = [r["timings_s"].get(key) for r in results.values()]
@@ -493,9 +796,10 @@ def trainers_report(args, results: dict[str, dict[str, Any]], device, cpu_thread
     report: dict[str, Any] = {
         "status": "ok" if results and all(r["status"] == "ok" for r in results.values()) else "failed",
         "mode": mode_name(args), "trainer": args.trainer, "device": str(device), "seed": args.seed,
-        "config": {**palm_config(args), "new_tokens": args.new_tokens, "prompt_len": args.prompt_len,
-                   "cpu_threads": cpu_threads},
-        "timings_s": {key: stage_sum(key) for key in ("construct", "update", "generate")},
+        "config": learn_config(args, cpu_threads) if args.learn else {
+            **palm_config(args), "new_tokens": args.new_tokens, "prompt_len": args.prompt_len,
+            "cpu_threads": cpu_threads},
+        "timings_s": {key: stage_sum(key) for key in (("learn",) if args.learn else ("construct", "update", "generate"))},
     }
     if args.trainer != "all":
         single = results[args.trainer]
@@ -507,8 +811,12 @@ def trainers_report(args, results: dict[str, dict[str, Any]], device, cpu_thread
 def summary(report: dict[str, Any]) -> str:
     lines = [f"tiny-rlhf-smoke: {report['mode']} on {report['device']}: {report['status'].upper()}"]
     for result in report.get("results", {}).values():
-        params, steps = result["parameters"], result.get("optimizer_steps")
+        params, steps, learning = result.get("parameters"), result.get("optimizer_steps"), result.get("learning")
         head = f"[{result['status']}] {result['trainer']}"
+        if learning:
+            head += (f": held-out reward {learning['reward_before']:.2f} -> {learning['reward_after']:.2f} "
+                     f"(mean of {len(learning['per_seed'])} seeds), training reward per episode "
+                     f"{sparkline(learning['curve'], 0.0, 1.0)} {learning['curve'][0]:.2f} -> {learning['curve'][-1]:.2f}")
         if steps:
             head += (f": {steps['observed']['actor']} actor steps, {params['trainable_changed']}/"
                      f"{params['trainable_total']} trainable tensors changed, {params['frozen_changed']} "
@@ -518,7 +826,34 @@ def summary(report: dict[str, Any]) -> str:
     t = report["timings_s"]
     lines.append("timings (s): " + ", ".join(f"{k} {v}" for k, v in t.items() if v is not None))
     lines += [f"warning: {w}" for w in report.get("warnings", [])]
+    if report["mode"] == "learn":  # the verdict last: what a person reads first
+        failed = [r["trainer"] for r in report["results"].values() if r["status"] != "ok"]
+        lines.append("learning check: " + (f"FAILED for {', '.join(failed)}" if failed else
+                                           "every trainer raised the reward") +
+                     (f" (control: {report['config']['control']})" if report["config"]["control"] else ""))
     return "\n".join(lines)
+
+
+def check_learn_options(args) -> None:
+    """Usage errors (exit 2) for options that do not fit --learn, or learn options without it."""
+    if not args.learn:
+        for option, value in (("--learn-control", args.learn_control), ("--learn-seeds", args.learn_seeds)):
+            if value is not None:
+                raise rt.SkillError(f"{option} applies to --learn")
+        return
+    for option, used in (("--grpo-variant", args.grpo_variant), ("--rollouts", args.rollouts is not None),
+                         ("--prompt-style", args.prompt_style != "token-ids"),
+                         ("--prompt-len", args.prompt_len is not None), ("--nproc", args.nproc is not None),
+                         ("--no-ddp-fixes", args.no_ddp_fixes), ("--eos-token", args.eos_token is not None),
+                         ("--oversubscribe", args.oversubscribe), ("--dim", args.dim != TINY_PALM["dim"]),
+                         ("--depth", args.depth != TINY_PALM["depth"]), ("--new-tokens", args.new_tokens != NEW_TOKENS)):
+        if used:
+            raise rt.SkillError(f"{option} applies to the train smoke, not --learn (its toy task is fixed: "
+                                "references/workflows.md#learning-check)")
+    last = learn_seeds(args)[-1]
+    if last > rt.MAX_SEED:
+        raise rt.SkillError(f"--seed {args.seed} leaves no room for the learning check's seeds up to {last} "
+                            f"(at most {rt.MAX_SEED})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -530,8 +865,11 @@ def main(argv: list[str] | None = None) -> int:
         raise rt.SkillError("--rollouts applies to the train smoke, not --construct-only")
     if args.prompt_len is not None and args.prompt_style != "token-ids":
         raise rt.SkillError("--prompt-len applies to --prompt-style token-ids")
+    check_learn_options(args)
     world = ddp_launch.launcher_world()  # one rank of torchrun / accelerate launch / srun?
     ddp_launch.check_options(args, world)
+    if args.learn and world is not None:
+        raise rt.SkillError("--learn runs in one process: start it without torchrun, accelerate launch or srun")
     env = rt.check_versions(args.allow_untested)
     clashes = eos_in_prompts(args) if args.eos_token is not None else []
     if clashes:
@@ -553,7 +891,11 @@ def main(argv: list[str] | None = None) -> int:
     args.caller_dir = os.getcwd()
     caller_before = rt.watch_directory(args.caller_dir)
     with rt.private_workdir(), rt.torch_threads(args.cpu_threads) as threads:
-        results = {name: run_trainer(name, args, device_kwargs, device, variants) for name in names}
+        if args.learn:
+            results = {name: learn_trainer(name, learn_seeds(args), args.learn_control, device_kwargs, device)
+                       for name in names}
+        else:
+            results = {name: run_trainer(name, args, device_kwargs, device, variants) for name in names}
     workdir_check = rt.caller_directory_check(args.caller_dir, caller_before)
     for result in results.values():
         result["checks"].append(workdir_check)
