@@ -9,6 +9,8 @@ declared ranges allow, then runs the smokes and checks there:
 
     tiny-rlhf-smoke --trainer all --json    tiny-palm-smoke --json    tiny-reward-smoke --json
     palm-rlhf-skill check --json            palm-rlhf-skill doctor --json
+    tiny-rlhf-smoke --learn --trainer all --json
+    palm-rlhf-skill plan --config <assets/plans/accuracy-grpo.toml> --probe-seconds 10 --json
 
 A trial passes when every one exits 0. A ``newest`` trial (no pin) runs first as the baseline, so
 a failing floor is the floor's fault. torch is never changed: each venv gets the torch named by
@@ -58,6 +60,9 @@ SMOKES = (
     ("tiny-reward-smoke", "--json", "--device", "cpu"),
     ("palm-rlhf-skill", "check", "--json"),
     ("palm-rlhf-skill", "doctor", "--json"),
+    ("tiny-rlhf-smoke", "--learn", "--trainer", "all", "--json", "--device", "cpu"),
+    ("palm-rlhf-skill", "plan", "--config", str(REPO / "sub-skills" / "policy-optimization" / "assets" / "plans"
+                                                / "accuracy-grpo.toml"), "--probe-seconds", "10", "--json"),
 )
 SMOKE_TIMEOUT_S = 1800
 PIP_TIMEOUT_S = 1800
@@ -205,7 +210,7 @@ def trial(name: str, pins: list[str], base: Path, constraints: Path, wheel: Path
     cwd = work / "cwd"
     cwd.mkdir(exist_ok=True)
     for smoke in SMOKES:
-        label = " ".join(smoke[:2]) if smoke[0] == "palm-rlhf-skill" else smoke[0]
+        label = " ".join(smoke[:2]) if smoke[0] == "palm-rlhf-skill" or "--learn" in smoke else smoke[0]
         code, out, err, seconds = run([str(venv / "bin" / smoke[0]), *smoke[1:]], cwd, SMOKE_TIMEOUT_S)
         result: dict[str, Any] = {"exit": code, "seconds": seconds}
         if code != 0:
