@@ -383,6 +383,9 @@ def test_prompt_ids_device(name):
     src = inspect.getsource(type(trainer).train)
     assert "state = self.prompt_token_ids[" in src and ".to(" not in src.split("state = self.prompt_token_ids[")[1].split("\n")[0], \
         update(anchor, f"{name} train() reads the prompt ids differently")
+    from accelerate import PartialState  # a bare .cuda() before this ran lands on cuda:0 on every rank
+    assert "device_module.set_device(self.device)" in inspect.getsource(PartialState.set_device), \
+        update(anchor, "Accelerate no longer sets each rank's current device")
     if name == "ppo":
         init = inspect.getsource(type(trainer).__init__)
         assert init.count(".to(palm.device)") == 2 and not any(m is trainer.critic_hl_gauss_loss for m in prepared), \
