@@ -172,7 +172,7 @@ def capture_memories(trainer, rollouts: int = 1, **train_kw) -> list:
 def printed(out: str, key: str) -> list[float]:
     """Values of ``key: value`` in the library's printed lines, in order ([nan] when none, so a
     canary's check fails naming its section rather than with an IndexError)."""
-    return [float(v) for v in re.findall(rf"{key}: (-?[\d.]+|nan)", out)] or [float("nan")]
+    return [float(v) for v in re.findall(rf"{key}: (-?(?:[\d.]+|inf)|nan)", out)] or [float("nan")]
 
 
 class ConstantReward(RewardModel):

@@ -8,10 +8,12 @@ The silent-failure canaries are in test_silent_failures.py; the shared helpers i
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import re
 import subprocess
 import sys
+import textwrap
 
 import pytest
 import torch
@@ -78,6 +80,9 @@ def test_pad_value_strips_ids(name):
     trainer = make(name, prompt_token_ids=torch.tensor([[5, 0, 7, 0, 9]]))
     state = capture_state(trainer, name)
     assert state[0].tolist() == [5, 7, 9], update("pad-value-strips-ids", f"{name} rollout got {state[0].tolist()}")
+    trainer = make(name, pad_value=-1, prompt_token_ids=torch.tensor([[5, 0, 7, 0, 9, -1]]))
+    state = capture_state(trainer, name)  # a pad id outside the vocabulary keeps every real id
+    assert state[0].tolist() == [5, 0, 7, 0, 9], update("pad-value-strips-ids", f"{name} pad -1 gave {state[0].tolist()}")
 
 
 @covers("prompts-path-trailing-newline", *ALL)
@@ -238,6 +243,11 @@ def test_prints_to_stdout(name, plain, capsys):
     src = inspect.getsource(TRAINERS[name][0].train)
     last = [ln.strip() for ln in src.splitlines() if "complete" in ln][-1]
     assert last.startswith("print(") is plain, update("prints-to-stdout", f"{name} ends with {last}")
+    trainer, lines = make(name), []
+    trainer.print = lines.append  # every loss line goes through trainer.print
+    trainer.train(num_episodes=1, max_timesteps=1, update_timesteps=1, max_seq_len=6)
+    out = capsys.readouterr().out
+    assert any("loss: " in ln for ln in lines) and "loss: " not in out, update("prints-to-stdout", f"{name} {lines}")
 
 
 @covers("critic-parameters-flag", "ppo")
@@ -254,11 +264,29 @@ def test_critic_parameters_flag():
 
 @covers("flowrl-save-omits-partition", "flowrl")
 def test_flowrl_save_omits_partition(tmp_path):
-    trainer = make("flowrl")
+    anchor = "flowrl-save-omits-partition"
+    trainer = make("flowrl", minibatch_size=2)
+    trainer.train(num_episodes=1, max_timesteps=3, update_timesteps=3, max_seq_len=6)  # 3 optimizer steps
     trainer.save(str(tmp_path / "ckpt.pt"))
     keys = torch.load(tmp_path / "ckpt.pt").keys()
-    assert keys and not any("partition" in k for k in keys), update("flowrl-save-omits-partition", "saved keys")
-    assert len(list(trainer.partition_function.parameters())) > 0
+    assert keys and not any("partition" in k for k in keys), update(anchor, "saved keys")
+    # the documented resume: save() plus the partition function and both optimizers' state dicts
+    torch.save({"partition_function": trainer.partition_function.state_dict(),
+                "actor_optim": trainer.actor_optim.state_dict(),
+                "partition_function_optim": trainer.partition_function_optim.state_dict()}, tmp_path / "extra.pt")
+    resumed = make("flowrl", palm=tiny_palm(seed=1), minibatch_size=2)
+    resumed.load(str(tmp_path / "ckpt.pt"))
+    fresh_z = not all(torch.equal(a, b) for a, b in zip(trainer.partition_function.parameters(),
+                                                          resumed.partition_function.parameters()))
+    extra = torch.load(tmp_path / "extra.pt")  # weights_only=True (torch's default) reads them
+    for attr, state in extra.items():
+        getattr(resumed, attr).load_state_dict(state)
+    same = all(torch.equal(t, getattr(resumed, m).state_dict()[k]) for m in ("actor", "partition_function")
+               for k, t in getattr(trainer, m).state_dict().items())
+    steps = {int(v["steps"]) for v in resumed.actor_optim.state_dict()["state"].values()}
+    assert fresh_z and same and steps == {3}, update(anchor, f"fresh Z {fresh_z}, restored {same}, steps {steps}")
+    src = inspect.getsource(flowrl.FlowRLTrainer.train)  # rollouts since the last learn() live in train()
+    assert "memories = deque([])" in src and "time = 0" in src, update(anchor, "train() keeps its state elsewhere")
 
 
 @covers("group-size-per-rollout", "grpo", "tpo", "flowrl")
@@ -295,6 +323,196 @@ def test_implicit_prm_negative_ids():
     seq[:, -1] = -1
     with trap_raises("implicit-prm-negative-ids", RuntimeError, "out of bounds"):
         prm(seq)
+
+
+@covers("ppo-per-token-values", "ppo")
+def test_ppo_per_token_values(name):
+    anchor = "ppo-per-token-values"
+    with trap_raises(anchor, RuntimeError, "Can't detach views in-place"):
+        make(name, critic_pooled_values=False, minibatch_size=2).train(
+            num_episodes=1, max_timesteps=2, update_timesteps=2, max_seq_len=8)
+    # patched or not, the per-token advantage subtracts each row's mean: a reward per row cancels
+    normalize, values = module_of(name).masked_normalize, torch.randn(4, 6)
+    adv = [normalize(r[:, None] - values, dim=-1, mask=torch.ones(4, 6, dtype=torch.bool))
+           for r in (torch.zeros(4), torch.tensor([5., -3., 1., 30.]))]
+    assert torch.allclose(*adv, atol=1e-5), update(anchor, "per-token advantages now depend on the reward")
+    # the pooled value: the critic's embeddings shifted by one, averaged over the response positions
+    ac = ActorCritic(tiny_palm(), pooled_values=True)
+    x, mask = torch.randint(1, 64, (2, 8)), torch.arange(8).expand(2, 8) >= 4
+    _, values = ac(x, mask=mask)
+    emb = ac.critic(x, return_only_embedding=True, finetune_scope="critic")
+    emb = torch.cat([torch.zeros_like(emb[:, :1]), emb[:, :-1]], dim=1)
+    expected = ac.value_head((emb * mask[..., None]).sum(1) / mask.sum(1, keepdim=True))
+    assert torch.allclose(values, expected, atol=1e-5), update(anchor, "the pooled value reads other positions")
+
+
+@covers("implicit-prm-critic", "ppo")
+def test_implicit_prm_critic(name, capsys):
+    anchor = "implicit-prm-critic"
+    from palm_rlhf_pytorch import ImplicitPRM
+    trainer = make(name, critic=ImplicitPRM(tiny_palm(1)), minibatch_size=2)  # constructs
+    assert trainer.actor_critic.critic_is_prm and not trainer.actor_critic.critic_lora
+    with trap_raises(anchor, RuntimeError, r"size of tensor a \(7\) must match the size of tensor b \(6\)"):
+        trainer.train(num_episodes=1, max_timesteps=2, update_timesteps=2, max_seq_len=8)
+    # max_seq_len - 1 == critic_num_pred_bins: the (b, n - 1) rewards pass as 6 bin logits, no error
+    make(name, critic=ImplicitPRM(tiny_palm(1)), minibatch_size=2).train(
+        num_episodes=1, max_timesteps=2, update_timesteps=2, max_seq_len=7)
+    assert "critic_loss" in capsys.readouterr().out, update(anchor, "max_seq_len 7 no longer trains silently")
+
+
+@covers("no-module-attribute", *ALL)
+def test_no_module_attribute(name):
+    anchor = "no-module-attribute"
+    src = inspect.getsource(module_of(name))
+    assert not re.search(r"\.module\b", src), update(anchor, f"{name} now reads .module")
+    assert "self.accelerate.unwrap_model(" in src, update(anchor, f"{name} no longer unwraps")
+    if name == "ppo":  # the rollout's generate is bound to the plain ActorCritic before prepare()
+        assert src.index("self.actor_critic_generate = actor_critic.generate") < src.index("self.accelerate.prepare("), \
+            update(anchor, "PPO binds its rollout generate after prepare()")
+
+
+@covers("prompt-ids-device", *ALL)
+def test_prompt_ids_device(name):
+    """Accelerate moves only what the trainer prepares; the prompt ids are the trainer's own buffer
+    (and PPO builds its ActorCritic and HL-Gauss loss on the PaLM's device). Checked on CPU only."""
+    anchor = "prompt-ids-device"
+    trainer = make(name)
+    prepared = trainer.accelerate._models
+    assert all(not any(b is trainer.prompt_token_ids for b in m.buffers()) for m in prepared), \
+        update(anchor, f"{name} prepares its prompt ids")
+    src = inspect.getsource(type(trainer).train)
+    assert "state = self.prompt_token_ids[" in src and ".to(" not in src.split("state = self.prompt_token_ids[")[1].split("\n")[0], \
+        update(anchor, f"{name} train() reads the prompt ids differently")
+    from accelerate import PartialState  # a bare .cuda() before this ran lands on cuda:0 on every rank
+    assert "device_module.set_device(self.device)" in inspect.getsource(PartialState.set_device), \
+        update(anchor, "Accelerate no longer sets each rank's current device")
+    if name == "ppo":
+        init = inspect.getsource(type(trainer).__init__)
+        assert init.count(".to(palm.device)") == 2 and not any(m is trainer.critic_hl_gauss_loss for m in prepared), \
+            update(anchor, "PPO no longer places its ActorCritic and HL-Gauss loss on the PaLM's device")
+
+
+DDP_CASES = textwrap.dedent("""
+    import contextlib, io, json, os, sys, tempfile, warnings
+    warnings.filterwarnings("ignore")
+    import torch
+    torch.set_num_threads(1)
+    sys.path[:0] = sys.argv[1:3]
+    from ddp_fixes import apply_ddp_fixes
+    from rule_reward import RuleReward, token_fraction
+    from accelerate.utils import DistributedDataParallelKwargs
+    from palm_rlhf_pytorch import PaLM, RewardModel, RLHFTrainer
+    from palm_rlhf_pytorch.grpo import RLHFTrainer as GRPOTrainer
+    from palm_rlhf_pytorch.tpo import RLHFTrainer as TPOTrainer
+    from palm_rlhf_pytorch.flowrl import FlowRLTrainer
+    os.chdir(tempfile.mkdtemp())
+    TINY = dict(num_tokens=64, dim=32, depth=1, heads=2, dim_head=8)
+    TRAINERS = {"ppo": (RLHFTrainer, dict(minibatch_size=2)),
+                "grpo": (GRPOTrainer, dict(grpo_num_times_sample_rewards=1, minibatch_size=2)),
+                "tpo": (TPOTrainer, dict(num_times_sample_rewards=1, minibatch_size=1)),
+                "flowrl": (FlowRLTrainer, dict(flowrl_num_times_sample=1, partition_function_hidden_dim=32, minibatch_size=2))}
+
+    class AnchoredRuleReward(RuleReward):  # the documented workaround
+        def __init__(self, score):
+            super().__init__(score)
+            self.ddp_anchor = torch.nn.Parameter(torch.zeros(()))
+
+    def case(name, freeze=None, fixes=True, unused=False, scope=False, reward=None, train=True):
+        cls, kw = TRAINERS[name]
+        torch.manual_seed(0)
+        palm = PaLM(**TINY)
+        if freeze == "before":
+            palm.requires_grad_(False)
+        if scope:
+            palm.add_finetune_params("other")
+        handlers = [DistributedDataParallelKwargs(find_unused_parameters=True)] if unused else []
+        try:
+            trainer = cls(palm=palm, reward_model=reward or RewardModel(PaLM(**TINY), num_binned_output=0),
+                          prompt_token_ids=torch.randint(1, 64, (4, 4)),
+                          accelerate_kwargs=dict(cpu=True, kwargs_handlers=handlers), **kw)
+            if fixes:
+                apply_ddp_fixes(trainer)
+            if freeze == "after":
+                models = [palm] + ([trainer.accelerate.unwrap_model(trainer.actor_critic).critic] if name == "ppo" else [])
+                for model in models:
+                    for n, p in model.named_parameters():
+                        p.requires_grad_(n.startswith("finetune_modules."))
+            if train:
+                with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                    trainer.train(num_episodes=2, max_timesteps=2, update_timesteps=2, max_seq_len=8)
+            return "ok " + type(trainer.actor_critic if name == "ppo" else trainer.actor).__name__
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}".splitlines()[0]
+
+    out = {}
+    for name in TRAINERS:
+        out[f"{name} frozen after"] = case(name, "after")
+        out[f"{name} frozen before"] = case(name, "before")
+        out[f"{name} rule reward"] = case(name, reward=RuleReward(token_fraction({3})), train=False)
+        if name == "ppo":
+            out["ppo frozen after, no fixes"] = case(name, "after", fixes=False)
+        else:
+            out[f"{name} frozen after, find_unused_parameters"] = case(name, "after", unused=True)
+    out["grpo extra scope"] = case("grpo", scope=True)
+    out["grpo anchored rule reward"] = case("grpo", reward=AnchoredRuleReward(token_fraction({3})))
+    print("DDP-CASES " + json.dumps(out), flush=True)
+""")
+
+
+@pytest.fixture(scope="module")
+def ddp_cases(tmp_path_factory):
+    """DDP_CASES under ``torchrun --nproc_per_node 1`` over gloo: Accelerate wraps the models in
+    DistributedDataParallel with one process too. {case: "ok <wrapper class>" or "Type: message"}."""
+    from conftest import load_script, run
+    scripts = REPO / "sub-skills"
+    launch = load_script(scripts / "policy-optimization" / "scripts" / "ddp_launch.py", "ddp_launch")
+    cwd = tmp_path_factory.mktemp("ddp-cases")
+    (cwd / "cases.py").write_text(DDP_CASES)
+    proc = run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_addr",
+                "127.0.0.1", "--master_port", str(launch.free_port()), str(cwd / "cases.py"),
+                str(scripts / "policy-optimization" / "scripts"), str(scripts / "reward-modeling" / "scripts")],
+               cwd, env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true"},
+               timeout=600)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("DDP-CASES ")]
+    assert lines, proc.stderr[-3000:]
+    return json.loads(lines[0].split(" ", 1)[1])
+
+
+REDUCTION = "RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one."
+
+
+@covers("ddp-unused-parameters", *ALL)
+def test_ddp_unused_parameters(name, ddp_cases):
+    anchor = "ddp-unused-parameters"
+    touch(name)
+    got = {k.split(" ", 1)[1]: v for k, v in ddp_cases.items() if k.startswith(f"{name} ") and "rule reward" not in k}
+    assert got["frozen before"] == f"ok {'DistributedDataParallel'}", update(anchor, f"{name} frozen before: {got}")
+    if name == "ppo":  # fix_ppo turns DDP's own gradient sync off, so its reducer expects nothing
+        assert got["frozen after"].startswith("ok") and got["frozen after, no fixes"].startswith(REDUCTION), \
+            update(anchor, f"PPO: {got}")
+    else:
+        assert got["frozen after"].startswith(REDUCTION) and got["frozen after, find_unused_parameters"].startswith("ok"), \
+            update(anchor, f"{name}: {got}")
+    if name == "grpo":
+        assert got["extra scope"].startswith(REDUCTION), update(anchor, f"GRPO extra LoRA scope: {got}")
+
+
+@covers("rule-reward-multi-cpu", *ALL)
+def test_rule_reward_multi_cpu(name, ddp_cases):
+    anchor = "rule-reward-multi-cpu"
+    touch(name)
+    assert ddp_cases[f"{name} rule reward"].startswith(
+        "RuntimeError: DistributedDataParallel is not needed when a module doesn't have any parameter that requires a gradient"), \
+        update(anchor, f"{name}: {ddp_cases[f'{name} rule reward']}")
+    if name == "grpo":
+        assert ddp_cases["grpo anchored rule reward"] == "ok DistributedDataParallel", \
+            update(anchor, f"the workaround: {ddp_cases['grpo anchored rule reward']}")
+    # on GPUs Accelerate skips the wrap for a module without trainable parameters (MULTI_CPU does not)
+    from accelerate import Accelerator
+    src = inspect.getsource(Accelerator.prepare_model)
+    gpu, cpu = src.split("elif self.distributed_type == DistributedType.MULTI_CPU:")
+    assert "if any(p.requires_grad for p in model.parameters()):" in gpu.split("if self.multi_device")[-1] \
+        and "requires_grad" not in cpu.split("elif")[0], update(anchor, "Accelerate's prepare_model changed")
 
 
 # --- the doc and the canaries cover each other -----------------------------------------------------

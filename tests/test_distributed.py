@@ -274,6 +274,26 @@ def test_mixed_precision_on_cpu(empty_dir):
                      "mixed fp16 fp16 False torch.float32 torch.float32"], proc.stderr[-1500:]  # fp16: fp32
 
 
+SINGLETON = textwrap.dedent("""
+    from accelerate import Accelerator
+    Accelerator(cpu=True, mixed_precision="bf16")
+    Accelerator(cpu=True, mixed_precision="bf16")   # the same setting again: fine
+    try:
+        Accelerator(cpu=True, mixed_precision="no")
+    except ValueError as exc:
+        print("refused", str(exc).split(",")[0])
+""")
+
+
+def test_one_mixed_precision_per_process(empty_dir):
+    """The page's Mixed precision note: a second Accelerator (a second trainer) in one process
+    cannot change mixed_precision."""
+    proc = run([sys.executable, "-c", SINGLETON], empty_dir, timeout=120)
+    assert proc.stdout.strip() == "refused AcceleratorState has already been initialized and cannot be changed", \
+        proc.stderr[-1500:]
+    assert "AcceleratorState has already been initialized and cannot be changed" in " ".join(DOC.read_text(encoding="utf-8").split())
+
+
 # usage errors -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("argv, message", [

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from palm_rlhf_pytorch import RewardModel
+from palm_rlhf_pytorch import PaLM, RewardModel
 
 from canary import (GROUP_KWARG, TRAINERS, ConstantReward, LastTokenReward, actor_palm, canary_env,  # noqa: F401
                     capture_memories, check, covers, lora, make, module_of, printed, reseed, tiny_palm, touch,
@@ -125,6 +125,17 @@ def test_equal_rewards_group(name, monkeypatch):
         check((runs[0.1][1], runs[1.0][1]) == (True, False), anchor, f"GRPO LoRA moved {runs[0.1][1], runs[1.0][1]}")
         dr = normalized_rewards(build(0.1, use_dr_grpo=True), name, monkeypatch)
         check(dr.abs().max() < 1e-6, anchor, f"Dr. GRPO gives {dr.tolist()}")
+    if name == "grpo":  # the section's table: chance that a group of G mixes pass and fail, 1 - p^G - (1-p)^G
+        from canary import DOC
+        from conftest import REPO
+        text = (REPO / DOC).read_text(encoding="utf-8").split(f'<a id="{anchor}"></a>')[1].split("<a id=")[0]
+        sizes = [int(g) for g in re.findall(r"\| G = (\d+)", text)]
+        rows = re.findall(r"^\| (0\.\d+) \|((?: [\d.]+ \|)+)$", text, re.M)
+        check(len(sizes) == 3 and len(rows) == 2, anchor, f"table header {sizes}, rows {rows}")
+        for p, cells in rows:
+            got = [float(c) for c in cells.split("|") if c.strip()]
+            want = [round(1 - float(p) ** g - (1 - float(p)) ** g, 2) for g in sizes]
+            check(got == want, anchor, f"p = {p}: table {got}, formula {want}")
     if name == "tpo":  # a shift shared by the group cancels in TPO's softmax target
         check(torch.equal(runs[0.1][2], runs[1.0][2]), anchor, "TPO: rewards 0.1 and 1.0 now train differently")
 
@@ -227,9 +238,32 @@ def test_printed_losses(name):
         first.append(printed(out, "flowrl_loss" if name == "flowrl" else "policy_loss")[0])
     if name == "flowrl":  # the reward term (beta * normalized reward)^2 alone: 15^2 * (2 - 1) / 2
         check(all(abs(v - 15 ** 2 / 2) < 5 for v in first), anchor, f"FlowRL first losses {first}")
-    else:  # -beta_s * entropy, the entropy of a fresh policy about ln(vocabulary)
-        check(first[0] == first[1] and abs(first[0] + 0.01 * math.log(V)) < 0.005, anchor,
-              f"{name} first policy_loss {first} for opposite rewards")
+        return
+    # a minibatch holding whole groups (or PPO's, normalized per minibatch): -beta_s * entropy, the
+    # entropy of a fresh policy about ln(vocabulary), the same for opposite rewards
+    check(first[0] == first[1] and abs(first[0] + 0.01 * math.log(V)) < 0.005, anchor,
+          f"{name} first policy_loss {first} for opposite rewards")
+    if name == "grpo":
+        cut = []  # shuffled minibatches of 4 cut groups of 3: their advantages do not average 0
+        for sign in (1., -1.):
+            reseed()
+            palm = tiny_palm()
+            cut.append(printed(run(make(name, palm, LastTokenReward(palm, sign), minibatch_size=4,
+                                        **group(name, 3)), 3), "policy_loss")[0])
+        check(cut[0] != cut[1] and abs(cut[0] + 0.01 * math.log(V)) > 0.01, anchor, f"GRPO cut groups print {cut}")
+        # a collapsed sampler: near-deterministic policy, every group's samples (and rewards) equal
+        reseed()
+        palm = tiny_palm()
+        with torch.no_grad():
+            palm.token_emb.weight.mul_(200.)
+        trainer = make(name, palm, LastTokenReward(palm, 1.), minibatch_size=4, **group(name, 3))
+        stored = []
+        learn = trainer.learn
+        trainer.learn = lambda memories: (stored.extend(memories), learn(memories))
+        losses = printed(run(trainer, 3), "policy_loss")
+        advantages = torch.stack([m.group_relative_normalized_reward for m in stored])
+        check(losses and all(v == 0 for v in losses) and not advantages.any(), anchor,
+              f"collapsed sampler prints {losses}, advantages {advantages.tolist()}")
 
 
 @covers("stored-probabilities-memory", "ppo", "grpo", "flowrl", "tpo")
@@ -247,6 +281,19 @@ def test_stored_probabilities_memory(name, monkeypatch):
         check(stored == [{"sequence": (2, 12), "prompt_mask": (2, 12), "mask": (2, 12), "target_q": (2,)}],
               anchor, f"TPO stores {stored}")
         return
+    # device side: a rollout runs the actor on (G, n, V) logits, learn() on (minibatch, n, V); the
+    # stored items wait on the host and each minibatch moves to the device
+    size = 1 if name == "ppo" else 3
+    trainer = make(name, minibatch_size=2, **({} if name == "ppo" else group(name, size)))
+    phase, shapes = ["rollout"], {"rollout": set(), "learn": set()}
+    actor_palm(trainer).register_forward_hook(lambda _m, _i, out: shapes[phase[0]].add(tuple(out.shape)))
+    learn = trainer.learn
+    trainer.learn = lambda memories: (phase.__setitem__(0, "learn"), learn(memories))
+    run(trainer, 2)
+    logits = {k: max((s for s in v if s[-1] == V), key=lambda s: s[0] * s[1]) for k, v in shapes.items()}
+    check(logits == {"rollout": (size, 8, V), "learn": (2, 8, V)}, anchor, f"{name} largest logits {logits}")
+    src = inspect.getsource(module_of(name))
+    check("t.detach().cpu()" in src and "t[ind].to(self.device)" in src, anchor, f"{name} stores on the device")
     item = capture_memories(make(name), max_seq_len=8)[0]
     sizes = {f: getattr(item, f).nbytes for f in item._fields}
     check(tuple(item.action_prob.shape) == (8, V) and item.action_prob.dtype == torch.float32
@@ -303,6 +350,68 @@ class NotPaLM(torch.nn.Module):
         self.lm_head = torch.nn.Linear(8, V)
 
 
+class ToyLM(torch.nn.Module):
+    """A causal LM that is no PaLM (a GRU): ids (b, n) -> hidden states (b, n, 16), logits (b, n, V)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.rnn, self.head = torch.nn.Embedding(V, 16), torch.nn.GRU(16, 16, batch_first=True), torch.nn.Linear(16, V)
+
+    def forward(self, x):
+        hidden, _ = self.rnn(self.emb(x))
+        return hidden, self.head(hidden)
+
+
+class Wrapped(torch.nn.Module):
+    """The interface troubleshooting.md#hugging-face-model lists, around ToyLM; a scope's adapter
+    is a zero-initialised Linear on the hidden states added to the logits (a LoRA stand-in)."""
+    dim = 16
+
+    def __init__(self):
+        super().__init__()
+        self.lm, self.finetune_modules = ToyLM(), torch.nn.ModuleDict()
+
+    def set_dropout(self, p):
+        pass
+
+    def add_finetune_params(self, scope, lora_r=8):
+        self.finetune_modules[scope] = torch.nn.Linear(self.dim, V, bias=False)
+        torch.nn.init.zeros_(self.finetune_modules[scope].weight)
+
+    def finetune_parameters(self, scope):
+        return list(self.finetune_modules[scope].parameters())
+
+    def forward(self, x, finetune_scope=None, return_only_embedding=False):
+        hidden, logits = self.lm(x)
+        if return_only_embedding:
+            return hidden
+        return logits + self.finetune_modules[finetune_scope](hidden) if finetune_scope else logits
+
+    @torch.no_grad()
+    def generate(self, seq_len, prompt, temperature=1., eos_token=None, finetune_scope=None, use_tqdm=False):
+        from palm_rlhf_pytorch.utils import gumbel_sample, top_k
+        out = prompt
+        for _ in range(max(1, seq_len - prompt.shape[-1])):
+            logits = self.forward(out, finetune_scope=finetune_scope)[:, -1]
+            out = torch.cat([out, gumbel_sample(top_k(logits), temperature=temperature)[:, None]], dim=-1)
+            if eos_token is not None and (out == eos_token).any(-1).all():
+                break
+        return out[:, prompt.shape[-1]:]
+
+
+class WrappedPaLM(PaLM):
+    """PPO's beartype check wants a PaLM: the same wrapper as a PaLM subclass that skips PaLM.__init__."""
+    dim = Wrapped.dim
+
+    def __init__(self):
+        torch.nn.Module.__init__(self)
+        self.lm, self.finetune_modules = ToyLM(), torch.nn.ModuleDict()
+
+
+for _method in ("set_dropout", "add_finetune_params", "finetune_parameters", "forward", "generate"):
+    setattr(WrappedPaLM, _method, getattr(Wrapped, _method))
+
+
 @covers("hugging-face-model", *ALL)
 def test_hugging_face_model(name):
     anchor = "hugging-face-model"
@@ -317,6 +426,16 @@ def test_hugging_face_model(name):
     else:
         with trap_raises(anchor, AttributeError, "'NotPaLM' object has no attribute 'set_dropout'"):
             build()
+    # a wrapper with the documented interface trains (PPO: as a PaLM subclass)
+    reseed()
+    model = WrappedPaLM() if name == "ppo" else Wrapped()
+    kw = dict(partition_function_hidden_dim=Wrapped.dim) if name == "flowrl" else {}
+    trainer = make(name, palm=model, reward_model=LastTokenReward(tiny_palm(), 1.), minibatch_size=2, **kw)
+    before = [p.detach().clone() for p in model.finetune_parameters("actor")]
+    run(trainer, 4, max_seq_len=8)
+    moved = [not torch.equal(b, p) for b, p in zip(before, model.finetune_parameters("actor"))]
+    check(all(moved) and trainer.generate(8, prompt=torch.tensor([5, 6, 7, 8]), num_samples=2).shape == (8,),
+          anchor, f"{name}: the wrapper's adapter moved {moved}")
 
 
 def base_grads(model) -> dict[str, torch.Tensor]:
@@ -338,15 +457,23 @@ def test_base_weights_accumulate_grad(name):
         emb = "token_emb.weight"
         check(emb in first[key] and second[key][emb].norm() > first[key][emb].norm(), anchor,
               f"{name} {key} base weights with .grad: {sorted(first[key])}")
-    # the documented fix: freeze every base weight after construction; the LoRA still trains
-    trainer = make(name, minibatch_size=minibatch)
-    for model in [actor_palm(trainer)] + ([trainer.actor_critic.critic] if name == "ppo" else []):
-        for n, p in model.named_parameters():
-            if not n.startswith("finetune_modules."):
-                p.requires_grad_(False)
+    # what the optimizers hold: LoRA only (PPO: + critic LoRA and value head; FlowRL: + Z), never the
+    # reward model
+    optimized = {id(p) for o in (trainer.actor_optim, getattr(trainer, "critic_optim", None),
+                                 getattr(trainer, "partition_function_optim", None)) if o
+                 for g in o.param_groups for p in g["params"]}
+    names = {n for n, p in trainer.named_parameters() if id(p) in optimized}
+    allowed = ("finetune_modules.actor.", "finetune_modules.critic.", "value_head.", "partition_function.")
+    check(names and all(any(a in n for a in allowed) for n in names) and not any(n.startswith("reward_model") for n in names),
+          anchor, f"{name} optimizes {sorted(names)[:6]}")
+    # the documented fix: freeze the PaLM before building the trainer; the LoRA added after trains
+    palm = tiny_palm()
+    palm.requires_grad_(False)
+    trainer = make(name, palm, minibatch_size=minibatch)
     before = lora(trainer)
     run(trainer, 2)  # 2 optimizer steps: AdoptAtan2 moves LoRA B on its second
-    check(not torch.equal(before, lora(trainer)) and not base_grads(actor_palm(trainer)), anchor,
+    models = [actor_palm(trainer)] + ([trainer.actor_critic.critic] if name == "ppo" else [])
+    check(not torch.equal(before, lora(trainer)) and not any(base_grads(m) for m in models), anchor,
           f"{name}: frozen base, LoRA moved {not torch.equal(before, lora(trainer))}")
 
 
@@ -384,8 +511,15 @@ def test_kl_to_rollout_policy(name, monkeypatch):
     kls = []
     kl = module.masked_kl_div
     monkeypatch.setattr(module, "masked_kl_div", lambda *a, **k: kls.append(kl(*a, **k).abs().max().item()) or kl(*a, **k))
-    run(make(name, minibatch_size=1, actor_lr=1e-2), 3 if name == "ppo" else 2)  # 3 or 4 minibatches
-    check(kls[:2] == [0.0, 0.0] and min(kls[2:]) > 1e-6, anchor, f"{name} KL per minibatch {kls}")
+    trainer = make(name, minibatch_size=1, actor_lr=1e-2)
+    run(trainer, 3 if name == "ppo" else 2)  # 3 or 4 minibatches
+    check(kls[:2] == [0.0, 0.0] and min(kls[2:]) > 1e-6, anchor, f"{name} first learn(): KL per minibatch {kls}")
+    kls.clear()  # later learn() calls: only the first minibatch still equals the rollout policy
+    run(trainer, 3 if name == "ppo" else 2)
+    check(kls[0] == 0.0 and min(kls[1:]) > 1e-6, anchor, f"{name} second learn(): KL per minibatch {kls}")
+    kls.clear()
+    run(make(name, minibatch_size=1, kl_div_loss_weight=0.), 2)
+    check(kls == [], anchor, f"{name} kl_div_loss_weight=0 still computes the KL")
     # the anchor is the rollout policy (LoRA on), not the base PaLM
     trainer = make(name)
     with torch.no_grad():
@@ -509,6 +643,19 @@ def test_ppo_critic_reward_range(name):
           f"loguru warns beyond {hl.out_of_range_tolerance}")
     values = hl.transform_from_probs(probs)
     check(values[0] < 4.7 and values[2] > 0.3, anchor, f"rewards 10 and -3 read back as {values.tolist()}")
+    # in-range targets read back biased at the edges, and a perfect critic still has a loss (the
+    # entropy of the target's own histogram), lower for clamped targets
+    edges = hl.transform_from_probs(hl.transform_to_probs(torch.tensor([0., 5.]))).tolist()
+    check(abs(edges[0] - 0.55) < 0.01 and abs(edges[1] - 4.45) < 0.01, anchor, f"0 and 5 read back as {edges}")
+    targets = torch.tensor([0., 2.5, 5., 10.])
+    floor = [hl(hl.transform_to_probs(t[None]).log(), t[None]).item() for t in targets]
+    check([round(f, 2) for f in floor] == [0.95, 1.44, 0.95, 0.77], anchor, f"loss floors {floor}")
+    # hl_gauss_loss_kwargs replaces the whole default dict: the other keys fall back to hl_gauss's own
+    partial_kwargs = make(name, hl_gauss_loss_kwargs=dict(min_value=-10., max_value=30.)).critic_hl_gauss_loss
+    ratio = partial_kwargs.sigma / (partial_kwargs.support[1] - partial_kwargs.support[0]).item()
+    check(abs(ratio - 2.) < 1e-6 and not partial_kwargs.clamp_to_range
+          and partial_kwargs.support[0].item() == -10. and partial_kwargs.support[-1].item() == 30., anchor,
+          f"min/max only: sigma/bin {ratio}, clamp {partial_kwargs.clamp_to_range}")
     wide = make(name, hl_gauss_loss_kwargs=dict(min_value=-10., max_value=10., min_max_value_on_bin_center=True,
                                                 clamp_to_range=True, sigma_to_bin_ratio=1.), critic_num_pred_bins=21)
     check(abs(wide.critic_hl_gauss_loss.transform_from_probs(wide.critic_hl_gauss_loss.transform_to_probs(
@@ -617,3 +764,75 @@ def test_binned_reward_sampled(name):
     check(outputs and all(o.dtype == torch.int64 for o in outputs), anchor, f"{name} reward dtypes {[o.dtype for o in outputs]}")
     x = torch.randint(1, V, (1, 8)).expand(32, 8)
     check(len(set(binned.eval()(x).tolist())) > 1, anchor, "one sequence scored 32 times gave one bin")
+
+
+@covers("dr-grpo-constant", "grpo")
+def test_dr_grpo_constant(name):
+    anchor = "dr-grpo-constant"
+
+    def trained(constant, **kw):
+        reseed()
+        palm = tiny_palm()
+        trainer = make(name, palm, LastTokenReward(palm, 1.), dr_grpo_constant=constant, actor_lr=1e-2,
+                       minibatch_size=4, **group(name, 4), **kw)
+        check(trainer.use_dr_grpo, anchor, "dr_grpo_constant alone no longer turns Dr. GRPO on")
+        reseed(1)
+        for _ in range(2):  # 2 learn() calls, 2 optimizer steps each
+            run(trainer, 2)
+        return lora(trainer)
+
+    # the constant scales every advantage, so without the KL and entropy terms every gradient by
+    # one factor, which the atan2 optimizer's step ignores
+    plain = (trained(1., kl_div_loss_weight=0., beta_s=0.) - trained(1000., kl_div_loss_weight=0., beta_s=0.)).abs().max()
+    weighed = (trained(1.) - trained(1000.)).abs().max()
+    check(plain < 1e-6 and weighed > 1e-5, anchor, f"constants 1 vs 1000 differ by {plain} (no KL, entropy), {weighed}")
+    with trap_raises(anchor, AssertionError, "cannot use both Dr. GRPO and MaxRL"):
+        make(name, dr_grpo_constant=4., use_max_rl=True)
+    src = inspect.getsource(module_of(name).RLHFTrainer.learn)  # still a per-sequence token mean
+    check("policy_loss = masked_mean(policy_loss, mask = action_masks)" in src, anchor, "the loss reduction changed")
+
+
+@covers("grpo-nan", "grpo", "ppo")
+def test_grpo_nan(name):
+    anchor = "grpo-nan"
+    if name == "ppo":  # PPO's log-probs are clamped at log(1e-20): its ratio stays below e^46
+        low = module_of(name).log_prob(torch.zeros(1, 1, 4), torch.zeros(1, 1, dtype=torch.long)).item()
+        check(abs(low - math.log(1e-20)) < 1e-3 and math.isfinite(math.exp(-low)), anchor, f"PPO log-prob floor {low}")
+        return
+
+    def overflowed(guard=False, **kw):
+        """A learn() in which one sampled token's new log-prob exceeds its stored one by 200 nats."""
+        reseed()
+        palm = tiny_palm()
+        trainer = make(name, palm, LastTokenReward(palm, 1.), minibatch_size=4, **group(name, 4), **kw)
+        items = capture_memories(trainer, max_seq_len=8)
+        learn = type(trainer).learn.__get__(trainer)
+        worst = min(range(len(items)), key=lambda i: items[i].group_relative_normalized_reward.item())
+        import contextlib
+        import io
+        with contextlib.redirect_stdout(io.StringIO()):
+            learn([m for i, m in enumerate(items) if i != worst])  # ADOPT's first step moves nothing
+        m = items[worst]
+        items[worst] = m._replace(action_log_prob=torch.where(m.prompt_mask, m.action_log_prob, m.action_log_prob - 200.))
+        if guard:  # the documented guard: skip a step whose gradients are not finite
+            step = trainer.actor_optim.step
+
+            def finite_step(*args, **kwargs):
+                if all(p.grad is None or p.grad.isfinite().all()
+                       for g in trainer.actor_optim.param_groups for p in g["params"]):
+                    return step(*args, **kwargs)
+            trainer.actor_optim.step = finite_step
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            learn(items)
+        nan = any(p.isnan().any().item() for p in actor_palm(trainer).finetune_parameters("actor"))
+        sample = palm.generate(12, prompt=torch.tensor([[5, 6, 7, 8]]), finetune_scope="actor")[0].tolist()
+        return printed(out.getvalue(), "policy_loss"), nan, sample
+
+    losses, nan, sample = overflowed()
+    check(math.inf in losses and nan and len(set(sample)) == 1, anchor,
+          f"ratio overflow: printed {losses}, NaN LoRA {nan}, sample {sample}")
+    losses, nan, _ = overflowed(max_norm=1.)
+    check(nan, anchor, f"max_norm=1 now keeps the weights finite ({losses})")
+    losses, nan, sample = overflowed(guard=True)
+    check(math.inf in losses and not nan and len(set(sample)) > 1, anchor, f"guarded step: NaN {nan}, sample {sample}")

@@ -3,9 +3,12 @@
 The four trainers (PPO ``RLHFTrainer``, ``grpo.RLHFTrainer``, ``tpo.RLHFTrainer``,
 ``flowrl.FlowRLTrainer``) take ``reward_model: RewardModel``; PPO checks that type with beartype.
 ``RuleReward`` is the smallest subclass that satisfies them with a program instead of a network:
-it skips ``RewardModel.__init__`` (no deep copy of a PaLM, no parameters), so Accelerate's
-``prepare`` only moves it (a module without parameters that require grad is never wrapped in
-``DistributedDataParallel``) and the trainer holds no reward tensors.
+it skips ``RewardModel.__init__`` (no deep copy of a PaLM, no parameters), so the trainer holds no
+reward tensors. Accelerate's ``prepare`` only moves it in one process and on GPUs (no
+``DistributedDataParallel`` for a module without parameters that require grad); under
+multi-process CPU (``MULTI_CPU``) Accelerate wraps every model and DDP refuses this one: the
+trainer's constructor raises ``RuntimeError: DistributedDataParallel is not needed ...``
+(workaround: policy-optimization/references/troubleshooting.md#rule-reward-multi-cpu).
 
 What ``forward`` receives (palm-rlhf-pytorch 0.8.0; documented and tested in
 references/reward-api.md, "Rule-based rewards"):
