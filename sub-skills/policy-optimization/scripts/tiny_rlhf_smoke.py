@@ -940,10 +940,9 @@ def announce_estimate(args, progress: rt.Progress, extra: str = "") -> None:
     """The estimate line, before a run predicted to take more than ESTIMATE_NOTE_S."""
     seconds = estimate_s(args)
     if seconds > ESTIMATE_NOTE_S:
-        basis = ("seconds per seed measured by calibrate_learning.py" if args.learn else
-                 "fitted to the measured table of references/sizing.md")
-        progress.note(f"this run should take about {rt.seconds_text(seconds)} after the imports{extra} "
-                      f"({basis}; a busy machine takes longer)")
+        basis = ("calibrate_learning.py's seconds per seed, measured on a busy 2-CPU machine" if args.learn else
+                 "fitted to the measured table of references/sizing.md; a busy machine takes longer")
+        progress.note(f"this run should take about {rt.seconds_text(seconds)} after the imports{extra} ({basis})")
 
 
 def check_learn_options(args) -> None:
