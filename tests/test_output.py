@@ -179,7 +179,7 @@ def test_estimate_holds_every_row_of_the_measured_sizing_table_within_2x(smoke):
 
 
 def test_learn_estimate_is_the_calibration_tables_seconds_per_seed(smoke):
-    text = WORKFLOWS.read_text(encoding="utf-8").split("**Measured pass rates.**", 1)[1]
+    text = WORKFLOWS.read_text(encoding="utf-8").split("### Measured pass rates", 1)[1]
     rows = [[c.strip() for c in line.strip("| \n").split(" | ")] for line in text.splitlines() if line.startswith("| ")]
     table = {r[0]: float(r[-1]) for r in rows if r[1] == "none"}
     assert table == smoke.LEARN_SECONDS_PER_SEED
