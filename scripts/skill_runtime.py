@@ -1,6 +1,7 @@
 """Shared runtime for this skill's helper scripts: exit codes, one-line errors, version gate,
-Accelerate device selection, a private working directory, library-output capture and weight
-snapshots.
+Accelerate device selection, a private working directory, library-output capture, weight
+snapshots, progress on stderr and the plain report on stdout (verdict last, each failing check
+with the doc section that explains it).
 
 Every helper script imports this file by path (``scripts/`` at the skill root), so the skill tree
 runs wherever it is copied with only palm-rlhf-pytorch installed. Nothing here imports torch at
@@ -18,6 +19,7 @@ import os
 import re
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -32,6 +34,8 @@ EXIT_OK = 0          # every check passed
 EXIT_CHECK_FAILED = 1  # the helper ran and at least one check failed
 EXIT_USAGE = 2       # bad arguments or an unfit environment (e.g. --device cuda without CUDA)
 EXIT_DEPENDENCY = 3  # palm-rlhf-pytorch or torch missing, shadowed, or outside the tested range
+EXIT_INCONCLUSIVE = 75  # the bench only: too busy a machine to judge a time budget; rerun
+                        # (sysexits.h EX_TEMPFAIL, "a temporary failure ... the user is invited to retry")
 EXIT_INTERRUPTED = 130  # 128 + SIGINT (Ctrl-C)
 EXIT_PIPE_CLOSED = 141  # 128 + SIGPIPE: the reader of stdout went away (`| head -1`)
 EXIT_TERMINATED = 143   # 128 + SIGTERM
@@ -40,6 +44,10 @@ EXIT_CODES_EPILOG = (
     "exit codes: 0 ok; 1 a check failed; 2 usage or environment error; "
     "3 palm-rlhf-pytorch or torch missing, shadowed or outside the tested range"
 )
+
+
+# The one command every doc and helper gives as the first thing to run: all four trainers, end to end.
+FIRST_COMMAND = "tiny-rlhf-smoke --trainer all --json"
 
 
 class SkillError(Exception):
@@ -121,9 +129,16 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
                         help="torch intra-op threads while the smoke runs (default: 1; tiny models gain "
                              "nothing from more, and on a busy CPU they multiply the run time)")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    add_progress_option(parser)
     parser.add_argument("--allow-untested", action="store_true",
                         help="warn instead of exiting 3 when palm-rlhf-pytorch or torch is outside the "
                              "tested range, or a file on the import path shadows one of their modules")
+
+
+def add_progress_option(parser: argparse.ArgumentParser) -> None:
+    """``--progress``: progress lines on stderr also with --json (plain output always has them)."""
+    parser.add_argument("--progress", action="store_true",
+                        help="progress lines on stderr also with --json (without --json they are on by default)")
 
 
 def load_by_path(name: str, path: Path):
@@ -436,6 +451,14 @@ if WATCH_ENV in os.environ:  # a child of a watched run (a torchrun rank): log w
         DirectoryWatch(_dir, log=_log).start()
 
 
+def usable_cpus() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one, else os.cpu_count())."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
 def available_memory_mib() -> int | None:
     """MemAvailable from /proc/meminfo in MiB; else free physical pages (os.sysconf); else None."""
     try:
@@ -548,18 +571,76 @@ def changed_names(before: dict[str, Any], named_params: Iterator[tuple[str, Any]
     return [name for name, p in named_params if not torch.equal(before[name], p.detach().to(before[name].device))]
 
 
-class Timer:
-    """Wall-clock stage timer in seconds (time.perf_counter)."""
+class Progress:
+    """Progress on stderr for a person at a terminal: a tqdm bar per stage, left on screen with its
+    elapsed time when the stage ends (one line per stage), and one-line notes such as an estimate.
 
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-        self.stages: dict[str, float | None] = {}
+    ``enabled`` False (``--json`` without ``--progress``) prints nothing. The stream is bound when
+    the object is made, so bars reach the terminal while the library's own output (its tqdm bars
+    included) is captured. A bar is redrawn every second on a terminal, every 10 s otherwise (a log
+    file gets one ``\r`` update per redraw), also while the stage makes no countable progress.
+    tqdm reads ``TQDM_DISABLE``: set, it hides these bars too.
+    """
+
+    def __init__(self, prog: str, enabled: bool, stream: Any = None) -> None:
+        self.prog, self.enabled = prog, enabled
+        self.stream = sys.stderr if stream is None else stream
+        isatty = getattr(self.stream, "isatty", None)
+        self.redraw_s = 1.0 if isatty is not None and isatty() else 10.0
+
+    def note(self, text: str) -> None:
+        """One line ``prog: text`` (between bars, or above a running one)."""
+        if self.enabled:
+            from tqdm import tqdm
+            tqdm.write(f"{self.prog}: {text}", file=self.stream)
 
     @contextlib.contextmanager
-    def stage(self, name: str) -> Iterator[None]:
-        t0 = time.perf_counter()
+    def stage(self, label: str, total: int | None = None, unit: str = "") -> Iterator[Any]:
+        """A bar ``prog: label`` for the ``with`` block; yields it (``update(n)``, ``set_postfix_str``).
+        ``total`` counts ``unit``s (rollouts, seeds); without it the bar shows the elapsed time only."""
+        from tqdm import tqdm
+        counted = "{n_fmt}/{total_fmt} " + unit + " " if total is not None else ""
+        bar = tqdm(total=total, desc=f"{self.prog}: {label}", file=self.stream, leave=True,
+                   disable=not self.enabled, mininterval=self.redraw_s, miniters=0,
+                   bar_format="{desc}: " + counted + "[{elapsed}{postfix}]")
+        stop = threading.Event()
+
+        def redraw() -> None:
+            while not stop.wait(self.redraw_s):
+                bar.refresh()
+
+        ticker = threading.Thread(target=redraw, daemon=True) if self.enabled else None
+        if ticker:
+            ticker.start()
         try:
-            yield
+            yield bar
+        finally:
+            stop.set()
+            if ticker:
+                ticker.join()
+            bar.close()
+
+
+class Timer:
+    """Wall-clock stage timer in seconds (time.perf_counter); with a ``Progress``, each stage is
+    also a progress bar labelled ``"{label}: {stage}"``."""
+
+    def __init__(self, progress: Progress | None = None, label: str = "") -> None:
+        self.start = time.perf_counter()
+        self.stages: dict[str, float | None] = {}
+        self.progress, self.label = progress, label
+
+    @contextlib.contextmanager
+    def stage(self, name: str, total: int | None = None, unit: str = "", label: str | None = None) -> Iterator[Any]:
+        """Time the block as ``stages[name]``; yields the stage's progress bar (None without a
+        Progress), shown as ``label`` (default: ``name``)."""
+        t0 = time.perf_counter()
+        shown = label or name
+        bar = (contextlib.nullcontext() if self.progress is None else
+               self.progress.stage(f"{self.label}: {shown}" if self.label else shown, total, unit))
+        try:
+            with bar as shown:
+                yield shown
         finally:
             self.stages[name] = round(time.perf_counter() - t0, 4)
 
@@ -582,37 +663,187 @@ class Checks:
 
 
 def emit(report: dict[str, Any], as_json: bool, summary: Callable[[dict[str, Any]], str]) -> None:
-    """Write the report: one JSON object on stdout with ``--json``, else ``summary`` on stderr."""
-    if as_json:
-        sys.stdout.write(json.dumps(report, indent=2, default=str) + "\n")
-        sys.stdout.flush()
+    """Write the report on stdout, the one place every helper does: one JSON object with ``--json``,
+    else ``summary(report)``, whose last line is the verdict. Progress and errors go to stderr, so
+    ``helper > report.txt`` keeps the report."""
+    text = json.dumps(report, indent=2, default=str) if as_json else summary(report)
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+# Where each check a helper reports is explained: the section to read when it fails, as a path from
+# the skill root. The one map of check names to docs (tests/test_output.py: every anchor exists and
+# every check name the helpers emit is here).
+TROUBLE = "sub-skills/policy-optimization/references/troubleshooting.md"
+DIST = "sub-skills/policy-optimization/references/distributed.md"
+REPORTS = "references/reports.md"
+CHECK_DOCS = {
+    # tiny-rlhf-smoke train smoke
+    "trainer_constructed": f"{TROUBLE}#symptom-index",
+    "actor_lora_scope_added": f"{TROUBLE}#actor-scope-reused-palm",
+    "trainable_parameters_on_device": f"{REPORTS}#train-smoke-checks",
+    "update_ran": f"{TROUBLE}#symptom-index",
+    "optimizer_steps": f"{TROUBLE}#optimizer-first-steps",
+    "rollout_group_size": f"{TROUBLE}#group-size-per-rollout",
+    "rollouts_ended_at_eos": f"{REPORTS}#train-smoke-checks",
+    "actor_lora_changed": f"{TROUBLE}#optimizer-first-steps",
+    "critic_lora_changed": f"{TROUBLE}#optimizer-first-steps",
+    "value_head_changed": f"{TROUBLE}#optimizer-first-steps",
+    "partition_function_changed": f"{TROUBLE}#optimizer-first-steps",
+    "base_weights_unchanged": f"{TROUBLE}#base-weights-accumulate-grad",
+    "reward_model_unchanged": f"{REPORTS}#train-smoke-checks",
+    "losses_finite": f"{TROUBLE}#symptom-index",
+    "replay_buffer_in_private_dir": f"{TROUBLE}#tpo-replay-buffer-dir",
+    "reference_policy_is_lora_off_palm": f"{TROUBLE}#flowrl-no-lora-reference",
+    "generated_sequence": f"{TROUBLE}#generate-one-prompt",
+    "caller_directory_untouched": "references/installation.md#exit-codes-of-every-helper",
+    # tiny-rlhf-smoke --learn
+    "learning_ran": f"{TROUBLE}#symptom-index",
+    "reward_rose": "sub-skills/policy-optimization/references/workflows.md#learning-check",
+    # tiny-rlhf-smoke on several processes (--nproc, or under a launcher)
+    "accelerate_multi_process": f"{DIST}#launching",
+    "parameters_finite": f"{DIST}#rotary-caches-under-eos",
+    "ranks_in_sync": f"{DIST}#what-each-trainer-needs",
+    "ranks_drew_different_prompts": f"{DIST}#seeding",
+    "only_main_process_wrote": f"{DIST}#checkpoints",
+    "replay_buffer_per_rank": f"{DIST}#what-each-trainer-needs",
+    "all_ranks_passed": f"{DIST}#check-first-the-smoke-helper-on-n-processes",
+    "trainer_ran": f"{TROUBLE}#symptom-index",
+    "workers_finished": f"{DIST}#check-first-the-smoke-helper-on-n-processes",
+    # tiny-palm-smoke
+    "constructed": "sub-skills/palm-modeling/references/palm-api.md#constructor",
+    "next_token_loss_decreases": "sub-skills/palm-modeling/references/palm-api.md#forward",
+    "generate_with_prompt": "sub-skills/palm-modeling/references/palm-api.md#generate",
+    "generate_without_prompt": "sub-skills/palm-modeling/references/palm-api.md#generate",
+    "fresh_lora_scope_is_identity": "sub-skills/palm-modeling/references/lora-scopes.md",
+    "lora_scope_isolated": "sub-skills/palm-modeling/references/lora-scopes.md",
+    "merge_reproduces_scoped_logits": "sub-skills/palm-modeling/references/lora-scopes.md",
+    "save_load_round_trip": "sub-skills/palm-modeling/references/palm-api.md#dropout-saving-and-loading",
+    # tiny-reward-smoke
+    "scalar_rewards_shape": "sub-skills/reward-modeling/references/reward-api.md#forward",
+    "scalar_mse_loss_decreases": "sub-skills/reward-modeling/references/reward-api.md#training",
+    "held_out_accuracy_above_chance": f"{REPORTS}#tiny-reward-smoke",
+    "binned_cross_entropy_decreases": "sub-skills/reward-modeling/references/reward-api.md#forward",
+    "binned_inference_returns_bin_index": f"{TROUBLE}#binned-reward-sampled",
+    "implicit_prm_rewards_shape": "sub-skills/reward-modeling/references/implicit-prm.md#what-it-computes",
+    "implicit_prm_loss_backpropagates": "sub-skills/reward-modeling/references/implicit-prm.md#what-it-computes",
+    "implicit_prm_output_is_minus_bce": "sub-skills/reward-modeling/references/implicit-prm.md#what-it-computes",
+    "base_palm_untouched": "sub-skills/reward-modeling/references/reward-api.md#constructor",
+}
+
+
+def names_text(names: list[str], shown: int = 4) -> str:
+    """``a, b, c, d and 3 more``: a list cut at ``shown`` that says how much it left out; 'none'."""
+    if not names:
+        return "none"
+    more = len(names) - shown
+    return ", ".join(names[:shown]) + (f" and {more} more" if more > 0 else "")
+
+
+def check_lines(checks: list[dict[str, Any]], indent: str = "  ") -> list[str]:
+    """The failing checks in full, each with the section of ``CHECK_DOCS`` that explains it; the
+    passing ones only counted (the count is on the caller's headline)."""
+    lines = []
+    for c in checks:
+        if not c["passed"]:
+            lines.append(f"{indent}FAIL {c['name']}: {c['detail']}")
+            lines.append(f"{indent}     read: {CHECK_DOCS.get(c['name'], REPORTS)}")
+    return lines
+
+
+def passed_count(checks: list[dict[str, Any]]) -> str:
+    """``all 14 checks passed`` or ``4 of 14 checks failed``."""
+    failed = sum(not c["passed"] for c in checks)
+    return f"all {len(checks)} checks passed" if not failed else f"{failed} of {len(checks)} checks failed"
+
+
+# How a person runs each helper, and the file behind it (path from the skill root): a next step is
+# written the way this run was started, by console script or by path (python path/to/script.py).
+HELPER_SCRIPTS = {
+    "tiny-rlhf-smoke": "sub-skills/policy-optimization/scripts/tiny_rlhf_smoke.py",
+    "tiny-palm-smoke": "sub-skills/palm-modeling/scripts/tiny_palm_smoke.py",
+    "tiny-reward-smoke": "sub-skills/reward-modeling/scripts/tiny_reward_smoke.py",
+    "palm-rlhf-skill check": "scripts/check_skill.py",
+    "palm-rlhf-skill bench": "sub-skills/policy-optimization/scripts/bench_smoke.py",
+    "palm-rlhf-skill plan": "sub-skills/policy-optimization/scripts/plan_run.py",
+}
+
+
+def command(helper: str, arguments: str = "") -> str:
+    """The command line that runs ``helper`` (a key of HELPER_SCRIPTS) with ``arguments``: the
+    console script when this process was started as one, else ``python <path>``, the path relative
+    to the working directory when it lies below it."""
+    started_by_path = bool(sys.argv) and sys.argv[0].endswith(".py")
+    if started_by_path:
+        path = SKILL_ROOT / HELPER_SCRIPTS[helper]
+        try:
+            shown = str(path.relative_to(Path.cwd()))
+        except ValueError:
+            shown = str(path)
+        head = f"python {shown}"
     else:
-        sys.stderr.write(summary(report) + "\n")
+        head = helper
+    return f"{head} {arguments}".strip()
 
 
-def checks_summary(title: str, report: dict[str, Any]) -> str:
-    """The human summary of a single-report smoke: status line, one line per check, timings (s)."""
-    lines = [f"{title} on {report['device']}: {report['status'].upper()}"]
-    lines += [f"    {'ok  ' if c['passed'] else 'FAIL'} {c['name']}: {c['detail']}" for c in report["checks"]]
-    lines.append("timings (s): " + ", ".join(f"{k} {v}" for k, v in report["timings_s"].items()))
+def device_words(device: Any) -> str:
+    """``the CPU`` or ``GPU 0 (cuda:0)``: a torch device in a newcomer's words."""
+    text = str(device)
+    if text.startswith("cpu"):
+        return "the CPU"
+    if text.startswith("cuda"):
+        return f"GPU {text.partition(':')[2] or 0} ({text})"
+    return text
+
+
+def seconds_text(seconds: float) -> str:
+    """``4.4 s``, ``2.5 min``, ``1.2 h``."""
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def timings_line(timings: dict[str, float | None]) -> str:
+    """``timings (s): import 3.09, update 0.34, total 3.48`` (stages that ran)."""
+    return "timings (s): " + ", ".join(f"{k} {v:.2f}" for k, v in timings.items() if v is not None)
+
+
+def checks_summary(title: str, report: dict[str, Any], next_step: str) -> str:
+    """The plain report of a single-report smoke: the count of checks, each failing one in full
+    with its doc section, timings, warnings, and last the verdict with the next step."""
+    checks = report["checks"]
+    lines = [f"{title} on {device_words(report['device'])}: {passed_count(checks)}", *check_lines(checks)]
+    lines.append(timings_line(report["timings_s"]))
     lines += [f"warning: {w}" for w in report.get("warnings", [])]
+    failed = [c for c in checks if not c["passed"]]
+    if failed:
+        lines.append(f"{title}: FAILED (exit 1): {len(failed)} check(s) failed; next: read "
+                     f"{CHECK_DOCS.get(failed[0]['name'], REPORTS)}")
+    else:
+        lines.append(f"{title}: OK (exit 0); next: {next_step}")
     return "\n".join(lines)
 
 
+IMPORT_LABEL = "import torch and palm-rlhf-pytorch"  # the import stage's progress line
+
+
 def run_checked_smoke(args: argparse.Namespace, title: str, config: dict[str, Any],
-                      body: Callable[[Any], dict[str, Any]], started: float) -> int:
+                      body: Callable[[Any, Timer], dict[str, Any]], started: float, next_step: str) -> int:
     """Shared main of the palm-modeling and reward-modeling smokes.
 
     Version gate, timed import of torch and palm_rlhf_pytorch, ``--device`` via Accelerate, then
-    ``body(device)`` inside a private working directory with ``--cpu-threads`` torch threads and the
-    library's output captured. ``body`` returns JSON-ready results plus ``checks`` (Checks) and
-    ``timings_s`` (seconds per stage). Emits the report (``--json`` or summary) and returns exit 0
-    when every check passed, else 1. ``started`` is the script's ``time.perf_counter()`` at start.
+    ``body(device, timer)`` inside a private working directory with ``--cpu-threads`` torch threads
+    and the library's output captured; ``timer`` shows each of its stages as a progress line.
+    ``body`` returns JSON-ready results plus ``checks`` (Checks) and ``timings_s`` (seconds per
+    stage). Emits the report (``--json``, or the summary ending with the verdict and
+    ``next_step``) and returns exit 0 when every check passed, else 1. ``started`` is the
+    script's ``time.perf_counter()`` at start.
     Raises SkillError (exit 2 or 3) from the version gate and device resolution.
     """
     env = check_versions(args.allow_untested)
-    timer = Timer()
-    with timer.stage("import"):
+    progress = Progress(title, not args.json or args.progress)
+    timer = Timer(progress)
+    with timer.stage("import", label=IMPORT_LABEL):
         import torch  # noqa: F401  (the import floor, timed)
         import palm_rlhf_pytorch  # noqa: F401
     _, device = resolve_device(args.device)
@@ -620,7 +851,7 @@ def run_checked_smoke(args: argparse.Namespace, title: str, config: dict[str, An
     caller_before = watch_directory(caller)
     with private_workdir(), torch_threads(args.cpu_threads) as threads, \
             capture_library_output() as captured:
-        result = body(device)
+        result = body(device, Timer(progress))
     checks: Checks = result.pop("checks")
     checks.items.append(caller_directory_check(caller, caller_before))
     report: dict[str, Any] = {
@@ -632,7 +863,7 @@ def run_checked_smoke(args: argparse.Namespace, title: str, config: dict[str, An
         "timings_s": {"import": timer.stages["import"], **result["timings_s"]},
     }
     report["timings_s"]["total"] = round(time.perf_counter() - started, 4)
-    emit(report, args.json, lambda r: checks_summary(title, r))
+    emit(report, args.json, lambda r: checks_summary(title, r, next_step))
     return EXIT_OK if checks.passed else EXIT_CHECK_FAILED
 
 

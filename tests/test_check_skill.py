@@ -193,7 +193,8 @@ def test_over_budget_is_drift_and_exit_1(monkeypatch, capsys, key, file):
     out, err = capsys.readouterr()
     lines = [line for line in out.splitlines() if line.startswith(f"{file}: context budget")]
     assert len(lines) >= 1 and "documented" in lines[0], out
-    assert f"OVER {file}" in err and "context budget" in err
+    assert f"OVER {file}" in out and "context budget" in out and err == ""  # the report is on stdout
+    assert out.splitlines()[-1].startswith("check: DRIFT (exit 1): ")  # the verdict last
 
 
 def test_readme_states_the_budget_limits():

@@ -33,12 +33,13 @@ def checks_of(result: dict) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def fixed_run(tmp_path_factory):
-    """`tiny-rlhf-smoke --trainer all --nproc 2 --eos-token 3 --json` (installed console script)
-    from an empty dir: rollouts end at eos at lengths that differ between the ranks."""
+    """`tiny-rlhf-smoke --trainer all --nproc 2 --eos-token 3 --json --progress` (installed console
+    script) from an empty dir: rollouts end at eos at lengths that differ between the ranks."""
     cwd = tmp_path_factory.mktemp("fixed")
     exe = BIN / "tiny-rlhf-smoke"
     assert exe.exists(), "install the package first: pip install '.[test]'"
-    proc, report = run_json([str(exe), "--trainer", "all", "--nproc", "2", "--eos-token", EOS, "--json"], cwd)
+    proc, report = run_json([str(exe), "--trainer", "all", "--nproc", "2", "--eos-token", EOS, "--json",
+                             "--progress"], cwd)
     return proc, report, cwd
 
 
@@ -83,6 +84,16 @@ def test_all_trainers_in_sync_with_fixes(fixed_run):
     tpo = checks_of(report["results"]["tpo"])
     assert tpo["replay_buffer_per_rank"]["passed"] and "rank1/tpo_memmap_replay_buffer" in tpo["replay_buffer_per_rank"]["detail"]
     assert list(cwd.iterdir()) == []
+
+
+def test_rank_0_progress_reaches_the_launching_process(fixed_run):
+    """--nproc with --progress: rank 0's progress lines (one per trainer and stage, with the elapsed
+    time) reach the launching process's stderr; stdout holds only the report."""
+    proc, report, _ = fixed_run
+    for name in TRAINERS:
+        assert re.search(rf"tiny-rlhf-smoke rank 0 of 2: {name}: update: \d+/\d+ rollouts \[\d\d:\d\d", proc.stderr), name
+    assert "tiny-rlhf-smoke: starting 2 processes with torchrun" in proc.stderr
+    assert json.loads(proc.stdout) == report
 
 
 def test_construct_only_on_two_ranks(empty_dir):
@@ -239,7 +250,7 @@ def test_torchrun_on_cpu_needs_accelerate_use_cpu(empty_dir):
     cpu = probe_lines(torchrun(script, launch.free_port()), empty_dir, env={"ACCELERATE_USE_CPU": "true"})
     assert cpu == ["probe 0 DistributedType.MULTI_CPU 2", "probe 1 DistributedType.MULTI_CPU 2"]
     # the page's table of what torchrun sets in each rank's environment
-    row = next(line for line in DOC.read_text(encoding="utf-8").splitlines() if line.startswith("| `torchrun` |"))
+    row = next(line for line in MULTI.read_text(encoding="utf-8").splitlines() if line.startswith("| `torchrun` |"))
     documented = set(re.findall(r"`([A-Z_]+)`", row))
     for names in (f.read_text().split() for f in empty_dir.glob("env-*.txt")):
         assert len(documented) == 8 and documented <= set(names), documented - set(names)
@@ -365,6 +376,7 @@ def test_fix_ppo_reproduces_single_process_training_bitwise(tmp_path):
 # references/distributed.md -----------------------------------------------------------------------
 
 DOC = REPO / "sub-skills" / "policy-optimization" / "references" / "distributed.md"
+MULTI = DOC.parent / "multi-node.md"  # the several-machine recipes
 
 
 def doc_block(marker: str) -> str:
@@ -520,9 +532,13 @@ def test_workers_dying_without_report_is_a_failed_report(smoke, capsys, monkeypa
     monkeypatch.chdir(empty_dir)
     env = rt.check_versions()
     # the workers parse the forwarded arguments again; an unknown one makes each rank exit 2
-    code = launch.launch(smoke, args, ["--device", "cpu", "--bogus-for-workers"], env)
-    report = json.loads(capsys.readouterr().out)
+    code = launch.launch(smoke, args, ["--device", "cpu", "--bogus-for-workers"], env, rt.Progress("t", False))
+    out = capsys.readouterr().out
+    report = json.loads(out)
     assert code == 1 and report["status"] == "failed" and report["results"] == {}
+    plain = smoke.summary(report).splitlines()  # the plain report names the failed launch and its section
+    assert plain[-1].startswith("tiny-rlhf-smoke: FAILED: the train smoke failed for the run") and \
+        plain[-1].endswith("distributed.md#check-first-the-smoke-helper-on-n-processes")
     failed = {c["name"]: c for c in report["checks"] if not c["passed"]}
     assert "workers_finished" in failed and "--bogus-for-workers" in failed["workers_finished"]["detail"]
     assert report["launcher"]["returncode"] not in (0, None)
@@ -644,8 +660,8 @@ def test_ddp_broadcasts_rotary_caches_and_fix_buffers_stops_it(tmp_path):
 # under the user's own launcher: torchrun, accelerate launch, srun (two nodes simulated) ------------
 
 def doc_fence(lang: str, marker: str) -> str:
-    """The one fenced ``lang`` block of distributed.md that contains ``marker``."""
-    blocks = ["\n" + b.split("```")[0] for b in DOC.read_text(encoding="utf-8").split(f"```{lang}\n")[1:]]
+    """The one fenced ``lang`` block of multi-node.md that contains ``marker``."""
+    blocks = ["\n" + b.split("```")[0] for b in MULTI.read_text(encoding="utf-8").split(f"```{lang}\n")[1:]]
     found = [b for b in blocks if marker in b]
     assert len(found) == 1, marker
     return found[0]
@@ -738,7 +754,7 @@ def test_missing_torchrun_node_fails_within_the_rendezvous_timeout(two_nodes, lo
     last = err.strip().splitlines()[-1]
     assert code == 1 and out == "" and seconds < 120, (code, seconds, err[-2000:])
     assert re.fullmatch(last_line, last), last
-    text = " ".join(DOC.read_text(encoding="utf-8").split())
+    text = " ".join(MULTI.read_text(encoding="utf-8").split())
     assert "waiting for clients. 1/2 clients joined." in text and "while trying to connect to (HOST, PORT)." in text
     assert static_tcp_rendezvous._default_timeout_seconds == 600 and "(default 600 s" in text
 
@@ -749,7 +765,7 @@ def test_missing_srun_task_fails_with_one_line(two_nodes, lone_ranks):
     assert code == 2 and out == "" and len(lines) == 1 and seconds < 120, err[-2000:]
     assert lines[0].startswith("tiny-rlhf-smoke: error: rank 0 of 2: no process group with the other ranks at "
                                "127.0.0.1:") and "within --dist-timeout 5 s: DistStoreError:" in lines[0], lines
-    assert "no process group with the other ranks at" in DOC.read_text(encoding="utf-8")
+    assert "no process group with the other ranks at" in MULTI.read_text(encoding="utf-8")
     assert list(lone_ranks[1].iterdir()) == []
 
 
@@ -882,12 +898,12 @@ def test_palm_weights_counts_what_palm_builds(dim, depth, heads, dim_head):
 
 
 def test_predicted_rank_memory_matches_the_sizing_table():
-    """The per-rank prediction against the peak RSS measured in workflows.md's sizing table (rows
+    """The per-rank prediction against the peak RSS measured in sizing.md's table (rows
     that vary dim or depth): within 15 % of the heaviest trainer (PPO: actor-critic, value head),
     never below 90 % of any row, so --nproc refuses before the memory runs out."""
     launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
     smoke_module = sys.modules.get("tiny_rlhf_smoke") or load_script(SMOKE, "tiny_rlhf_smoke")
-    text = (SCRIPTS.parent / "references" / "workflows.md").read_text(encoding="utf-8")
+    text = (SCRIPTS.parent / "references" / "sizing.md").read_text(encoding="utf-8")
     rows = re.findall(r"^\| (\w+) \| (?:dim|depth) = \d+ \| (\d+) \| (\d+) \|.*\| (\d+) \|$", text, re.MULTILINE)
     assert len(rows) >= 8 and {r[0] for r in rows} >= {"ppo"}
     for trainer, dim, depth, rss in rows:

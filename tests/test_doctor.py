@@ -67,13 +67,14 @@ def test_doctor_json_is_fit_on_this_machine(empty_dir, home):
     assert list(empty_dir.iterdir()) == []
 
 
-def test_doctor_without_json_writes_the_summary_to_stderr(empty_dir, home):
+def test_doctor_without_json_writes_the_summary_to_stdout(empty_dir, home):
     proc = run([DOCTOR, "doctor"], empty_dir,
                env={"HOME": str(home), "ACCELERATE_USE_CPU": "1", "TQDM_DISABLE": "1"})
-    assert proc.returncode == 0 and proc.stdout == "", proc.stderr
-    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    lines = proc.stdout.strip().splitlines()
     assert [line.split()[1] for line in lines[:-1]] == CHECKS  # every check ok or warn: no fix lines
-    assert lines[-1] == "verdict: fit (exit 0): this environment can run the trainers; next: tiny-rlhf-smoke --json"
+    assert lines[-1] == ("verdict: fit (exit 0): this environment can run the trainers; next: "
+                         + doctor.rt.FIRST_COMMAND)
     accelerate = next(line for line in lines if line.split()[1] == "accelerate")
     assert accelerate.endswith("a plain `python` run: 1 process on cpu, not distributed; "
                                "`accelerate launch`: 1 process, not distributed (no config file)")

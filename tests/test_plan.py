@@ -19,6 +19,7 @@ SCRIPTS = REPO / "sub-skills" / "policy-optimization" / "scripts"
 PLAN = SCRIPTS / "plan_run.py"
 PLANS = REPO / "sub-skills" / "policy-optimization" / "assets" / "plans"
 WORKFLOWS = REPO / "sub-skills" / "policy-optimization" / "references" / "workflows.md"
+REPORTS = REPO / "references" / "reports.md"
 
 TINY = """
 [palm]
@@ -260,7 +261,7 @@ def test_plan_counts_match_the_real_run(plan, tmp_path, empty_dir):
     assert real["learn_calls"] == counts["learn_calls"] and real["items_per_learn"] == [9, 9]
     assert report["predicted"]["peak_mib"] > 0 and report["predicted"]["wall_s"] > 0
     assert report["memory"]["complete"] is True and report["probe"]["regime"] == "measured"
-    doc = " ".join(WORKFLOWS.read_text(encoding="utf-8").split("\n## Plan a run\n", 1)[1].split())
+    doc = " ".join(REPORTS.read_text(encoding="utf-8").split("\n## Plan report\n", 1)[1].split())
     keys = set(re.findall(r"`([a-z_]+)`", doc.split("JSON keys: ", 1)[1].split(". ", 1)[0]))
     statuses = {"fits", "does_not_fit", "never_learns"}
     assert len(keys) > 20 and keys <= set(report) | set(report["predicted"]) | set(report["warnings"][0]) | statuses
@@ -472,6 +473,10 @@ def fake_bench(wall_plan, peak_plan, wall_real, peak_real, learn_calls=(2, 2)):
         def machine():
             return {"system": "Linux", "cpu": "cpu", "cpu_count": 2, "load_average_1min": 0.5}
 
+        @staticmethod
+        def load_average():
+            return 0.5
+
         @classmethod
         def run_child(cls, argv):
             cls.calls.append(argv)
@@ -504,6 +509,22 @@ def test_plan_accuracy_rows_and_targets(plan, plan_wall, plan_peak, calls, ok):
     plan_argv, real_argv = bench.calls[:2]
     assert "--execute" not in plan_argv and real_argv[-1] == "--execute" and "--cpu-threads" in plan_argv
     assert plan.accuracy_table(report["rows"])[2].startswith("| accuracy-ppo.toml | ppo | 8 |")
+
+
+def test_plan_accuracy_wall_miss_on_a_busy_machine_is_inconclusive(plan):
+    """Only the wall error missed and the load reached the CPU count: inconclusive (exit 75), not
+    failed; a peak miss stays a failure whatever the load."""
+    import argparse
+    args = argparse.Namespace(plan_config=["accuracy-ppo.toml"], device="cpu", quiet=True, repeat=2)
+    env = {"versions": {"python": "3", "torch": "t", "palm-rlhf-pytorch": "p"}, "warnings": []}
+    for peak, verdict in ((460.0, "inconclusive"), (360.0, "fail")):
+        bench = fake_bench(14.0, peak, 10.0, 500.0)  # +40% wall
+        bench.load_average = staticmethod(lambda: 2.5)  # on 2 CPUs
+        report, passed = plan.accuracy(bench, args, env)
+        assert passed is False and report["rows"][0]["verdict"] == verdict
+        assert report["status"] == {"inconclusive": "inconclusive", "fail": "failed"}[verdict]
+    report["status"], report["rows"][0]["verdict"] = "inconclusive", "inconclusive"
+    assert "bench-smoke --plan-accuracy: INCONCLUSIVE (exit 75): accuracy-ppo.toml" in plan.accuracy_summary(report)
 
 
 def test_bench_plan_accuracy_usage_errors(empty_dir):

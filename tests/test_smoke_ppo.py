@@ -99,10 +99,15 @@ def test_forced_failed_check_exits_1(empty_dir):
 
 
 def test_cuda_without_cuda_exits_2_with_one_line(empty_dir):
-    proc = run([sys.executable, str(SMOKE), "--device", "cuda"], empty_dir)
+    proc = run([sys.executable, str(SMOKE), "--device", "cuda", "--json"], empty_dir)
     assert proc.returncode == 2
     assert proc.stdout == "" and len(proc.stderr.strip().splitlines()) == 1
     assert "CUDA is not available" in proc.stderr and "--device cpu" in proc.stderr
+    # plain: the import's progress line comes first, the error is the last line
+    proc = run([sys.executable, str(SMOKE), "--device", "cuda"], empty_dir)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and proc.stdout == "" and "CUDA is not available" in lines[-1]
+    assert all(line.lstrip("\r").startswith("tiny-rlhf-smoke: import") for line in lines[:-1]), lines
 
 
 @pytest.mark.parametrize("argv", [["--bogus"], ["--device", "tpu"], ["--device", "CPU"], ["--construct-only", "--train-smoke"],

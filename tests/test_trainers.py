@@ -271,6 +271,7 @@ def test_reward_shapes_each_trainer_accepts(smoke, name, shape, tmp_path, monkey
 # references/workflows.md against the script ------------------------------------------------------
 
 WORKFLOWS = SMOKE.parents[1] / "references" / "workflows.md"
+REPORTS = SMOKE.parents[3] / "references" / "reports.md"  # the --json keys of every helper
 PLACEHOLDERS = {"results": "<trainer>", "losses": "<loss>", "observed": "<optimizer>"}
 JSON_TYPES = {str: "string", bool: "boolean", int: "integer", float: "number", dict: "object",
               list: "array", type(None): "null"}
@@ -319,8 +320,9 @@ def report_keys(report: dict) -> list[str]:
 
 
 def test_documented_json_schema_matches_real_output(reports, all_cli, smoke, tmp_path):
-    doc = WORKFLOWS.read_text(encoding="utf-8")
-    rows = {code(r[0]): r for r in table(doc, "### JSON report")}
+    doc = REPORTS.read_text(encoding="utf-8")
+    rows = {code(r[0]): r for heading in ("## Keys every smoke report has", "## tiny-rlhf-smoke")
+            for r in table(doc, heading)}
     copies = {key for key, r in rows.items() if r[2].startswith("single trainer")}
     code_, file_report = run_main(smoke, tmp_path, "--trainer", "grpo", "--construct-only",
                                   "--prompt-style", "file")
@@ -354,15 +356,15 @@ def test_documented_json_schema_matches_real_output(reports, all_cli, smoke, tmp
 
 
 def test_documented_checks_per_trainer_match_real_output(reports):
-    text = " ".join(section(WORKFLOWS.read_text(encoding="utf-8"), "### JSON report").split())
-    paragraph = text[text.index("Checks per trainer (train smoke):"):]
-    common, rest = paragraph.split("; PPO adds")
-    adds = dict(re.findall(r"(PPO|TPO|FlowRL) adds (.*?)(?:;|\.$)", "PPO adds" + rest))
-    names = lambda s: set(re.findall(r"`([a-z_]+)`", s))
+    """reports.md's table of train smoke checks: the trainers column says who runs each, in order;
+    every check the runs emit has a doc section in the runtime's one map (CHECK_DOCS)."""
+    rows = table(REPORTS.read_text(encoding="utf-8"), "### Train smoke checks")
+    rt = sys.modules["skill_runtime"]
     for name, (_, report, _) in reports.items():
-        extra = {"ppo": "PPO", "tpo": "TPO", "flowrl": "FlowRL"}.get(name)
-        expected = names(common) | (names(adds[extra]) if extra else set())
-        assert [c["name"] for c in report["checks"]] and {c["name"] for c in report["checks"]} == expected, name
+        shown = {"ppo": "PPO", "tpo": "TPO", "flowrl": "FlowRL", "grpo": "GRPO"}[name]
+        expected = [code(r[0]) for r in rows if r[1] == "all" or r[1] == shown]
+        assert [c["name"] for c in report["checks"]] == expected, name
+        assert {c["name"] for c in report["checks"]} <= set(rt.CHECK_DOCS), name
 
 
 def test_documented_options_match_argparse(smoke):

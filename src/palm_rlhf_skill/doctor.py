@@ -45,13 +45,13 @@ EXIT_FIT, EXIT_MUST_CHANGE, EXIT_MISSING = 0, 1, 3
 VERDICT_EXIT = {"ok": EXIT_FIT, "warn": EXIT_FIT, "skipped": EXIT_FIT, "fail": EXIT_MUST_CHANGE,
                 "missing": EXIT_MISSING}
 STATUS_WORD = {EXIT_FIT: "fit", EXIT_MUST_CHANGE: "must-change", EXIT_MISSING: "missing"}
-NEXT_STEP = {EXIT_FIT: "this environment can run the trainers; next: tiny-rlhf-smoke --json",
+NEXT_STEP = {EXIT_FIT: f"this environment can run the trainers; next: {rt.FIRST_COMMAND}",
              EXIT_MUST_CHANGE: "apply the fix under each failed check, then run doctor again",
              EXIT_MISSING: "a dependency is missing, shadowed or outside the tested range: apply the "
                            "fix above, then run doctor again"}
 
 EPILOG = """examples:
-  palm-rlhf-skill doctor            # one line per check on stderr, with how to fix it
+  palm-rlhf-skill doctor            # one line per check on stdout, with how to fix it
   palm-rlhf-skill doctor --json     # one JSON object on stdout
 
 exit codes: 0 fit (warnings allowed); 1 something must change; 2 usage error;

@@ -12,13 +12,13 @@ Builds a tiny ``PaLM`` on the chosen device and checks, in order:
   5. ``torch.save(state_dict)`` then ``PaLM.load`` gives identical logits.
 
 Usage:
-    tiny_palm_smoke.py                      # summary on stderr
+    tiny_palm_smoke.py                      # report on stdout, verdict last
     tiny_palm_smoke.py --json               # one JSON object on stdout
     tiny_palm_smoke.py --device cuda --seed 3
     tiny_palm_smoke.py --lr 0 --json        # forced failure: the loss cannot drop (exit 1)
 
 Runs inside a private temporary directory and leaves nothing in the caller's directory.
-The JSON schema is documented in ../references/palm-api.md.
+The JSON schema is documented in references/reports.md (skill root).
 """
 from __future__ import annotations
 
@@ -168,13 +168,14 @@ def check_save_load(palm, batch, device, checks: rt.Checks) -> dict[str, Any]:
     return {"path": CHECKPOINT, "bytes": size, "max_abs_diff": diff}
 
 
-def run_smoke(args, device) -> dict[str, Any]:
-    """All PaLM checks on one tiny model; returns the per-check results (JSON-ready)."""
+def run_smoke(args, device, timer: rt.Timer) -> dict[str, Any]:
+    """All PaLM checks on one tiny model, each step timed (and shown) by ``timer``; returns the
+    per-check results (JSON-ready)."""
     import torch
     from accelerate.utils import set_seed
     from palm_rlhf_pytorch import PaLM
 
-    checks, timer, result = rt.Checks(), rt.Timer(), {}
+    checks, result = rt.Checks(), {}
     set_seed(args.seed)
     with timer.stage("construct"):
         palm = PaLM(**TINY_PALM).to(device)
@@ -203,7 +204,8 @@ def run_smoke(args, device) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return rt.run_checked_smoke(args, "tiny-palm-smoke", TINY_PALM, lambda device: run_smoke(args, device), START)
+    return rt.run_checked_smoke(args, "tiny-palm-smoke", TINY_PALM, lambda device, timer: run_smoke(args, device, timer),
+                                START, next_step=rt.command("tiny-reward-smoke"))
 
 
 START = time.perf_counter()

@@ -8,14 +8,15 @@ trainer and mode the median and spread of the child's whole-process wall time, C
 child (``os.wait4`` rusage: ``ru_utime + ru_stime``, ``ru_maxrss``). Each figure is also given as
 a ratio to the import floor, paired per repeat (``case / floor`` within one repeat, then the
 median), next to the in-process stage timings the smoke reports in its JSON (import, construct,
-update, generate). Then it checks the budgets below and prints each with pass or fail.
+update, generate). Then it checks the budgets below: pass, fail, or inconclusive when the machine
+was too busy to judge a wall-time budget (its own exit code, 75: rerun when it is quieter).
 
 ``--scaling`` instead measures how the PPO and GRPO train smoke's update and generate time and
 peak memory grow with dim, depth, prompt length and max_seq_len; ``--markdown`` prints that as the
-"Sizing a bigger smoke (measured)" section of references/workflows.md.
+"Sizing a bigger smoke (measured)" section of references/sizing.md.
 
 Usage:
-    bench_smoke.py                                   # all trainers, 5 repeats, table on stderr
+    bench_smoke.py                                   # all trainers, 5 repeats: table on stdout, progress on stderr
     bench_smoke.py --trainer ppo --repeat 1 --json   # quick form (CI): one JSON object on stdout
     bench_smoke.py --scaling --markdown              # regenerate the sizing table of the docs
 
@@ -68,6 +69,8 @@ SCALING_AXES = {
 SCALING_HEADER = ("trainer", "varied", "dim", "depth", "prompt len", "max_seq_len",
                   "update (s)", "generate (s)", "peak RSS (MiB)")
 SECTION_TITLE = "## Sizing a bigger smoke (measured)"
+ESTIMATE_NOTE_S = 30.0  # an estimate line before a bench predicted to take longer
+TABLE_WIDTH = 100       # the plain report's lines have at most this many columns
 
 
 @dataclass(frozen=True)
@@ -169,28 +172,51 @@ def spread(values: list[float]) -> dict[str, Any]:
             "max": round(max(values), 4), "n": len(values)}
 
 
-def measure(cases: list[Case], repeat: int, warmup: int, progress: bool) -> dict[str, list[dict]]:
-    """Run every case ``repeat`` times, interleaved; ``{case key: [run per repeat]}``.
+def load_average() -> float | None:
+    """The 1-minute load average (runnable processes, averaged), or None where the OS has none."""
+    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+
+
+def estimate_s(cases: list[Case], repeat: int, floor_s: float | None) -> float:
+    """Predicted wall seconds of ``repeat`` rounds of ``cases``: per smoke case its own estimate
+    (``tiny_rlhf_smoke.estimate_s``, one source for the smoke and the bench) plus ``floor_s``, the
+    import floor's measured wall time (None: imports not counted)."""
+    smoke = rt.load_by_path("tiny_rlhf_smoke", SMOKE)  # torch-free at import
+    parser = smoke.build_parser()
+    work = sum(0.0 if case.is_floor else smoke.estimate_s(parser.parse_args(list(case.argv[1:]))) for case in cases)
+    return repeat * (work + len(cases) * (floor_s or 0.0))
+
+
+def measure(cases: list[Case], repeat: int, warmup: int, progress: rt.Progress) -> dict[str, list[dict]]:
+    """Run every case ``repeat`` times, interleaved; ``{case key: [run per repeat]}``; each run
+    also records the 1-minute load average right after it (``load_average``).
 
     Repeat r runs the cases rotated by r, so no case always runs first or right after another.
-    ``warmup`` unmeasured floor runs go first (disk cache). A smoke usage or dependency error
-    (exit 2 or 3) stops the bench with that error.
+    ``warmup`` unmeasured floor runs go first (disk cache); the last one's wall time sizes the
+    estimate shown before a long bench. Each run is a progress line with its elapsed time. A smoke
+    usage or dependency error (exit 2 or 3) stops the bench with that error.
     """
+    floor_s = None
     for _ in range(warmup):
-        run_child([sys.executable, *floor_case().argv])
-    runs: dict[str, list[dict]] = {case.key: [] for case in cases}
+        with progress.stage("warm-up: import palm-rlhf-pytorch once (not measured)"):
+            floor_s = run_child([sys.executable, *floor_case().argv])["wall_s"]
     total, done = repeat * len(cases), 0
+    seconds = estimate_s(cases, repeat, floor_s)
+    if seconds > ESTIMATE_NOTE_S:
+        progress.note(f"{total} fresh processes, about {rt.seconds_text(seconds)}"
+                      + ("" if floor_s else " plus their imports")
+                      + " (the smoke's own estimate per case; a busy machine takes longer)")
+    runs: dict[str, list[dict]] = {case.key: [] for case in cases}
     for r in range(repeat):
         shift = r % len(cases)
         for case in cases[shift:] + cases[:shift]:
-            run = run_child([sys.executable, *case.argv])
-            run["repeat"] = r
             done += 1
+            with progress.stage(f"[{done}/{total}] {case.label}") as bar:
+                run = run_child([sys.executable, *case.argv])
+                bar.set_postfix_str(f"exit {run['exit_code']}")
+            run["repeat"], run["load_average"] = r, load_average()
             if run["exit_code"] in (rt.EXIT_USAGE, rt.EXIT_DEPENDENCY):
                 raise rt.SkillError(f"{case.label}: {run['stderr_tail'][0]}", run["exit_code"])
-            if progress:
-                sys.stderr.write(f"bench-smoke: [{done}/{total}] {case.label}: {run['wall_s']:.2f} s wall, "
-                                 f"exit {run['exit_code']}\n")
             runs[case.key].append(run)
     return runs
 
@@ -204,7 +230,8 @@ def help_check() -> dict[str, Any]:
         torch_lines = [line for line in proc.stderr.splitlines() if line.rstrip().endswith("| torch")]
         found[path.name] = {"exit_code": proc.returncode, "imports_torch": bool(torch_lines)}
     passed = all(v["exit_code"] == 0 and not v["imports_torch"] for v in found.values())
-    return {"name": "help_without_torch", "passed": passed, "limit": None, "ratio": None,
+    return {"name": "help_without_torch", "verdict": "pass" if passed else "fail", "passed": passed,
+            "limit": None, "ratio": None,
             "detail": "; ".join(f"{k} --help: exit {v['exit_code']}, "
                                 f"{'imports' if v['imports_torch'] else 'no'} torch" for k, v in found.items())}
 
@@ -234,19 +261,42 @@ def summarize(cases: list[Case], runs: dict[str, list[dict]]) -> dict[str, dict[
     return out
 
 
-def check_budgets(summary: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each ratio budget: passed when the median paired ratio is at most the limit."""
+def busy_reason(load: dict[str, Any] | None, ratio: dict[str, float], cpu_ratio: dict[str, float] | None,
+                limit: float) -> str | None:
+    """Why a wall-time ratio over ``limit`` cannot be judged on this run, or None when it can:
+    the 1-minute load average reached the CPU count (``load``: ``{max, cpus}``), so the processes
+    waited for a CPU; or some paired ratios were within the limit (the repeats disagree); or the
+    CPU-time ratio is within the limit (the extra wall time was waiting, not work)."""
+    if load and load.get("max") is not None and load["max"] >= load["cpus"]:
+        return f"load average up to {load['max']} on {load['cpus']} CPUs"
+    if ratio["min"] <= limit:
+        return f"the paired ratios spread {ratio['min']:.2f}-{ratio['max']:.2f} across the limit"
+    if cpu_ratio is not None and cpu_ratio["median"] <= limit:
+        return f"its CPU-time ratio {cpu_ratio['median']:.2f}x is within the limit: it waited, it did not work more"
+    return None
+
+
+def check_budgets(summary: dict[str, dict[str, Any]], load: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Each ratio budget against the median paired ratio: ``verdict`` pass, fail, skip (not
+    measured), or inconclusive: a wall-time ratio over its limit that ``busy_reason`` says this
+    run cannot judge. ``passed`` is True, False, or None (skip, inconclusive)."""
     results = []
     for name, key, metric, limit in BUDGETS:
-        ratio = (summary.get(key) or {}).get(f"{metric}_x_floor")
+        entry = summary.get(key) or {}
+        ratio = entry.get(f"{metric}_x_floor")
         if ratio is None:
-            results.append({"name": name, "passed": None, "limit": limit, "ratio": None,
+            results.append({"name": name, "verdict": "skip", "passed": None, "limit": limit, "ratio": None,
                             "detail": f"not measured: {key} not among the selected cases"})
             continue
-        results.append({"name": name, "passed": ratio["median"] <= limit, "limit": limit,
-                        "ratio": ratio["median"],
-                        "detail": f"{key} {metric} {ratio['median']:.3f}x the import floor "
-                                  f"(limit {limit:.2f}x; paired ratios {ratio['min']:.3f}-{ratio['max']:.3f})"})
+        detail = (f"{key} {metric} {ratio['median']:.3f}x the floor "
+                  f"(limit {limit:.2f}x, paired {ratio['min']:.3f}-{ratio['max']:.3f})")
+        verdict = "pass" if ratio["median"] <= limit else "fail"
+        if verdict == "fail" and metric == "wall_s":
+            reason = busy_reason(load, ratio, entry.get("cpu_s_x_floor"), limit)
+            if reason:
+                verdict, detail = "inconclusive", f"{detail}; too busy to judge: {reason}"
+        results.append({"name": name, "verdict": verdict, "passed": {"pass": True, "fail": False}.get(verdict),
+                        "limit": limit, "ratio": ratio["median"], "detail": detail})
     return results
 
 
@@ -258,9 +308,8 @@ def machine() -> dict[str, Any]:
         names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
                  if line.startswith("model name")]
         model = names[0] if names else model
-    load = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
     return {"system": f"{platform.system()} {platform.release()}", "cpu": model,
-            "cpu_count": os.cpu_count(), "load_average_1min": load}
+            "cpu_count": os.cpu_count(), "load_average_1min": load_average()}
 
 
 # reporting -------------------------------------------------------------------------------------
@@ -273,29 +322,67 @@ def fmt_range(s: dict | None, digits: int = 2) -> str:
     return "-" if s is None else f"{s['median']:.{digits}f} [{s['min']:.{digits}f}-{s['max']:.{digits}f}]"
 
 
+def ratio_text(s: dict | None) -> str:
+    """``1.20 (1.10-1.30)``: the median paired ratio and its range; ``1.20`` for one repeat."""
+    if s is None:
+        return "-"
+    low, high = f"{s['min']:.2f}", f"{s['max']:.2f}"
+    return f"{s['median']:.2f}" + ("" if low == high else f" ({low}-{high})")
+
+
+def wrap(text: str, indent: str = "  ") -> list[str]:
+    """``text`` in lines of at most TABLE_WIDTH columns, continuation lines indented."""
+    import textwrap
+    return textwrap.wrap(text, TABLE_WIDTH, subsequent_indent=indent, break_on_hyphens=False) or [""]
+
+
 def bench_summary(report: dict[str, Any]) -> str:
-    """The human-readable table: per case median [min-max] and x floor; then the budgets."""
-    lines = [f"bench-smoke: {report['repeat']} interleaved repeat(s) per case on {report['device']}, "
-             f"{report['machine']['cpu_count']} CPUs ({report['machine']['cpu']}), load average "
-             f"{report['machine']['load_average_1min']} at start; torch {report['versions']['torch']}, "
-             f"palm-rlhf-pytorch {report['versions']['palm-rlhf-pytorch']}",
-             "median [min-max] of fresh processes; x floor = median of per-repeat ratios to the import floor",
-             f"{'case':<22} {'wall s':>20} {'x floor':>7} {'cpu s':>20} {'x floor':>7} "
-             f"{'peak MiB':>22} {'x floor':>7}   in-process s: import construct update generate"]
-    for key, c in report["cases"].items():
-        stages = c["stages_s"] or {}
-        lines.append(
-            f"{c['label']:<22} {fmt_range(c['wall_s']):>20} {fmt(c['wall_s_x_floor'], 3):>7} "
-            f"{fmt_range(c['cpu_s']):>20} {fmt(c['cpu_s_x_floor'], 3):>7} "
-            f"{fmt_range(c['peak_rss_mib'], 0):>22} {fmt(c['peak_rss_mib_x_floor'], 3):>7}   "
-            + (" ".join(f"{fmt(stages.get(s), 3):>6}" for s in STAGES[:4]) if stages else "-")
-            + ("" if c["ok"] else f"   CHILD FAILED (exit codes {c['exit_codes']})"))
+    """The plain report, lines of at most TABLE_WIDTH columns but the last: fresh-process costs per
+    case, the smoke's own stage timings, why a ratio can be below 1, the budgets, and last the
+    verdict (one line)."""
+    m, v, load = report["machine"], report["versions"], report.get("load_average") or {}
+    lines = wrap(f"bench-smoke: {report['repeat']} interleaved repeat(s) per case on {report['device']}, "
+                 f"{m['cpu_count']} CPUs ({m['cpu']}), load average {load.get('start')} at the start and up "
+                 f"to {load.get('max')}; torch {v['torch']}, palm-rlhf-pytorch {v['palm-rlhf-pytorch']}")
+    lines += wrap("Fresh processes, medians. x floor: the ratio to the bare import run in the same repeat "
+                  "(median; min-max when repeated).", "")
+    lines.append(f"{'case':<22}{'wall s':>7}  {'x floor':<17}{'CPU s':>6}  {'x floor':<17}{'peak MiB':>8}  x floor")
+    for c in report["cases"].values():
+        lines.append(f"{c['label']:<22}{fmt(c['wall_s']):>7}  {ratio_text(c['wall_s_x_floor']):<17}"
+                     f"{fmt(c['cpu_s']):>6}  {ratio_text(c['cpu_s_x_floor']):<17}"
+                     f"{fmt(c['peak_rss_mib'], 0):>8}  {ratio_text(c['peak_rss_mib_x_floor'])}")
+    staged = [c for c in report["cases"].values() if c["stages_s"]]
+    if staged:
+        lines.append(f"{'inside the smoke (s)':<22}" + "".join(f"{s:>10}" for s in STAGES[:4]))
+        lines += [f"{c['label']:<22}" + "".join(f"{fmt(c['stages_s'].get(s), 3):>10}" for s in STAGES[:4])
+                  for c in staged]
+    lines += [f"CHILD FAILED: {c['label']}: exit codes {c['exit_codes']}"
+              for c in report["cases"].values() if not c["ok"]]
+    if any(r and r["min"] < 0.995 for c in report["cases"].values() if c["stages_s"] is not None
+           for r in (c["wall_s_x_floor"], c["cpu_s_x_floor"])):  # shown as below 1.00
+        lines += wrap("A ratio below 1.00: that smoke finished faster than the bare import it was paired with. "
+                      "It runs the same import and then its work, so this is noise between two runs (other "
+                      "programs, CPU clock, disk cache), not a smoke cheaper than its floor.", "")
     lines.append("budgets:")
     for b in report["budgets"]:
-        word = "skip" if b["passed"] is None else ("PASS" if b["passed"] else "FAIL")
-        lines.append(f"  {word} {b['name']}: {b['detail']}")
-    lines.append(f"bench-smoke: {report['status'].upper()}")
+        lines += wrap(f"  {b['verdict'].upper()} {b['name']}: {b['detail']}", "      ")
+    lines.append(verdict_line(report))  # one line, however long: the verdict is the last line
     return "\n".join(lines)
+
+
+def verdict_line(report: dict[str, Any]) -> str:
+    """The last line: OK, FAILED or INCONCLUSIVE, the exit code and the next step."""
+    status = report["status"]
+    if status == "ok":
+        return ("bench-smoke: OK (exit 0): every child passed and every measured budget held; next: "
+                + rt.command("palm-rlhf-skill bench", "--scaling --markdown") + " (the sizing table)")
+    if status == "inconclusive":
+        names = ", ".join(b["name"] for b in report["budgets"] if b["verdict"] == "inconclusive")
+        return (f"bench-smoke: INCONCLUSIVE (exit {rt.EXIT_INCONCLUSIVE}): the machine was too busy to judge "
+                f"{names}; next: rerun when the load average is below {report['machine']['cpu_count']}: "
+                + rt.command("palm-rlhf-skill bench", " ".join(report.get("argv", []))))
+    what = "a child's check failed (CHILD FAILED above)" if not report["children_ok"] else "a budget failed"
+    return f"bench-smoke: FAILED (exit 1): {what}; next: rerun that case alone (its command: --json argv)"
 
 
 def scaling_table(rows: list[dict[str, Any]]) -> list[str]:
@@ -349,14 +436,18 @@ def run_bench(args, env: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     report: dict[str, Any] = {"kind": "bench", "device": args.device, "repeat": args.repeat,
                               "trainers": trainers, "machine": machine(), "versions": env["versions"],
                               "warnings": env["warnings"], "floor_command": f"python -c \"{FLOOR_CODE}\""}
-    runs = measure(cases, args.repeat, args.warmup, progress=not args.quiet)
+    runs = measure(cases, args.repeat, args.warmup, args.progress_bars)
     report["cases"] = summarize(cases, runs)
-    report["budgets"] = [help_check(), *check_budgets(report["cases"])]
+    loads = [run["load_average"] for case_runs in runs.values() for run in case_runs if run["load_average"] is not None]
+    start = report["machine"]["load_average_1min"]
+    report["load_average"] = {"start": start, "max": max([*loads, start or 0.0]), "cpus": rt.usable_cpus()}
+    report["budgets"] = [help_check(), *check_budgets(report["cases"], report["load_average"])]
     children_ok = all(c["ok"] for c in report["cases"].values())
-    ok = children_ok and all(b["passed"] is not False for b in report["budgets"])
+    verdicts = {b["verdict"] for b in report["budgets"]}
     report["children_ok"] = children_ok
-    report["status"] = "ok" if ok else "failed"
-    return report, ok
+    report["status"] = ("failed" if not children_ok or "fail" in verdicts else
+                        "inconclusive" if "inconclusive" in verdicts else "ok")
+    return report, report["status"]
 
 
 def run_scaling(args, env: dict[str, Any]) -> tuple[dict[str, Any], bool]:
@@ -371,7 +462,7 @@ def run_scaling(args, env: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         cases.setdefault(case.key, case)
         row["case"] = case.key
     all_cases = [floor_case(), *cases.values()]
-    runs = measure(all_cases, args.repeat, args.warmup, progress=not args.quiet)
+    runs = measure(all_cases, args.repeat, args.warmup, args.progress_bars)
     summary = summarize(all_cases, runs)
     for row in rows:
         entry = summary[row.pop("case")]
@@ -407,7 +498,9 @@ def build_parser() -> rt.OneLineParser:
                "  palm-rlhf-skill bench --plan-accuracy --markdown\n\n"
                "exit codes: 0 ok (every child passed, every measured budget passed); 1 a child's "
                "check or a budget failed; 2 usage or environment error; 3 palm-rlhf-pytorch or "
-               "torch missing or outside the tested range")
+               "torch missing or outside the tested range; 75 inconclusive: a wall-time budget (or a "
+               "plan's wall error) over its limit on a machine too busy to judge it (load average at "
+               "the CPU count, or repeats that disagree): rerun when it is quieter")
     parser.add_argument("--trainer", action="append", choices=[*SINGLE_TRAINERS, "all"], metavar="NAME",
                         help="ppo, grpo, tpo, flowrl or all (the smoke's --trainer all); repeat to "
                              "select several (default: every one; with --scaling: ppo and grpo)")
@@ -430,9 +523,10 @@ def build_parser() -> rt.OneLineParser:
     out = parser.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     out.add_argument("--markdown", action="store_true",
-                     help="with --scaling or --plan-accuracy: print the docs section (references/workflows.md) "
+                     help="with --scaling or --plan-accuracy: print the docs section (references/sizing.md, workflows.md) "
                           "on stdout")
-    parser.add_argument("--quiet", action="store_true", help="no per-run progress lines on stderr")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    rt.add_progress_option(parser)
     parser.add_argument("--allow-untested", action="store_true",
                         help="warn instead of exiting 3 when palm-rlhf-pytorch is outside the tested range")
     return parser
@@ -451,26 +545,38 @@ def main(argv: list[str] | None = None) -> int:
     if not hasattr(os, "wait4"):
         raise rt.SkillError("the bench reads child rusage with os.wait4: Linux or macOS only")
     env = rt.check_versions(args.allow_untested)
+    args.progress_bars = rt.Progress("bench-smoke", (not args.json or args.progress) and not args.quiet)
+    rerun = [a for a in (sys.argv[1:] if argv is None else argv) if a not in ("--json", "--markdown")]
     if args.plan_accuracy:  # the accuracy logic lives with the planner
         plan = rt.load_by_path("plan_run", THIS.parent / "plan_run.py")
         with rt.private_workdir():
-            report, ok = plan.accuracy(sys.modules[__name__], args, env)
+            report, _ = plan.accuracy(sys.modules[__name__], args, env)
+        report["argv"] = rerun
         if args.markdown:
             sys.stdout.write(plan.accuracy_markdown(report))
         else:
             rt.emit(report, args.json, plan.accuracy_summary)
-        return rt.EXIT_OK if ok else rt.EXIT_CHECK_FAILED
+        return STATUS_EXIT[report["status"]]
     with rt.private_workdir():  # children inherit it: TPO's replay buffer never lands in the caller's
-        report, ok = (run_scaling if args.scaling else run_bench)(args, env)
+        report, _ = (run_scaling if args.scaling else run_bench)(args, env)
+    report["argv"] = rerun
     if args.markdown:
         sys.stdout.write(scaling_markdown(report))
     else:
         rt.emit(report, args.json, scaling_summary if args.scaling else bench_summary)
-    return rt.EXIT_OK if ok else rt.EXIT_CHECK_FAILED
+    return STATUS_EXIT[report["status"]]
+
+
+STATUS_EXIT = {"ok": rt.EXIT_OK, "failed": rt.EXIT_CHECK_FAILED, "inconclusive": rt.EXIT_INCONCLUSIVE}
 
 
 def scaling_summary(report: dict[str, Any]) -> str:
-    return scaling_markdown(report) + f"bench-smoke --scaling: {report['status'].upper()}"
+    """The sizing table, then the verdict."""
+    ok = report["status"] == "ok"
+    return scaling_markdown(report) + (
+        "bench-smoke --scaling: OK (exit 0): every row ran; next: replace the section of "
+        "sub-skills/policy-optimization/references/sizing.md with --markdown's output" if ok else
+        "bench-smoke --scaling: FAILED (exit 1): a row's smoke failed (its cells show -); next: run it alone")
 
 
 if __name__ == "__main__":

@@ -97,18 +97,19 @@ def noise_score(x, response):
 
 
 def measure(smoke, name: str, control: str, seeds: list[int], setting, device_kwargs, device,
-            progress: bool) -> dict[str, Any]:
-    """Every seed of one trainer and control; the per-seed results and the block verdicts."""
+            progress: rt.Progress) -> dict[str, Any]:
+    """Every seed of one trainer and control (one progress line counting the seeds); the per-seed
+    results and the block verdicts."""
     rows = []
-    for seed in seeds:
-        start = time.perf_counter()
-        row = smoke.learn_seed(name, seed, None if control in ("none", "noise") else control, device_kwargs,
-                               device, setting, train_score=noise_score if control == "noise" else None)
-        row["seconds"] = time.perf_counter() - start
-        rows.append(row)
-        if progress:
-            sys.stderr.write(f"calibrate-learning: {name} {control} seed {seed}: {row['reward_before']:.3f} -> "
-                             f"{row['reward_after']:.3f} ({row['seconds']:.2f} s)\n")
+    with progress.stage(f"{name} {control}", total=len(seeds), unit="seeds") as bar:
+        for seed in seeds:
+            start = time.perf_counter()
+            row = smoke.learn_seed(name, seed, None if control in ("none", "noise") else control, device_kwargs,
+                                   device, setting, train_score=noise_score if control == "noise" else None)
+            row["seconds"] = time.perf_counter() - start
+            rows.append(row)
+            bar.set_postfix_str(f"seed {seed}: {row['reward_before']:.3f} -> {row['reward_after']:.3f}", refresh=False)
+            bar.update(1)
     size = smoke.LEARN_SEEDS
     blocks = [rows[i:i + size] for i in range(0, len(rows) - size + 1, size)]
     gains = [r["gain"] for r in rows]
@@ -188,11 +189,12 @@ def main(argv: list[str] | None = None) -> int:
     seeds = list(range(args.seed, args.seed + args.seeds))
     load_at_start = round(os.getloadavg()[0], 2)
     results = []
+    progress = rt.Progress("calibrate-learning", not args.json or args.progress)
     with rt.private_workdir(), rt.torch_threads(args.cpu_threads) as threads:
         for name in names:
             for control in controls:
                 results.append(measure(smoke, name, control, seeds, settings[name], device_kwargs, device,
-                                       progress=True))
+                                       progress))
     for entry in results:
         entry["target_met"] = target_met(entry)
     ok = all(e["target_met"] is not False for e in results)
@@ -205,7 +207,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(markdown(report))
     else:
         report["settings"] = {k: dataclasses.asdict(v) for k, v in settings.items()}
-        rt.emit(report, args.json, lambda r: "\n".join(rates_table(r["results"])) + f"\ncalibrate-learning: {r['status'].upper()}")
+        rt.emit(report, args.json, lambda r: "\n".join(rates_table(r["results"])) + "\ncalibrate-learning: "
+                + ("OK (exit 0): every rate met its target; next: --markdown, then replace the tables in "
+                   "workflows.md#learning-check" if r["status"] == "ok" else
+                   "FAILED (exit 1): a rate missed its target (real or inverted below 90%, frozen above 0)"))
     return rt.EXIT_OK if ok else rt.EXIT_CHECK_FAILED
 
 

@@ -9,7 +9,8 @@ and frozen) is finite and bitwise identical (all_gather_object of a SHA-256 per 
 ranks drew their rollout prompts independently, and that only the main process wrote the
 checkpoint. The ranks of one node share one private working directory, as a training script's ranks
 share theirs. Library prints never reach stdout; global rank 0 prints the one report, the other
-ranks' stdout stays empty, and every rank exits with the report's exit code.
+ranks' stdout stays empty, and every rank exits with the report's exit code. Rank 0 shows its progress on stderr (under ``--nproc``
+in a file the launching process copies to its own stderr).
 
 ``--nproc N`` (``launch``) is the one-machine shortcut on top of it: it starts
 ``python -m torch.distributed.run --nproc_per_node N tiny_rlhf_smoke.py <the same arguments>`` on
@@ -38,6 +39,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -52,11 +54,12 @@ STOP_GRACE_S = 60             # after the timeout, time torchrun gets to stop it
 DIST_TIMEOUT_S = 600           # default --dist-timeout: process-group start-up and each collective
 MAX_DIFF_NAMES = 8             # mismatched tensors whose max |difference| is gathered and reported
 MAX_NPROC = 64                 # --nproc bound (a usage error beyond it, before torch is imported)
+PROGRESS_ENV = "PALM_RLHF_SKILL_PROGRESS"  # --nproc: the file rank 0 writes its progress lines to
 # Predicted peak resident memory of one rank, for --nproc's refusal: measured peak RSS of the smoke
 # (`/usr/bin/time -f %M`, torch 2.13 CPU): 340 MiB at the tiny default size (imports alone: 310 MiB),
 # +118 MiB at --dim 256 --depth 4 (12.6 MiB of float32 PaLM weights), +407 MiB at --dim 512
 # --depth 4 --new-tokens 64 (49 MiB): about 10 times the PaLM's float32 bytes above the floor. Against
-# workflows.md's sizing table: PPO, the heaviest trainer, within 10 % up to --dim 2048; GRPO over by
+# sizing.md's table: PPO, the heaviest trainer, within 10 % up to --dim 2048; GRPO over by
 # up to 1.5x (tests/test_distributed.py checks both).
 RANK_FLOOR_MIB = 350
 RANK_MIB_PER_WEIGHT_MIB = 10
@@ -186,12 +189,7 @@ def launch_device(spec: str, nproc: int) -> str:
     return "cuda"
 
 
-def usable_cpus() -> int:
-    """CPU cores this process may run on (its affinity mask where the OS has one, else os.cpu_count())."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
+usable_cpus = rt.usable_cpus  # one reader of the affinity mask, shared with the bench
 
 
 def palm_weights(config: dict[str, int]) -> int:
@@ -309,9 +307,31 @@ def workers_errors(output: str) -> str:
     return "workers' last lines: " + (" | ".join(lines[-4:]) or "none")
 
 
-def launch(smoke, args, argv: list[str], env_info: dict[str, Any]) -> int:
+def follow(path: Path, stream, stop: threading.Event) -> None:
+    """Copy what is appended to ``path`` (rank 0's progress lines) to ``stream`` every 0.2 s, until
+    ``stop`` is set and the file is drained; a file not yet created is waited for."""
+    offset = 0
+    while True:
+        done = stop.wait(0.2)
+        try:
+            with open(path, "rb") as new:
+                new.seek(offset)
+                chunk = new.read()
+        except FileNotFoundError:
+            chunk = b""
+        if chunk:
+            offset += len(chunk)
+            stream.write(chunk.decode("utf-8", "replace"))
+            stream.flush()
+        if done:
+            return
+
+
+def launch(smoke, args, argv: list[str], env_info: dict[str, Any], progress: rt.Progress) -> int:
     """Run the smoke (the loaded ``tiny_rlhf_smoke`` module, whose ``args`` and ``argv`` these are)
     as ``args.nproc`` ranks on this machine under torchrun; print one report; return the exit code.
+    With ``progress`` enabled, rank 0's progress lines reach this process's stderr (through a file
+    named by PROGRESS_ENV).
 
     Raises SkillError (exit 2) for CUDA that cannot serve N ranks and, without ``--oversubscribe``,
     N above the usable CPU cores or a predicted memory above the available memory."""
@@ -321,6 +341,7 @@ def launch(smoke, args, argv: list[str], env_info: dict[str, Any]) -> int:
     port = free_port()
     caller = os.getcwd()
     caller_before = rt.watch_directory(caller)
+    smoke.announce_estimate(args, progress, extra=" on each process")
     with rt.private_workdir() as run_dir:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
                "--nproc_per_node", str(args.nproc), "--master_addr", "127.0.0.1",
@@ -328,8 +349,21 @@ def launch(smoke, args, argv: list[str], env_info: dict[str, Any]) -> int:
                str(Path(smoke.__file__).resolve()), *without_nproc(argv), "--json"]
         env = worker_env(device)
         env["TMPDIR"] = str(run_dir)  # torchrun's torchelastic_* logs and the ranks' directory go with it
+        stop, follower = threading.Event(), None
+        if progress.enabled:
+            cmd.append("--progress")
+            env[PROGRESS_ENV] = str(run_dir / "rank0-progress.txt")
+            follower = threading.Thread(target=follow, args=(Path(env[PROGRESS_ENV]), progress.stream, stop),
+                                        daemon=True)
+            follower.start()
+            progress.note(f"starting {args.nproc} processes with torchrun; each imports torch first (seconds)")
         with timer.stage("launch"):
-            returncode, out, err = run_launcher(cmd, run_dir, env)
+            try:
+                returncode, out, err = run_launcher(cmd, run_dir, env)
+            finally:
+                stop.set()
+                if follower:
+                    follower.join()
         if args.verbose:
             sys.stderr.write(err)
     report = rank0_report(out)
@@ -601,13 +635,20 @@ def node_workdir(state, world: World):
 
 def run_rank(smoke, args, env_info: dict[str, Any], world: World) -> int:
     """Run the smoke as one rank of ``world``: every trainer, the rank checks, and on global rank 0
-    the one report on stdout (``--json``) or stderr (summary). Returns the report's exit code on
+    the one report on stdout (``--json``, or the plain report). Returns the report's exit code on
     every rank. Raises SkillError (exit 2) when the ranks cannot form a process group within
     ``--dist-timeout`` seconds, or for a device this rank cannot use."""
     from datetime import timedelta
-    import torch
-    from accelerate import PartialState
-    from accelerate.utils import DistributedType
+
+    main_rank = world.rank == 0  # global rank 0 reports, and shows its progress
+    progress_file = os.environ.get(PROGRESS_ENV)  # --nproc: the launcher shows this file
+    stream = open(progress_file, "a", encoding="utf-8") if progress_file and main_rank else None
+    progress = rt.Progress(f"tiny-rlhf-smoke rank 0 of {world.size}", main_rank and (not args.json or args.progress),
+                           stream)
+    with progress.stage("import torch, palm-rlhf-pytorch and accelerate"):
+        import torch
+        from accelerate import PartialState
+        from accelerate.utils import DistributedType
 
     fixes = rt.load_by_path("ddp_fixes", HERE / "ddp_fixes.py")
     variants = smoke.parse_variants(args.grpo_variant)
@@ -640,7 +681,7 @@ def run_rank(smoke, args, env_info: dict[str, Any], world: World) -> int:
             recorder = RankRecorder(args, fixes)
             try:
                 result = smoke.run_trainer(name, args, {"cpu": True} if cpu else {}, device, variants,
-                                           after_build=recorder.after_build)
+                                           after_build=recorder.after_build, progress=progress)
             except Exception as exc:  # noqa: BLE001 - e.g. construction failed: report, keep ranks matched
                 result = {"trainer": name, "status": "failed", "timings_s": {}, "checks": [
                     {"name": "trainer_ran", "passed": False, "detail": rt.one_line(exc)}]}
@@ -668,6 +709,8 @@ def run_rank(smoke, args, env_info: dict[str, Any], world: World) -> int:
                           "nodes": len(set(gather(world.node))), "ddp_fixes": not args.no_ddp_fixes,
                           "accelerate_use_cpu": cpu}
     report["timings_s"].setdefault("import", None)  # each rank imported torch before its world existed
+    if stream is not None:
+        stream.close()
     if state.is_main_process:
         rt.emit(report, args.json, smoke.summary)
     state.wait_for_everyone()  # rank 0 has printed before any rank exits (torchrun stops the rest then)

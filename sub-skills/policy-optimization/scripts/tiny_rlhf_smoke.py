@@ -7,7 +7,7 @@ steps for every trainable tensor to move, then one ``trainer.generate()`` call, 
 changed and what must not have.
 
 Usage:
-    tiny_rlhf_smoke.py                                  # PPO train smoke, summary on stderr
+    tiny_rlhf_smoke.py                                  # PPO train smoke: report on stdout, verdict last
     tiny_rlhf_smoke.py --json                           # one JSON object on stdout
     tiny_rlhf_smoke.py --trainer all --json             # PPO, GRPO, TPO and FlowRL in one process
     tiny_rlhf_smoke.py --trainer grpo --grpo-variant dr-grpo
@@ -17,8 +17,9 @@ Usage:
     tiny_rlhf_smoke.py --trainer all --nproc 2 --json   # 2 DDP processes, ranks checked in sync
     tiny_rlhf_smoke.py --dim 128 --depth 2 --prompt-len 16 --new-tokens 32   # a bigger smoke
 
+Progress goes to stderr (under --json only with --progress), the report to stdout.
 Runs inside a private temporary directory and leaves nothing in the caller's directory.
-The JSON schema and exit codes are documented in references/workflows.md.
+Options and exit codes: references/workflows.md#the-smoke-helper; JSON: references/reports.md.
 """
 from __future__ import annotations
 
@@ -58,6 +59,21 @@ MAX_ROLLOUTS, MAX_DIM, MAX_DEPTH, MAX_TOKENS = 1000, 8192, 64, 4096
 # to the policy's logit for it (a forward hook on to_logits): about 0.4 per sampled token at the tiny
 # sizes (measured: 0.37-0.45 at dim 32 and 128), so rollouts end at eos at varying lengths.
 EOS_LOGIT_BIAS = 3.0
+
+# Run-time estimate, printed before a run predicted to take over ESTIMATE_NOTE_S after the imports.
+# Train smoke, per trainer: ESTIMATE_ROLLOUT_S per rollout, ESTIMATE_LAYER_STEP_S per layer and
+# sampling step, ESTIMATE_MULTIPLY_S per multiply-add of the forwards train() and generate() run
+# (palm.py generate keeps no cache: each step runs the whole sequence). Fitted (least squares on
+# the relative error) to the 26 rows of sizing.md's measured table (one torch thread,
+# load average 2.6): every row within 1.8x (tests/test_output.py holds them within 2x).
+ESTIMATE_ROLLOUT_S = 0.095
+ESTIMATE_LAYER_STEP_S = 4.5e-4
+ESTIMATE_MULTIPLY_S = 5.5e-11
+ESTIMATE_FULL_FORWARDS = 3  # full-length forwards per stored sequence: scoring, reference, learn()
+ESTIMATE_NOTE_S = 30.0
+# --learn: seconds per seed, the "s per seed" of workflows.md's measured pass rates (control none,
+# load average 5.8 on 2 CPUs: an upper figure; tests/test_output.py ties them to that table).
+LEARN_SECONDS_PER_SEED = {"ppo": 5.42, "grpo": 0.66, "tpo": 1.96, "flowrl": 0.58}
 
 GRPO_VARIANTS = {
     "default": {},
@@ -375,7 +391,7 @@ def build(run: SmokeRun, device_kwargs: dict, variants: list[str], after_build=N
     from palm_rlhf_pytorch import PaLM, RewardModel
 
     args, spec, device = run.args, run.spec, run.device
-    with run.timer.stage("construct"):
+    with run.timer.stage("construct", label="build the models and the trainer"):
         prompt_args, prompt_info = prompt_kwargs(args.prompt_style, args.seed, args.prompt_len)
         palm = PaLM(**palm_config(args)).to(device)
         reward_model = RewardModel(palm, num_binned_output=0).to(device)  # deep-copies palm
@@ -449,12 +465,22 @@ def update(run: SmokeRun) -> bool:
         opt.register_step_post_hook(lambda *_, key=key: step_counts.__setitem__(key, step_counts[key] + 1))
     reward_batches: list[int] = []
     rollout_lengths: list[int] = []  # sequence length (prompt + sampled) the reward model scored per rollout
-    hook = unwrap(trainer, trainer.reward_model).register_forward_hook(
-        lambda _m, inputs, _o: reward_batches.append(int(inputs[0].shape[0]))  # returns None: output kept
-        or rollout_lengths.append(int(inputs[0].shape[-1])))
-    with run.timer.stage("update"):
+    with run.timer.stage("update", total=rollouts, unit="rollouts") as bar:
+        def scored(_module, inputs, _output) -> None:  # returns None: the output is kept
+            reward_batches.append(int(inputs[0].shape[0]))
+            rollout_lengths.append(int(inputs[0].shape[-1]))
+            if bar is not None:
+                bar.update(1)
+
+        def stepped(*_) -> None:
+            if bar is not None:
+                bar.set_postfix_str(f"learn() optimizer step {step_counts['actor']}/{expected_steps}")
+
+        hooks = [unwrap(trainer, trainer.reward_model).register_forward_hook(scored),
+                 optimizers(name, trainer)["actor"].register_step_post_hook(stepped)]
         printed, error = bounded_train(trainer, rollouts, run.max_seq_len, eos_token=args.eos_token)
-    hook.remove()
+    for hook in hooks:
+        hook.remove()
     run.result["timings_s"]["update"] = run.timer.stages["update"]
     if args.verbose:
         sys.stderr.write(printed)
@@ -491,14 +517,13 @@ def compare(run: SmokeRun, before: dict[str, dict], frozen_before: dict) -> None
         unchanged = sorted(set(before[key]) - set(changed))
         checks.add(f"{key}_changed", not unchanged,
                    f"{len(changed)}/{len(ps)} tensors changed"
-                   + (f"; unchanged: {', '.join(unchanged[:4])}" if unchanged else ""))
+                   + (f"; unchanged: {rt.names_text(unchanged)}" if unchanged else ""))
     frozen_changed = rt.changed_names(frozen_before, run.frozen)
     reward_changed = [n for n in frozen_changed if n.startswith("reward_model.")]
     checks.add("base_weights_unchanged", not set(frozen_changed) - set(reward_changed),
                f"{len(run.frozen) - sum(n.startswith('reward_model.') for n, _ in run.frozen)} base PaLM tensors; "
-               f"changed: {sorted(set(frozen_changed) - set(reward_changed))[:4] or 'none'}")
-    checks.add("reward_model_unchanged", not reward_changed,
-               f"changed: {reward_changed[:4] or 'none'}")
+               f"changed: {rt.names_text(sorted(set(frozen_changed) - set(reward_changed)))}")
+    checks.add("reward_model_unchanged", not reward_changed, f"changed: {rt.names_text(reward_changed)}")
     run.result["parameters"].update(trainable_changed=trainable_changed, frozen_changed=len(frozen_changed))
     losses = run.result["losses"]
     values = [v for vs in losses.values() for v in vs]
@@ -530,7 +555,7 @@ def sample(run: SmokeRun) -> None:
     trainer, checks, args = run.trainer, run.checks, run.args
     prompt = trainer.prompt_token_ids[0]
     prompt = prompt[prompt != rt.PAD_ID]
-    with run.timer.stage("generate"):
+    with run.timer.stage("generate", label="generate (one trainer.generate() call)"):
         try:
             with rt.capture_library_output():
                 sequence = trainer.generate(run.max_seq_len, prompt=prompt, num_samples=NUM_GENERATE_SAMPLES,
@@ -578,15 +603,17 @@ def eos_in_prompts(args) -> list[int]:
 
 
 def run_trainer(name: str, args, device_kwargs: dict, device, variants: list[str],
-                after_build=None) -> dict[str, Any]:
+                after_build=None, progress: rt.Progress | None = None) -> dict[str, Any]:
     """The train smoke of one trainer, step by step: build, snapshot, update, compare, sample;
     ``--construct-only`` stops after build. Returns its report entry.
 
     ``after_build(name, trainer)``, when given, runs right after construction (the multi-process
-    worker in ddp_launch.py applies its DDP fixes and per-rank seeding there)."""
+    worker in ddp_launch.py applies its DDP fixes and per-rank seeding there). With ``progress``
+    each timed step is a progress line on stderr."""
     from accelerate.utils import set_seed
 
-    run = SmokeRun(name, args, device, {"trainer": name, "status": "failed", "mode": mode_name(args)})
+    run = SmokeRun(name, args, device, {"trainer": name, "status": "failed", "mode": mode_name(args)},
+                   timer=rt.Timer(progress, name))
     set_seed(args.seed)
     if not build(run, device_kwargs, variants, after_build) or args.construct_only:
         return finish(run.result, run.checks)
@@ -705,20 +732,24 @@ def learning_verdict(per_seed: list[dict[str, Any]], threshold: float) -> tuple[
 
 
 def learn_trainer(name: str, seeds: list[int], control: str | None, device_kwargs: dict, device,
-                  setting: LearnSetting | None = None) -> dict[str, Any]:
+                  setting: LearnSetting | None = None, progress: rt.Progress | None = None) -> dict[str, Any]:
     """The learning check of one trainer over ``seeds``; returns its report entry with
     ``learning: {reward_before, reward_after, per_seed, curve, threshold, passed}`` (means over the
-    seeds, rounded to 4 places) and the check ``reward_rose``."""
+    seeds, rounded to 4 places) and the check ``reward_rose``. With ``progress``, a line that
+    counts the seeds."""
     spec, setting = TRAINERS[name], setting or LEARN_SETTINGS[name]
-    checks, timer = rt.Checks(), rt.Timer()
+    checks, timer = rt.Checks(), rt.Timer(progress, name)
     result: dict[str, Any] = {"trainer": name, "status": "failed", "mode": "learn",
                               "class_name": f"{spec.module}.{spec.class_name}",
                               "settings": dict(vars(setting)), "learning": None}
     per_seed = []
-    with timer.stage("learn"):
+    with timer.stage("learn", total=len(seeds), unit="seeds",
+                     label=f"learning check ({setting.episodes} learn() calls per seed)") as bar:
         try:
             for seed in seeds:
                 per_seed.append(learn_seed(name, seed, control, device_kwargs, device, setting))
+                if bar is not None:
+                    bar.update(1)
         except RuntimeError as exc:
             checks.add("learning_ran", False, str(exc))
     result["timings_s"] = {"learn": timer.stages["learn"]}
@@ -808,30 +839,110 @@ def trainers_report(args, results: dict[str, dict[str, Any]], device, cpu_thread
     return report
 
 
+def trainer_headline(result: dict[str, Any]) -> str:
+    """One trainer's line: its checks counted, then what it did, in plain words."""
+    head = f"{result['trainer']} ({result.get('class_name') or 'not built'}): {rt.passed_count(result['checks'])}"
+    learning, params, steps = result.get("learning"), result.get("parameters"), result.get("optimizer_steps")
+    if learning:
+        curve = learning["curve"]
+        return (head + f"; held-out reward {learning['reward_before']:.2f} -> {learning['reward_after']:.2f} "
+                f"(mean of {len(learning['per_seed'])} seeds), training reward per episode "
+                f"{sparkline(curve, 0.0, 1.0)} {curve[0]:.2f} -> {curve[-1]:.2f}")
+    if steps:
+        generated = result.get("generated")
+        n = steps["observed"]["actor"]
+        head += (f"; {n} optimizer step{'s' if n != 1 else ''} changed {params['trainable_changed']} of "
+                 f"{params['trainable_total']} trainable tensors and {params['frozen_changed']} frozen ones")
+        if generated:
+            sampled = generated["shape"][0] - generated["prompt_len"]
+            head += (f"; generated {generated['shape'][0]} token ids ({generated['prompt_len']} of the prompt "
+                     f"+ {sampled} sampled)")
+    elif params and result.get("mode") == "construct-only":
+        head += "; built, not trained (--construct-only)"
+    return head
+
+
+def next_step(report: dict[str, Any]) -> str:
+    """The natural next command after a passing run, written the way this run was started."""
+    mode, trainer = report["mode"], report["trainer"]
+    if mode == "construct-only":
+        return rt.command("tiny-rlhf-smoke", f"--trainer {trainer}")
+    if mode == "train-smoke" and trainer != "all":
+        return rt.command("tiny-rlhf-smoke", "--trainer all")
+    if mode == "train-smoke" and "launcher" not in report:
+        return rt.command("tiny-rlhf-smoke", "--learn --trainer all")
+    if mode == "learn" and (trainer != "all" or report["config"]["control"]):
+        return rt.command("tiny-rlhf-smoke", "--learn --trainer all")
+    return (rt.command("palm-rlhf-skill plan", "--config YOUR_RUN.toml")
+            + " (your run's time, memory and learn() calls before it starts: workflows.md#plan-a-run)")
+
+
 def summary(report: dict[str, Any]) -> str:
-    lines = [f"tiny-rlhf-smoke: {report['mode']} on {report['device']}: {report['status'].upper()}"]
+    """The plain report: per trainer a headline and its failing checks in full (each with the doc
+    section that explains it), timings, warnings, and last the verdict with the next step."""
+    lines = []
     for result in report.get("results", {}).values():
-        params, steps, learning = result.get("parameters"), result.get("optimizer_steps"), result.get("learning")
-        head = f"[{result['status']}] {result['trainer']}"
-        if learning:
-            head += (f": held-out reward {learning['reward_before']:.2f} -> {learning['reward_after']:.2f} "
-                     f"(mean of {len(learning['per_seed'])} seeds), training reward per episode "
-                     f"{sparkline(learning['curve'], 0.0, 1.0)} {learning['curve'][0]:.2f} -> {learning['curve'][-1]:.2f}")
-        if steps:
-            head += (f": {steps['observed']['actor']} actor steps, {params['trainable_changed']}/"
-                     f"{params['trainable_total']} trainable tensors changed, {params['frozen_changed']} "
-                     f"frozen changed, generated {result['generated'] and result['generated']['shape']}")
-        lines.append(head)
-        lines += [f"    {'ok  ' if c['passed'] else 'FAIL'} {c['name']}: {c['detail']}" for c in result["checks"]]
+        lines.append(trainer_headline(result))
+        lines += rt.check_lines(result["checks"])
+    if not report.get("results"):  # --nproc: no rank reported
+        lines += rt.check_lines(report.get("checks", []))
     t = report["timings_s"]
-    lines.append("timings (s): " + ", ".join(f"{k} {v}" for k, v in t.items() if v is not None))
+    lines.append(rt.timings_line(t))
     lines += [f"warning: {w}" for w in report.get("warnings", [])]
-    if report["mode"] == "learn":  # the verdict last: what a person reads first
-        failed = [r["trainer"] for r in report["results"].values() if r["status"] != "ok"]
-        lines.append("learning check: " + (f"FAILED for {', '.join(failed)}" if failed else
-                                           "every trainer raised the reward") +
-                     (f" (control: {report['config']['control']})" if report["config"]["control"] else ""))
+    what = {"learn": "learning check", "train-smoke": "train smoke", "construct-only": "construct-only smoke"}[report["mode"]]
+    trainers = "every trainer" if report["trainer"] == "all" else report["trainer"]
+    where = rt.device_words(report["device"]) + (f", {report['nproc']} processes" if report.get("nproc") else "")
+    if isinstance(report.get("launcher"), dict) and report["launcher"].get("nproc"):
+        where = rt.device_words(report["device"]) + f", {report['launcher']['nproc']} processes"
+    control = report.get("config", {}).get("control") if report["mode"] == "learn" else None
+    if report["status"] == "ok":
+        lines.append(f"tiny-rlhf-smoke: OK: the {what} passed for {trainers} on {where} (exit 0)"
+                     + (f", control {control}" if control else "") + f"; next: {next_step(report)}")
+        return "\n".join(lines)
+    failed = [c for r in report.get("results", {}).values() for c in r["checks"] if not c["passed"]]
+    failed = failed or [c for c in report.get("checks", []) if not c["passed"]]
+    bad = [r["trainer"] for r in report.get("results", {}).values() if r["status"] != "ok"]
+    expected = " (expected: the frozen control must fail)" if control == "frozen" else ""
+    first = rt.CHECK_DOCS.get(failed[0]["name"], rt.REPORTS) if failed else rt.REPORTS
+    lines.append(f"tiny-rlhf-smoke: FAILED: the {what} failed for {', '.join(bad) or 'the run'} on {where} "
+                 f"(exit 1){expected}; next: read {first}")
     return "\n".join(lines)
+
+
+def estimate_s(args) -> float:
+    """Predicted wall seconds of the run after the imports (see ESTIMATE_* and LEARN_SECONDS_PER_SEED):
+    --learn, seeds x seconds per seed; the train smoke, per trainer the rollouts' sampling steps and
+    the forwards' multiply-adds (``ddp_launch.palm_weights``; attention 4 * depth * heads * dim_head
+    per squared position); --construct-only, 0."""
+    names = list(TRAINERS) if args.trainer == "all" else [args.trainer]
+    if args.learn:
+        return len(learn_seeds(args)) * sum(LEARN_SECONDS_PER_SEED[n] for n in names)
+    if args.construct_only:
+        return 0.0
+    config = palm_config(args)
+    weights = ddp_launch.palm_weights(config)
+    attention = 4 * config["depth"] * config["heads"] * config["dim_head"]
+    prompt = args.prompt_len or sum(PROMPT_LENGTHS) // 2
+    length = (args.prompt_len or PROMPT_LENGTHS[1]) + args.new_tokens  # max_seq_len
+    sampled = sum(weights * n + attention * n * n for n in range(prompt, length))
+    full = weights * length + attention * length * length
+    total = 0.0
+    for name in names:
+        spec = TRAINERS[name]
+        rollouts = args.rollouts or spec.rollouts_for(spec.required_steps)
+        stored = rollouts * spec.group_size + spec.steps_for(rollouts) * spec.minibatch_size
+        total += (ESTIMATE_ROLLOUT_S * rollouts + ESTIMATE_LAYER_STEP_S * rollouts * (length - prompt) * config["depth"]
+                  + ESTIMATE_MULTIPLY_S * (rollouts * spec.group_size * sampled + ESTIMATE_FULL_FORWARDS * stored * full))
+    return total
+
+
+def announce_estimate(args, progress: rt.Progress, extra: str = "") -> None:
+    """The estimate line, before a run predicted to take more than ESTIMATE_NOTE_S."""
+    seconds = estimate_s(args)
+    if seconds > ESTIMATE_NOTE_S:
+        basis = ("calibrate_learning.py's seconds per seed, measured on a busy 2-CPU machine" if args.learn else
+                 "fitted to the measured table of references/sizing.md; a busy machine takes longer")
+        progress.note(f"this run should take about {rt.seconds_text(seconds)} after the imports{extra} ({basis})")
 
 
 def check_learn_options(args) -> None:
@@ -871,6 +982,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.learn and world is not None:
         raise rt.SkillError("--learn runs in one process: start it without torchrun, accelerate launch or srun")
     env = rt.check_versions(args.allow_untested)
+    if args.prompt_style != "token-ids":  # a damaged prompts file: one error line, before any progress
+        prompt_kwargs(args.prompt_style, args.seed)
     clashes = eos_in_prompts(args) if args.eos_token is not None else []
     if clashes:
         raise rt.SkillError(f"--eos-token {args.eos_token} occurs in prompt(s) {clashes} of "
@@ -878,11 +991,13 @@ def main(argv: list[str] | None = None) -> int:
                             "(it looks for eos in the prompt too); choose another id or --seed")
     if world is not None:  # a launcher started this process: run as one rank of its world
         return ddp_launch.run_rank(sys.modules[__name__], args, env, world)
+    progress = rt.Progress("tiny-rlhf-smoke", not args.json or args.progress)
     if args.nproc is not None:  # the one-machine shortcut: torchrun on this smoke, N ranks
-        return ddp_launch.launch(sys.modules[__name__], args, sys.argv[1:] if argv is None else argv, env)
+        return ddp_launch.launch(sys.modules[__name__], args, sys.argv[1:] if argv is None else argv, env, progress)
 
-    timer = rt.Timer()
-    with timer.stage("import"):
+    announce_estimate(args, progress)
+    timer = rt.Timer(progress)
+    with timer.stage("import", label="import torch, palm-rlhf-pytorch and accelerate"):
         import torch  # noqa: F401  (the import floor, timed)
         import palm_rlhf_pytorch  # noqa: F401
         import accelerate  # noqa: F401
@@ -892,10 +1007,11 @@ def main(argv: list[str] | None = None) -> int:
     caller_before = rt.watch_directory(args.caller_dir)
     with rt.private_workdir(), rt.torch_threads(args.cpu_threads) as threads:
         if args.learn:
-            results = {name: learn_trainer(name, learn_seeds(args), args.learn_control, device_kwargs, device)
-                       for name in names}
+            results = {name: learn_trainer(name, learn_seeds(args), args.learn_control, device_kwargs, device,
+                                           progress=progress) for name in names}
         else:
-            results = {name: run_trainer(name, args, device_kwargs, device, variants) for name in names}
+            results = {name: run_trainer(name, args, device_kwargs, device, variants, progress=progress)
+                       for name in names}
     workdir_check = rt.caller_directory_check(args.caller_dir, caller_before)
     for result in results.values():
         result["checks"].append(workdir_check)

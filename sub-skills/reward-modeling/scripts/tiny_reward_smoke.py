@@ -13,13 +13,13 @@ Checks, on the chosen device:
      and backpropagates into the policy only (the reference model gets no gradient).
 
 Usage:
-    tiny_reward_smoke.py                    # summary on stderr
+    tiny_reward_smoke.py                    # report on stdout, verdict last
     tiny_reward_smoke.py --json             # one JSON object on stdout
     tiny_reward_smoke.py --seed 3 --steps 30
     tiny_reward_smoke.py --lr 0 --json      # forced failure: nothing learns (exit 1)
 
 Runs inside a private temporary directory and leaves nothing in the caller's directory.
-The JSON schema is documented in ../references/reward-api.md.
+The JSON schema is documented in references/reports.md (skill root).
 """
 from __future__ import annotations
 
@@ -225,12 +225,13 @@ def check_implicit_prm(train_pairs, args, device, checks: rt.Checks) -> dict[str
             "reference_tensors_with_grad": sum(g is not None for g in ref_grads)}
 
 
-def run_smoke(args, device, pairs: list[tuple[str, str]]) -> dict[str, Any]:
-    """All reward-model checks; returns the per-part results (JSON-ready) and the checks."""
+def run_smoke(args, device, pairs: list[tuple[str, str]], timer: rt.Timer) -> dict[str, Any]:
+    """All reward-model checks, each part timed (and shown) by ``timer``; returns the per-part
+    results (JSON-ready) and the checks."""
     from accelerate.utils import set_seed
     from palm_rlhf_pytorch import PaLM
 
-    checks, timer, result = rt.Checks(), rt.Timer(), {}
+    checks, result = rt.Checks(), {}
     train_pairs, held_pairs = split(pairs)
     set_seed(args.seed)
     palm = PaLM(**TINY_PALM).to(device)  # each RewardModel deep-copies it
@@ -252,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     pairs = load_pairs()  # before torch: a missing asset is a one-line exit 2
     return rt.run_checked_smoke(args, "tiny-reward-smoke", TINY_PALM,
-                                lambda device: run_smoke(args, device, pairs), START)
+                                lambda device, timer: run_smoke(args, device, pairs, timer), START,
+                                next_step=rt.command("tiny-rlhf-smoke", "--trainer all"))
 
 
 START = time.perf_counter()
