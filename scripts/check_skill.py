@@ -525,12 +525,18 @@ def claude_details(root: Path = ROOT) -> dict[str, Any]:
                                   capture_output=True, text=True, timeout=CLAUDE_DETAILS_TIMEOUT_S, env=env)
         except (OSError, subprocess.TimeoutExpired) as err:
             return {"unavailable": f"claude plugin details failed: {rt.one_line(err)}"}
-    always = re.search(r"Always-on:\s+~(\d+) tok", proc.stdout)
-    row = re.search(rf"^\s+{re.escape(name)}\s+~(\d+)\s+~(\d+)\s*$", proc.stdout, re.MULTILINE)
+    count = r"~(\d+(?:\.\d+)?k?)"  # Claude Code rounds: "~116", "~1.8k"
+    always = re.search(rf"Always-on:\s+{count} tok", proc.stdout)
+    row = re.search(rf"^\s+{re.escape(name)}\s+{count}\s+{count}\s*$", proc.stdout, re.MULTILINE)
     if proc.returncode != 0 or not always or not row:
         return {"unavailable": f"claude plugin details exit {proc.returncode}: "
                                + (proc.stderr.strip().splitlines() or ["unexpected output"])[-1]}
-    return {"always_on_tokens": int(always.group(1)), "on_invoke_tokens": int(row.group(2))}
+    return {"always_on_tokens": _rounded_tokens(always.group(1)), "on_invoke_tokens": _rounded_tokens(row.group(2))}
+
+
+def _rounded_tokens(text: str) -> int:
+    """A token count as ``claude plugin details`` prints it (``"116"``, ``"1.8k"``) as an int."""
+    return round(float(text[:-1]) * 1000) if text.endswith("k") else int(text)
 
 
 # --- command line --------------------------------------------------------------------------------

@@ -153,7 +153,8 @@ def test_skills_cli_installs_a_copy_whose_smoke_runs_by_path(clean_copy, npx_env
 @needs_npx
 def test_check_reads_claude_codes_projected_token_cost(npx_env):
     """`palm-rlhf-skill check` runs `claude plugin details` when claude is on PATH; its projection
-    of the always-loaded cost agrees with check's own characters / 4 estimate within 25%."""
+    of the always-loaded cost, and of the root SKILL.md body's on-invoke cost (printed rounded, "~1.8k"),
+    agree with check's own characters / 4 estimates within 25%."""
     where = npx(["-p", CLAUDE_CODE, "-c", "command -v claude"], REPO, npx_env)
     assert where.returncode == 0 and where.stdout.strip(), where.stderr[-2000:]
     env = {**npx_env, "PATH": f"{Path(where.stdout.strip()).parent}{os.pathsep}{npx_env['PATH']}"}
@@ -163,3 +164,5 @@ def test_check_reads_claude_codes_projected_token_cost(npx_env):
     assert set(details) == {"always_on_tokens", "on_invoke_tokens"}, details
     ours = next(p for p in report["budget"]["parts"] if p["part"].startswith("name and description"))
     assert abs(ours["tokens"] - details["always_on_tokens"]) <= 0.25 * details["always_on_tokens"]
+    body = next(p for p in report["budget"]["parts"] if p["file"] == "SKILL.md" and p["part"] == "body")
+    assert abs(body["tokens"] - details["on_invoke_tokens"]) <= 0.25 * details["on_invoke_tokens"], (body, details)
