@@ -555,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.markdown:
             sys.stdout.write(plan.accuracy_markdown(report))
         else:
-            rt.emit(report, args.json, plan.accuracy_summary)
+            rt.emit(report, args.json, plan.accuracy_summary, STATUS_EXIT[report["status"]])
         return STATUS_EXIT[report["status"]]
     with rt.private_workdir():  # children inherit it: TPO's replay buffer never lands in the caller's
         report, _ = (run_scaling if args.scaling else run_bench)(args, env)
@@ -563,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.markdown:
         sys.stdout.write(scaling_markdown(report))
     else:
-        rt.emit(report, args.json, scaling_summary if args.scaling else bench_summary)
+        rt.emit(report, args.json, scaling_summary if args.scaling else bench_summary, STATUS_EXIT[report["status"]])
     return STATUS_EXIT[report["status"]]
 
 
