@@ -1090,3 +1090,8 @@ def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = No
         _quiet_at_exit = True
     _exit_code = code
     return code
+
+
+if __name__ == "__main__":  # run by path: say what it is (one line, exit 2), do nothing else
+    sys.stderr.write("skill_runtime.py: error: a module, not a command: the helpers' shared runtime, imported by them: run one of them, e.g. tiny-rlhf-smoke --help\n")
+    sys.exit(2)

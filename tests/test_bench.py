@@ -231,3 +231,16 @@ def test_inconclusive_exit_code_is_documented():
     assert rt.EXIT_INCONCLUSIVE == 75 and "| 75 | `palm-rlhf-skill bench` only: inconclusive" in installation
     proc = run([sys.executable, str(BENCH), "--help"], REPO)
     assert "75 inconclusive" in " ".join(proc.stdout.split())
+
+
+def test_cuda_without_cuda_is_refused_before_the_first_child(empty_dir):
+    """QA P15: `bench --device cuda` on a CPU-only machine spent ~20 s on the import floor's runs
+    before its one-line exit 2; now it answers in the time of one torch import."""
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    proc = run([sys.executable, str(BENCH), "--device", "cuda", "--repeat", "1", "--trainer", "ppo", "--json",
+                "--progress"], empty_dir)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr[-2000:]
+    assert proc.stderr.startswith("bench_smoke.py: error: --device cuda requested but CUDA is not available")
+    assert "import floor" not in proc.stderr and "warm-up" not in proc.stderr  # no child ran

@@ -545,6 +545,8 @@ def main(argv: list[str] | None = None) -> int:
     if not hasattr(os, "wait4"):
         raise rt.SkillError("the bench reads child rusage with os.wait4: Linux or macOS only")
     env = rt.check_versions(args.allow_untested)
+    if args.device.startswith("cuda"):  # refused here in seconds, not after the import floor's runs
+        rt.resolve_device(args.device, trainers=False)
     args.progress_bars = rt.Progress("bench-smoke", (not args.json or args.progress) and not args.quiet)
     rerun = [a for a in (sys.argv[1:] if argv is None else argv) if a not in ("--json", "--markdown")]
     if args.plan_accuracy:  # the accuracy logic lives with the planner

@@ -727,3 +727,8 @@ def run_rank(smoke, args, env_info: dict[str, Any], world: World) -> int:
         rt.emit(report, args.json, smoke.summary, rt.EXIT_OK if report["status"] == "ok" else rt.EXIT_CHECK_FAILED)
     state.wait_for_everyone()  # rank 0 has printed before any rank exits (torchrun stops the rest then)
     return rt.EXIT_OK if report["status"] == "ok" else rt.EXIT_CHECK_FAILED
+
+
+if __name__ == "__main__":  # run by path: say what it is (one line, exit 2), do nothing else
+    sys.stderr.write("ddp_launch.py: error: a module, not a command: the multi-process mode of tiny_rlhf_smoke.py: run tiny_rlhf_smoke.py --nproc 2, or it under torchrun\n")
+    sys.exit(2)
