@@ -16,6 +16,7 @@ import skills_ref
 from conftest import BIN, REPO, run, run_json
 from palm_rlhf_skill import install as inst
 from skill_tree import files_with_hashes, repo_skill_files
+from test_trainers import assert_keys_documented
 
 NAME = "palm-rlhf-pytorch"
 SMOKE_IN_COPY = "sub-skills/policy-optimization/scripts/tiny_rlhf_smoke.py"
@@ -247,6 +248,7 @@ def test_list_reports_each_location(project, home, capsys):
     statuses = {(r["target"], r["scope"]): r["status"] for r in report["locations"]}
     assert statuses == {("claude", "project"): "up-to-date", ("claude", "user"): "absent",
                         ("agents", "project"): "absent", ("agents", "user"): "different"}
+    assert_keys_documented("## list report", [report])  # references/reports.md
     paths = {(r["target"], r["scope"]): r["path"] for r in report["locations"]}
     assert paths[("claude", "user")] == str(home / ".claude/skills" / NAME)
 

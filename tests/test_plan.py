@@ -14,12 +14,12 @@ from importlib import metadata
 import pytest
 
 from conftest import BIN, REPO, load_script, run, run_json, usage_error_without_torch
+from test_trainers import assert_keys_documented
 
 SCRIPTS = REPO / "sub-skills" / "policy-optimization" / "scripts"
 PLAN = SCRIPTS / "plan_run.py"
 PLANS = REPO / "sub-skills" / "policy-optimization" / "assets" / "plans"
 WORKFLOWS = REPO / "sub-skills" / "policy-optimization" / "references" / "workflows.md"
-REPORTS = REPO / "references" / "reports.md"
 
 TINY = """
 [palm]
@@ -261,10 +261,8 @@ def test_plan_counts_match_the_real_run(plan, tmp_path, empty_dir):
     assert real["learn_calls"] == counts["learn_calls"] and real["items_per_learn"] == [9, 9]
     assert report["predicted"]["peak_mib"] > 0 and report["predicted"]["wall_s"] > 0
     assert report["memory"]["complete"] is True and report["probe"]["regime"] == "measured"
-    doc = " ".join(REPORTS.read_text(encoding="utf-8").split("\n## Plan report\n", 1)[1].split())
-    keys = set(re.findall(r"`([a-z_]+)`", doc.split("JSON keys: ", 1)[1].split(". ", 1)[0]))
-    statuses = {"fits", "does_not_fit", "never_learns"}
-    assert len(keys) > 20 and keys <= set(report) | set(report["predicted"]) | set(report["warnings"][0]) | statuses
+    assert_keys_documented("## Plan report", [report])  # references/reports.md, both reports
+    assert_keys_documented("### Plan --execute report", [real])
     assert list(empty_dir.iterdir()) == []
 
 
