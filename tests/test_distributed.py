@@ -998,3 +998,19 @@ def test_fsdp_plugin_findings(tmp_path):
         row = table[label[name]]
         assert f"`{expected}" in row[0] and ("`ValueError: Only one model" in row[1] or "same `ValueError`" in row[1])
     assert list(cwd.iterdir()) == []
+
+
+def test_what_torchrun_makes_of_a_ranks_usage_error(empty_dir):
+    """multi-node.md: a rank's exit 2 reaches the user as torchrun's ChildFailedError summary and
+    exit 1, after the rank's one line; `--nproc` after the script is torchrun's own usage error."""
+    doc = " ".join((SCRIPTS.parent / "references" / "multi-node.md").read_text(encoding="utf-8").split())
+    assert "prints a `ChildFailedError` summary naming the first failed rank and its `exitcode`, and exits 1" in doc
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+                "--master_port", str(load_script(SCRIPTS / "ddp_launch.py", "ddp_launch").free_port())]
+    proc = run([*torchrun, str(SMOKE), "--bogus"], empty_dir, timeout=300)
+    assert proc.returncode == 1 and proc.stdout == "", proc.stderr[-2000:]
+    assert "ChildFailedError" in proc.stderr and re.search(r"exitcode\s*:\s*2\b", proc.stderr), proc.stderr[-2000:]
+    assert "tiny_rlhf_smoke.py: error: unrecognized arguments: --bogus" in proc.stderr
+    proc = run([*torchrun, str(SMOKE), "--nproc", "3"], empty_dir, timeout=300)
+    assert proc.returncode == 2 and "ambiguous option: --nproc could match --nproc-per-node" in proc.stderr
+    assert list(empty_dir.iterdir()) == []
