@@ -10,6 +10,7 @@ import json
 import re
 import sys
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 
@@ -75,6 +76,16 @@ def test_help_without_torch(empty_dir):
     for text in ("--config", "--probe-seconds", "[palm]", "[reward_model]", "[trainer]", "[prompts]", "[train]",
                  "exit codes"):
         assert text in proc.stdout
+
+
+def test_help_example_config_is_where_it_says_from_any_directory(empty_dir):
+    """QA P2: the help's example path worked only from sub-skills/policy-optimization/."""
+    proc = run([sys.executable, str(PLAN), "--help"], empty_dir)
+    example = next(line for line in proc.stdout.splitlines() if "upstream README's run" in line)
+    path = Path(example.split("--config ", 1)[1].split()[0])
+    assert path.is_absolute() and path.is_file() and path == PLANS / "upstream-readme.toml"
+    line = usage_error_without_torch(PLAN, ["--config", "upstream-readme.toml"], empty_dir)
+    assert line.endswith(f"(the shipped configs are in {PLANS})")
 
 
 @pytest.mark.parametrize("body, argv, key", [

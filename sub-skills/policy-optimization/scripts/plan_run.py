@@ -105,7 +105,8 @@ def read_config(path: str) -> dict[str, Any]:
     try:
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise rt.SkillError(f"config {path}: cannot read it: {rt.one_line(exc)}") from None
+        shipped = f" (the shipped configs are in {PLANS})" if isinstance(exc, FileNotFoundError) else ""
+        raise rt.SkillError(f"config {path}: cannot read it: {rt.one_line(exc)}{shipped}") from None
     if file.suffix.lower() == ".json":
         try:
             config = json.loads(text)
@@ -1473,7 +1474,7 @@ def build_parser() -> rt.OneLineParser:
                "  palm-rlhf-skill plan --config run.toml\n"
                "  palm-rlhf-skill plan --config run.toml --json\n"
                "  palm-rlhf-skill plan --config run.toml --set train.update_timesteps=64 --probe-seconds 20\n"
-               "  palm-rlhf-skill plan --config assets/plans/upstream-readme.toml   # the upstream README's run\n\n"
+               f"  palm-rlhf-skill plan --config {UPSTREAM_EXAMPLE}   # the upstream README's run\n\n"
                "exit codes: 0 the run fits and learns (--execute: it completed); 1 it does not fit, never "
                "learns, is too slow (--max-days) or fails; 2 usage or config error; 3 palm-rlhf-pytorch, torch or a TOML reader "
                "missing or outside the tested range")
