@@ -214,22 +214,28 @@ def shadowed_modules() -> list[dict[str, str]]:
     return found
 
 
-def check_versions(allow_untested: bool = False) -> dict[str, Any]:
+def check_versions(allow_untested: bool = False, allow_shadowed: bool | None = None) -> dict[str, Any]:
     """Check torch and palm-rlhf-pytorch against the tested ranges in ``scripts/api_record.json``
     (``supported`` and ``torch_supported``), after making sure no file shadows them.
 
     Returns ``{"versions": {...}, "tested": {...}, "warnings": [...]}``.
-    Raises SkillError(exit 3) when torch or palm-rlhf-pytorch is missing, and, unless
-    ``allow_untested`` (then a warning instead), when a module of the library or its requirements
-    would be imported from outside its installed distribution (see ``shadowed_modules``: a
-    modified library copy on PYTHONPATH is untested too) or either is outside its tested range.
+    Raises SkillError(exit 3) when torch or palm-rlhf-pytorch is missing; when a module of the
+    library or its requirements would be imported from outside its installed distribution (see
+    ``shadowed_modules``: a modified library copy on PYTHONPATH is untested too), unless
+    ``allow_shadowed`` (default: ``allow_untested``, the helpers' --allow-untested; then a warning
+    instead); and when either is outside its tested range, unless ``allow_untested``. ``check``
+    compares the docs with any installed version, but never with a shadow: it passes
+    ``allow_untested=True, allow_shadowed=False``.
     """
     warnings = []
+    opt_in = allow_shadowed is None  # the caller offers --allow-untested for a shadow
+    allow_shadowed = allow_untested if allow_shadowed is None else allow_shadowed
     for s in shadowed_modules():  # before anything imports them: a shadow's code never runs
         message = f"{s['found']} shadows the installed {s['module']} ({s['installed']})"
-        if not allow_untested:
+        if not allow_shadowed:
             raise SkillError(f"{message}: rename or move it, or run from another directory / drop it "
-                             "from PYTHONPATH (--allow-untested runs with it)", EXIT_DEPENDENCY)
+                             "from PYTHONPATH" + (" (--allow-untested runs with it)" if opt_in else ""),
+                             EXIT_DEPENDENCY)
         warnings.append(message)
     from packaging.specifiers import SpecifierSet
 
@@ -262,12 +268,51 @@ def check_versions(allow_untested: bool = False) -> dict[str, Any]:
     return {"versions": versions, "tested": tested, "warnings": warnings}
 
 
-def resolve_device(spec: str) -> tuple[dict[str, Any], Any]:
+ACCELERATE_FIX = "fix or unset it (ACCELERATE_USE_CPU takes 1/0, true/false, yes/no or on/off)"
+
+
+def probe_accelerator(kwargs: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+    """Build ``Accelerator(**kwargs)`` once, as every trainer's constructor does, to see what this
+    environment gives it: Accelerate reads ACCELERATE_USE_CPU, ACCELERATE_MIXED_PRECISION and its
+    other ``ACCELERATE_*`` variables there, and raises ValueError for a value it cannot use.
+
+    Returns ``(state, None)`` with ``state`` = {distributed_type, device, num_processes,
+    mixed_precision}, or ``(None, "Type: message")`` when it raised (ValueError, RuntimeError,
+    ImportError). Accelerate's process-wide states that this call created are cleared afterwards
+    (the trainers build their own); ones that existed before are kept.
+    """
+    with capture_library_output():
+        from accelerate import Accelerator
+        from accelerate.state import AcceleratorState, GradientState, PartialState
+    had = {cls: bool(cls._shared_state) for cls in (PartialState, AcceleratorState, GradientState)}
+    try:
+        with capture_library_output():
+            state = Accelerator(**kwargs).state
+        return {"distributed_type": state.distributed_type.value, "device": str(state.device),
+                "num_processes": state.num_processes, "mixed_precision": state.mixed_precision}, None
+    except (ValueError, RuntimeError, ImportError) as err:
+        return None, one_line(err)
+    finally:  # leave Accelerate's process-wide state as it was found
+        for cls, initialized in had.items():
+            if not initialized:
+                cls._shared_state.clear()
+
+
+def accelerate_variables() -> str:
+    """``ACCELERATE_USE_CPU='banana', ...``: the Accelerate variables set in this environment."""
+    found = [f"{k}={v!r}" for k, v in sorted(os.environ.items()) if k.startswith("ACCELERATE_")]
+    return ", ".join(found) or "no ACCELERATE_* variable set"
+
+
+def resolve_device(spec: str, trainers: bool = True) -> tuple[dict[str, Any], Any]:
     """Map ``--device auto|cpu|cuda|cuda:N`` to (accelerate_kwargs, torch.device) via Accelerate.
 
     auto means CUDA when ``torch.cuda.is_available()``, else CPU. The returned kwargs go to the
     trainers' ``accelerate_kwargs`` so their Accelerator picks the same device.
-    Raises SkillError(exit 2) for a malformed spec or CUDA that is not available.
+    Raises SkillError(exit 2) for a malformed spec, CUDA that is not available, or, when
+    ``trainers`` (the caller builds a trainer, which builds an Accelerator), an environment whose
+    ``ACCELERATE_*`` variables Accelerate refuses (``probe_accelerator``): an environment error,
+    never a failed check of the trainer built afterwards.
     """
     import torch
     from accelerate import PartialState
@@ -287,6 +332,10 @@ def resolve_device(spec: str) -> tuple[dict[str, Any], Any]:
         torch.cuda.set_device(index)  # Accelerate places on torch.device('cuda'), the current one
     use_cpu = spec == "cpu" or (spec == "auto" and not torch.cuda.is_available())
     kwargs = {"cpu": True} if use_cpu else {}
+    _, error = probe_accelerator(kwargs) if trainers else (None, None)
+    if error:
+        raise SkillError(f"Accelerate refuses this environment ({accelerate_variables()}): {error}; "
+                         + ACCELERATE_FIX)
     device = PartialState(**kwargs).device
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -662,13 +711,22 @@ class Checks:
         return status_of(self.items) == "ok"
 
 
-def emit(report: dict[str, Any], as_json: bool, summary: Callable[[dict[str, Any]], str]) -> None:
+def emit(report: dict[str, Any], as_json: bool, summary: Callable[[dict[str, Any]], str],
+         exit_code: int) -> int:
     """Write the report on stdout, the one place every helper does: one JSON object with ``--json``,
     else ``summary(report)``, whose last line is the verdict. Progress and errors go to stderr, so
-    ``helper > report.txt`` keeps the report."""
+    ``helper > report.txt`` keeps the report. Returns ``exit_code``, the report's exit code: from
+    here on a Ctrl-C ends the process at once with it (``run_cli``), whatever is still running
+    (a barrier between ranks, Python's shutdown)."""
+    global _exit_code
     text = json.dumps(report, indent=2, default=str) if as_json else summary(report)
     sys.stdout.write(text + "\n")
     sys.stdout.flush()
+    _exit_code = exit_code
+    if threading.current_thread() is threading.main_thread():
+        import signal
+        signal.signal(signal.SIGINT, _exit_now)
+    return exit_code
 
 
 # Where each check a helper reports is explained: the section to read when it fails, as a path from
@@ -846,7 +904,7 @@ def run_checked_smoke(args: argparse.Namespace, title: str, config: dict[str, An
     with timer.stage("import", label=IMPORT_LABEL):
         import torch  # noqa: F401  (the import floor, timed)
         import palm_rlhf_pytorch  # noqa: F401
-    _, device = resolve_device(args.device)
+    _, device = resolve_device(args.device, trainers=False)  # these smokes build no Accelerator
     caller = os.getcwd()
     caller_before = watch_directory(caller)
     with private_workdir(), torch_threads(args.cpu_threads) as threads, \
@@ -863,8 +921,8 @@ def run_checked_smoke(args: argparse.Namespace, title: str, config: dict[str, An
         "timings_s": {"import": timer.stages["import"], **result["timings_s"]},
     }
     report["timings_s"]["total"] = round(time.perf_counter() - started, 4)
-    emit(report, args.json, lambda r: checks_summary(title, r, next_step))
-    return EXIT_OK if checks.passed else EXIT_CHECK_FAILED
+    return emit(report, args.json, lambda r: checks_summary(title, r, next_step),
+                EXIT_OK if checks.passed else EXIT_CHECK_FAILED)
 
 
 class Terminated(BaseException):
@@ -876,20 +934,82 @@ def _raise_terminated(signum, frame) -> None:
     raise Terminated()
 
 
-def _stdout_gone() -> int:
-    """The reader of stdout went away (``| head -1``, ``| true``): point stdout at /dev/null, so
-    Python's final flush cannot fail with a second traceback, and return 141 (128 + SIGPIPE, what
-    a shell reports for a program that SIGPIPE ended, the usual convention)."""
+def _stdout_to_devnull() -> None:
+    """Point file descriptor 1 at /dev/null, so Python's final flush of what stdout still buffers
+    cannot fail a second time (with 'Exception ignored' and exit code 120)."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
-    except (OSError, ValueError):  # no file descriptor behind sys.stdout (captured in tests)
+    except (OSError, ValueError, AttributeError):  # no file descriptor behind sys.stdout (captured in tests)
         pass
+
+
+def _stdout_gone() -> int:
+    """The reader of stdout went away (``| head -1``, ``| true``): stop quietly and return 141
+    (128 + SIGPIPE, what a shell reports for a program that SIGPIPE ended, the usual convention)."""
+    _stdout_to_devnull()
     return EXIT_PIPE_CLOSED
 
 
-_exit_code: int | None = None
+class StdoutUnwritable(BaseException):
+    """Writing to stdout failed for another reason than a reader that went away: a full disk
+    (``> /dev/full``), a quota, an I/O error. A BaseException, so no ``except Exception`` on the
+    way swallows it; ``run_cli`` reports it as an environment error (exit 2)."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(one_line(error))
+
+
+class _GuardedStdout:
+    """``sys.stdout`` while ``run_cli`` runs: every writer (``emit``, ``print``, ``sys.stdout.write``)
+    goes through it, and an OSError from writing or flushing becomes StdoutUnwritable, except
+    BrokenPipeError (EPIPE: the reader went away), which stays as it is. Anything else is the
+    wrapped stream's."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as err:
+            raise StdoutUnwritable(err) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as err:
+            raise StdoutUnwritable(err) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """True for an allocation that failed: MemoryError, torch.OutOfMemoryError (CUDA), or the
+    RuntimeError torch's CPU allocator raises ('DefaultCPUAllocator: can't allocate memory')."""
+    return (isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
+            or (isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)))
+
+
+_exit_code: int | None = None  # the report's exit code, once it is written (emit) or main returned
+_quiet_at_exit = False          # _quiet_interrupts_at_exit is registered
+
+
+def _exit_now(signum=None, frame=None) -> None:
+    """SIGINT after the report: flush what is buffered and end the process at once with the run's
+    exit code (no atexit handlers, no traceback from a library's exit handler)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError, StdoutUnwritable):
+            pass
+    os._exit(_exit_code if _exit_code is not None else EXIT_INTERRUPTED)
 
 
 def _quiet_interrupts_at_exit() -> None:
@@ -898,53 +1018,80 @@ def _quiet_interrupts_at_exit() -> None:
     the run's exit code, instead of raising KeyboardInterrupt inside a library's exit handler
     (torch's weakref finalizers print 'Exception ignored in atexit callback' and a traceback)."""
     import signal
-
-    def exit_now(signum, frame) -> None:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(_exit_code if _exit_code is not None else EXIT_INTERRUPTED)
-
-    signal.signal(signal.SIGINT, exit_now)
+    signal.signal(signal.SIGINT, _exit_now)
 
 
 def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
     """Run ``main`` and turn SkillError into one stderr line plus its exit code (no traceback).
 
     SIGINT exits 130 and SIGTERM 143, each with one line, after the private working directory is
-    removed (its ``finally`` runs because both arrive as exceptions). A closed stdout (its reader
-    gone) exits 141 quietly, also when argparse's ``--help`` met it. After the work, a Ctrl-C
-    during Python's shutdown exits at once with the run's code and no traceback.
+    removed (its ``finally`` runs because both arrive as exceptions). Once the report is written
+    (``emit``), a Ctrl-C ends the process at once with the report's exit code instead, also during
+    Python's shutdown. stdout: a closed one (the helper started with ``>&-``) is refused before
+    any work, and a write that fails (``> /dev/full``) ends the run, each with one line and exit 2
+    (an environment error); a reader that went away exits 141 quietly, also when argparse's
+    ``--help`` met it. An allocation that fails (``out_of_memory``) is one line and exit 2.
     """
     import signal
-    global _exit_code
+    global _exit_code, _quiet_at_exit
     prog = Path(sys.argv[0]).name
+
+    def say(line: str) -> None:
+        if sys.stderr is not None:
+            sys.stderr.write(f"{prog}: {line}\n")
+
+    if sys.stdout is None:  # file descriptor 1 was closed when Python started
+        say("error: stdout is closed: give the report somewhere to go (> report.txt, or > /dev/null)")
+        return EXIT_USAGE
+    guarded = not isinstance(sys.stdout, _GuardedStdout)  # the outermost run_cli of the process
+    if guarded:
+        sys.stdout = _GuardedStdout(sys.stdout)
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         code = main(argv)
         sys.stdout.flush()  # a reader that went away shows here, not in Python's final flush
     except Terminated:
-        sys.stderr.write(f"{prog}: terminated\n")
+        say("terminated")
         code = EXIT_TERMINATED
     except SkillError as err:
-        sys.stderr.write(f"{prog}: error: {err}\n")
+        say(f"error: {err}")
         code = err.exit_code
     except KeyboardInterrupt:
-        sys.stderr.write(f"{prog}: interrupted\n")
+        say("interrupted")
         code = EXIT_INTERRUPTED
     except BrokenPipeError:
         code = _stdout_gone()
+    except StdoutUnwritable as err:
+        _stdout_to_devnull()
+        say(f"error: cannot write the report to stdout: {err}: free space there or send stdout elsewhere")
+        code = EXIT_USAGE
     except SystemExit:  # argparse: --help or --version on stdout, or a usage error
         try:
             sys.stdout.flush()
         except BrokenPipeError:
             raise SystemExit(_stdout_gone()) from None
+        except StdoutUnwritable as err:
+            _stdout_to_devnull()
+            say(f"error: cannot write to stdout: {err}")
+            raise SystemExit(EXIT_USAGE) from None
         raise
+    except Exception as exc:  # noqa: BLE001 - only a failed allocation is turned into one line
+        if not out_of_memory(exc):
+            raise
+        say(f"error: ran out of memory: {one_line(exc)}: these sizes need more memory than this process "
+            "may use; choose smaller ones")
+        code = EXIT_USAGE
     finally:
         signal.signal(signal.SIGTERM, previous)
-    if _exit_code is None:
+        if guarded and isinstance(sys.stdout, _GuardedStdout):
+            sys.stdout = sys.stdout._stream
+    if not _quiet_at_exit:
         atexit.register(_quiet_interrupts_at_exit)
+        _quiet_at_exit = True
     _exit_code = code
     return code
+
+
+if __name__ == "__main__":  # run by path: say what it is (one line, exit 2), do nothing else
+    sys.stderr.write("skill_runtime.py: error: a module, not a command: the helpers' shared runtime, imported by them: run one of them, e.g. tiny-rlhf-smoke --help\n")
+    sys.exit(2)

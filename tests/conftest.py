@@ -65,3 +65,13 @@ def empty_dir(tmp_path: Path) -> Path:
     d = tmp_path / "cwd"
     d.mkdir()
     return d
+
+
+@pytest.fixture(autouse=True)
+def restore_sigint():
+    """A helper's report (``emit``) makes Ctrl-C end the process with the report's exit code: right
+    for a helper's process, not for pytest's once a test has run a helper in-process."""
+    import signal
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    signal.signal(signal.SIGINT, before)

@@ -11,6 +11,7 @@ from importlib import metadata
 import pytest
 
 from conftest import BIN, REPO, SMOKE, load_script, run, run_json
+from test_trainers import assert_keys_documented
 
 BENCH = REPO / "sub-skills" / "policy-optimization" / "scripts" / "bench_smoke.py"
 SIZING = REPO / "sub-skills" / "policy-optimization" / "references" / "sizing.md"
@@ -53,6 +54,7 @@ def test_quick_bench_through_the_console_script(empty_dir):
     assert proc.stderr == ""  # --json: no progress unless --progress
     assert report["kind"] == "bench" and report["children_ok"] is True and report["repeat"] == 1
     assert list(report["cases"]) == ["floor", "ppo/construct-only", "ppo/train-smoke"]
+    assert_keys_documented("## bench report", [report], {"cases": "<case>"})  # references/reports.md
     for key, case in report["cases"].items():
         assert case["ok"] and case["exit_codes"] == [0]
         for metric in ("wall_s", "cpu_s", "peak_rss_mib"):
@@ -231,3 +233,16 @@ def test_inconclusive_exit_code_is_documented():
     assert rt.EXIT_INCONCLUSIVE == 75 and "| 75 | `palm-rlhf-skill bench` only: inconclusive" in installation
     proc = run([sys.executable, str(BENCH), "--help"], REPO)
     assert "75 inconclusive" in " ".join(proc.stdout.split())
+
+
+def test_cuda_without_cuda_is_refused_before_the_first_child(empty_dir):
+    """QA P15: `bench --device cuda` on a CPU-only machine spent ~20 s on the import floor's runs
+    before its one-line exit 2; now it answers in the time of one torch import."""
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    proc = run([sys.executable, str(BENCH), "--device", "cuda", "--repeat", "1", "--trainer", "ppo", "--json",
+                "--progress"], empty_dir)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr[-2000:]
+    assert proc.stderr.startswith("bench_smoke.py: error: --device cuda requested but CUDA is not available")
+    assert "import floor" not in proc.stderr and "warm-up" not in proc.stderr  # no child ran

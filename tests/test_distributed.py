@@ -310,7 +310,7 @@ def test_one_mixed_precision_per_process(empty_dir):
 @pytest.mark.parametrize("argv, message", [
     (["--nproc", "0"], "--nproc: must be between 1 and 64"),
     (["--no-ddp-fixes"], "--no-ddp-fixes applies to --nproc runs or to the ranks a launcher started"),
-    (["--oversubscribe"], "--oversubscribe applies to --nproc runs"),
+    (["--learn", "--oversubscribe"], "--oversubscribe applies to the train smoke, not --learn"),
     (["--nproc", "2", "--eos-token", "68"], "--eos-token 68 occurs in prompt(s) [0]"),
     (["--nproc", "2", "--device", "cuda"], "needs 2 visible CUDA devices"),
     (["--nproc", "2", "--device", "cuda:1"], "use auto, cpu or cuda"),
@@ -842,8 +842,11 @@ def test_launcher_world_from_environment(env, expected):
 @pytest.mark.parametrize("argv, env, message", [
     (["--trainer", "grpo"], {"SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "2"},
      "srun started this smoke as task 0 of 2, but MASTER_ADDR and MASTER_PORT are not set"),
-    (["--nproc", "3"], {"RANK": "0", "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "x"},
+    (["--nproc", "3"], {"RANK": "0", "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "x", "MASTER_ADDR": "h",
+                        "MASTER_PORT": "9"},
      "--nproc 3, but torchrun started a world of 2 processes: drop --nproc under a launcher"),
+    (["--trainer", "grpo"], {"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "9"},  # not a --dist-timeout wait
+     "rank 0 of 2 (env): MASTER_ADDR is not set: export MASTER_ADDR (rank 0's host name) and MASTER_PORT"),
     (["--trainer", "grpo"], {"RANK": "two", "WORLD_SIZE": "2"}, "RANK='two' from the launcher is not an integer"),
 ])
 def test_launcher_usage_errors_exit_2_one_line_without_torch(empty_dir, monkeypatch, argv, env, message):
@@ -874,6 +877,21 @@ def test_nproc_resources_refused_unless_oversubscribe(smoke, monkeypatch):
         launch.check_resources(2, "cpu", config, oversubscribe=False)
     facts = launch.check_resources(cpus + 1, "cpu", config, oversubscribe=True)
     assert facts["oversubscribe"] and facts["available_mib"] == 500 and facts["usable_cpus"] == cpus
+    with pytest.raises(rt.SkillError, match=r"^--dim 32 --depth 1 needs about \d+ MiB, 500 MiB available: "
+                                            r"use a smaller --dim/--depth, or pass --oversubscribe"):
+        launch.check_resources(None, "cpu", config, oversubscribe=False)  # the single-process smoke
+
+
+def test_single_process_sizes_beyond_memory_are_refused_before_building(empty_dir):
+    """The QA's traceback: --dim 8192 --depth 64 passes the option bounds but needs terabytes; the
+    one-process smoke refuses it like --nproc does (exit 2, one line), before any model exists."""
+    for extra in ([], ["--construct-only"]):
+        proc = run([sys.executable, str(SMOKE), "--dim", "8192", "--depth", "64", "--json", *extra], empty_dir)
+        assert proc.returncode == 2 and proc.stdout == "", proc.stderr[-2000:]
+        line = proc.stderr.strip().splitlines()[-1]
+        assert line.startswith("tiny_rlhf_smoke.py: error: --dim 8192 --depth 64 needs about ") and \
+            "MiB available: use a smaller --dim/--depth, or pass --oversubscribe" in line, proc.stderr[-2000:]
+    assert list(empty_dir.iterdir()) == []
 
 
 def test_nproc_above_cpu_cores_is_exit_2_one_line(empty_dir):
@@ -980,3 +998,19 @@ def test_fsdp_plugin_findings(tmp_path):
         row = table[label[name]]
         assert f"`{expected}" in row[0] and ("`ValueError: Only one model" in row[1] or "same `ValueError`" in row[1])
     assert list(cwd.iterdir()) == []
+
+
+def test_what_torchrun_makes_of_a_ranks_usage_error(empty_dir):
+    """multi-node.md: a rank's exit 2 reaches the user as torchrun's ChildFailedError summary and
+    exit 1, after the rank's one line; `--nproc` after the script is torchrun's own usage error."""
+    doc = " ".join((SCRIPTS.parent / "references" / "multi-node.md").read_text(encoding="utf-8").split())
+    assert "prints a `ChildFailedError` summary naming the first failed rank and its `exitcode`, and exits 1" in doc
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+                "--master_port", str(load_script(SCRIPTS / "ddp_launch.py", "ddp_launch").free_port())]
+    proc = run([*torchrun, str(SMOKE), "--bogus"], empty_dir, timeout=300)
+    assert proc.returncode == 1 and proc.stdout == "", proc.stderr[-2000:]
+    assert "ChildFailedError" in proc.stderr and re.search(r"exitcode\s*:\s*2\b", proc.stderr), proc.stderr[-2000:]
+    assert "tiny_rlhf_smoke.py: error: unrecognized arguments: --bogus" in proc.stderr
+    proc = run([*torchrun, str(SMOKE), "--nproc", "3"], empty_dir, timeout=300)
+    assert proc.returncode == 2 and "ambiguous option: --nproc could match --nproc-per-node" in proc.stderr
+    assert list(empty_dir.iterdir()) == []

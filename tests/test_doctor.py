@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from conftest import BIN, REPO, run, run_json
+from test_trainers import assert_keys_documented
 from palm_rlhf_skill import doctor
 
 CHECKS = ["python", "library", "dependencies", "torch", "accelerate", "tqdm", "memory", "disk"]
@@ -48,6 +49,7 @@ def test_doctor_json_is_fit_on_this_machine(empty_dir, home):
     torch_info = report["torch"]
     assert torch_info["build"] == "CPU" or torch_info["build"].startswith("CUDA ")
     assert torch_info["cuda_available"] is False and torch_info["devices"] == []  # CUDA hidden by run()
+    assert_keys_documented("## doctor report", [report], {"packages": "<package>"})  # references/reports.md
     assert isinstance(torch_info["cpu_bf16"], bool) and torch_info["auto_device"] == "cpu"
     accel = report["accelerate"]
     assert accel["distributed_type"] == "NO" and accel["device"] == "cpu" and accel["num_processes"] == 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -127,7 +128,8 @@ def test_a_shadowing_module_is_named_in_one_line_and_exits_3(empty_dir, shadow):
     path.parent.mkdir(exist_ok=True)
     path.write_text(SHADOW_CODE, encoding="utf-8")
     named = path if path.name != "__init__.py" else path.parent
-    for cmd in ([str(BIN / "tiny-rlhf-smoke"), "--json"], [sys.executable, str(SMOKE), "--json"]):
+    for cmd in ([str(BIN / "tiny-rlhf-smoke"), "--json"], [sys.executable, str(SMOKE), "--json"],
+                [str(BIN / "palm-rlhf-skill"), "check", "--json"]):  # check too: never compares a shadow
         proc = run(cmd, empty_dir, env={"PYTHONPATH": "."})
         assert proc.returncode == 3 and proc.stdout == "", proc.stderr[-2000:]
         line = only_line(proc.stderr)
@@ -202,3 +204,83 @@ def test_ctrl_c_after_the_report_exits_with_its_code_and_no_traceback(empty_dir)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout)["status"] == "ok"
     assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr[-2000:]
+
+
+# --- a report that cannot be written: one line, exit 2 (an environment error) -----------------------
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+@pytest.mark.parametrize("cmd", [[str(BIN / name), *args] for name, args in CLOSED_STDOUT_CASES.items()]
+                         + [[str(BIN / "palm-rlhf-skill"), "doctor", "--json"]],
+                         ids=lambda cmd: " ".join(Path(c).name for c in cmd[:2]))
+def test_a_full_disk_under_stdout_is_one_line_and_exit_2(empty_dir, cmd, rt):
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(cmd, cwd=empty_dir, stdout=full, stderr=subprocess.PIPE, text=True, timeout=300,
+                              env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "TQDM_DISABLE": "1"})
+    assert proc.returncode == rt.EXIT_USAGE, proc.stderr[-2000:]
+    assert "cannot write the report to stdout: OSError: [Errno 28]" in only_line(proc.stderr)
+    assert list(empty_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize("cmd", [[str(BIN / "palm-rlhf-skill"), "list"], [str(BIN / "tiny-rlhf-smoke"), "--json"],
+                                 [sys.executable, str(SMOKE), "--help"]],
+                         ids=lambda cmd: " ".join(Path(c).name for c in cmd[:2]))
+def test_a_closed_stdout_is_refused_before_any_work(empty_dir, cmd, rt):
+    proc = subprocess.run(cmd, cwd=empty_dir, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          timeout=300, preexec_fn=lambda: os.close(1))  # the child starts with fd 1 closed (>&-)
+    assert proc.returncode == rt.EXIT_USAGE, proc.stderr[-2000:]
+    assert "error: stdout is closed" in only_line(proc.stderr)
+
+
+# --- Ctrl-C right after the report: the report's exit code, not 130 ----------------------------------
+
+INTERRUPT_AFTER_REPORT = """
+import os, runpy, signal, sys
+sys.path.insert(0, sys.argv[2])
+import skill_runtime  # the module the smoke imports by the same name
+signal.signal(signal.SIGINT, signal.default_int_handler)
+write = skill_runtime.emit
+def emit_then_ctrl_c(*args, **kwargs):  # the user's Ctrl-C the moment the verdict line appears
+    code = write(*args, **kwargs)
+    os.kill(os.getpid(), signal.SIGINT)
+    return code
+skill_runtime.emit = emit_then_ctrl_c
+sys.argv = [sys.argv[1], '--construct-only', '--device', 'cpu', '--trainer', sys.argv[3]]
+runpy.run_path(sys.argv[0], run_name='__main__')
+"""
+
+
+@pytest.mark.parametrize("trainer,code", [("grpo", 0), ("no-such-kwarg", 1)])
+def test_ctrl_c_right_after_the_report_exits_with_the_reports_code(empty_dir, monkeypatch, trainer, code):
+    """installation.md#exit-codes-of-every-helper: once the report is written, Ctrl-C ends the
+    helper at once with the report's exit code; 'no-such-kwarg' is grpo with a constructor that
+    raises (exit 1)."""
+    script = SMOKE
+    if trainer == "no-such-kwarg":  # a copy of the tree whose grpo row passes an unknown argument
+        tree = empty_dir.parent / "tree"
+        shutil.copytree(REPO, tree, ignore=shutil.ignore_patterns(".git", ".venv", "tests", "__pycache__"))
+        script = tree / SMOKE.relative_to(REPO)
+        text = script.read_text(encoding="utf-8").replace(
+            '"grpo_num_times_sample_rewards", 4, GROUP_SAMPLES + 1)',
+            '"grpo_num_times_sample_rewards", 4, GROUP_SAMPLES + 1, {"no_such_argument": 1})')
+        script.write_text(text, encoding="utf-8")
+    proc = run([sys.executable, "-c", INTERRUPT_AFTER_REPORT, str(script),
+                str(script.parents[3] / "scripts"), "grpo"], empty_dir)
+    assert proc.returncode == code, proc.stderr[-2000:]
+    assert proc.stdout.rstrip().splitlines()[-1].startswith("tiny-rlhf-smoke: " + ("OK" if code == 0 else "FAILED"))
+    assert "interrupted" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+# --- an environment Accelerate refuses: exit 2 with one line naming the variable ---------------------
+
+@pytest.mark.parametrize("variable,value", [("ACCELERATE_USE_CPU", "banana"), ("ACCELERATE_MIXED_PRECISION", "fp8")])
+def test_an_accelerate_variable_it_refuses_is_an_environment_error(empty_dir, variable, value):
+    """Fresh processes: Accelerate reads these variables only while no AcceleratorState exists."""
+    env = {variable: value}
+    for argv in (["--construct-only", "--json"], ["--learn", "--learn-seeds", "1", "--trainer", "grpo", "--json"]):
+        proc = run([sys.executable, str(SMOKE), *argv], empty_dir, env=env)
+        assert proc.returncode == 2 and proc.stdout == "", proc.stderr[-2000:]
+        line = only_line(proc.stderr)
+        assert f"Accelerate refuses this environment ({variable}={value!r})" in line and "fix or unset it" in line
+    proc = run([str(BIN / "tiny-palm-smoke"), "--steps", "1", "--json"], empty_dir, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]  # it builds no Accelerator: nothing to refuse
+    assert list(empty_dir.iterdir()) == []

@@ -16,6 +16,7 @@ import skills_ref
 from conftest import BIN, REPO, run, run_json
 from palm_rlhf_skill import install as inst
 from skill_tree import files_with_hashes, repo_skill_files
+from test_trainers import assert_keys_documented
 
 NAME = "palm-rlhf-pytorch"
 SMOKE_IN_COPY = "sub-skills/policy-optimization/scripts/tiny_rlhf_smoke.py"
@@ -93,14 +94,38 @@ def test_different_copy_needs_force(project, capsys):
     assert sorted(p.name for p in dest.parent.iterdir()) == [NAME]  # old copy and staging gone
 
 
-def test_a_file_in_the_way_needs_force(project, capsys):
+@pytest.mark.parametrize("kind", ["folder", "file"])
+def test_force_never_replaces_what_is_not_a_copy_of_the_skill(project, capsys, kind):
+    """The QA's data loss: `install --force` deleted a folder that uninstall refuses to touch."""
     skills = project / "skills"
-    skills.mkdir()
-    (skills / NAME).write_text("not a folder\n", encoding="utf-8")
-    assert inst.main(["--target", "./skills"]) == 1
-    assert "a file that is not a folder" in one_error_line(capsys.readouterr().err)
-    assert inst.main(["--target", "./skills", "--force"]) == 0
-    assert files_with_hashes(skills / NAME) == repo_tree()
+    if kind == "folder":
+        (skills / NAME).mkdir(parents=True)
+        (skills / NAME / "notes.txt").write_text("precious\n", encoding="utf-8")
+    else:
+        skills.mkdir()
+        (skills / NAME).write_text("not a folder\n", encoding="utf-8")
+    for argv in (["--target", "./skills"], ["--target", "./skills", "--force"]):
+        assert inst.main(argv) == 1
+        line = one_error_line(capsys.readouterr().err)
+        assert f"is not a copy of the {NAME} skill ({'a folder whose SKILL.md' if kind == 'folder' else 'a file'}" in line
+        assert "different copy" not in line
+    assert inst.uninstall_main(["--target", "./skills"]) == 1  # the same test, the same words
+    assert f"is not a copy of the {NAME} skill" in one_error_line(capsys.readouterr().err)
+    kept = skills / NAME / "notes.txt" if kind == "folder" else skills / NAME
+    assert kept.read_text(encoding="utf-8") in ("precious\n", "not a folder\n")
+
+
+def test_concurrent_uninstalls_remove_once_and_agree(project, home):
+    """The QA saw 'is not a copy' (exit 1) and 'cannot remove references' (exit 2) from parallel
+    uninstalls of one copy: exactly one removes it, the others find nothing there (exit 0)."""
+    for _ in range(3):
+        assert inst.main(["--target", "./par"]) == 0
+        procs = [subprocess.Popen([str(BIN / "palm-rlhf-skill"), "uninstall", "--target", "./par"], cwd=project,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+        results = [(p.wait(timeout=120), p.stdout.read(), p.stderr.read()) for p in procs]
+        assert [code for code, _, _ in results] == [0] * 4, results
+        assert sum(out.startswith("removed ") for _, out, _ in results) == 1, results
+        assert list((project / "par").iterdir()) == []  # no private folder left behind
 
 
 @pytest.mark.parametrize("target", ["cursor", "claude-code", ""])
@@ -223,6 +248,7 @@ def test_list_reports_each_location(project, home, capsys):
     statuses = {(r["target"], r["scope"]): r["status"] for r in report["locations"]}
     assert statuses == {("claude", "project"): "up-to-date", ("claude", "user"): "absent",
                         ("agents", "project"): "absent", ("agents", "user"): "different"}
+    assert_keys_documented("## list report", [report])  # references/reports.md
     paths = {(r["target"], r["scope"]): r["path"] for r in report["locations"]}
     assert paths[("claude", "user")] == str(home / ".claude/skills" / NAME)
 

@@ -126,7 +126,11 @@ def test_criterion(smoke):
     assert smoke.learning_verdict(seeds(0.1, 0.1, 0.1, 0.3, 0.3), 0.2)[0] is False     # median 0.1
     assert smoke.learning_verdict(seeds(0, 0, 0, 0, 0), 0.0)[0] is False               # no change
     passed, detail = smoke.learning_verdict(seeds(0.25, -0.1), 0.2)
-    assert not passed and detail.startswith("1/2 seeds improved (need 2), median gain +0.075")
+    assert not passed and detail.startswith("1/2 seeds improved (need 2: missed), median gain +0.075 "
+                                            "(threshold 0.2: missed)")
+    # one seed just under the threshold (TPO's seed 0 in the QA run): the failed criterion is named
+    passed, detail = smoke.learning_verdict(seeds(0.197), 0.2)
+    assert not passed and detail.startswith("1/1 seeds improved (need 1), median gain +0.197 (threshold 0.2: missed)")
     assert "0: 0.500 -> 0.750, 1: 0.500 -> 0.400" in detail
 
 

@@ -318,3 +318,20 @@ def test_readme_says_which_options_the_sibling_smokes_share():
                for name, path in CONSOLE.items()}
     assert common and all(common <= opts for opts in options.values())
     assert options["tiny-palm-smoke"] - common == own == options["tiny-reward-smoke"] - common
+
+
+LIBRARY_MODULES = [REPO / "scripts" / "skill_runtime.py", SMOKE.parent / "ddp_fixes.py", SMOKE.parent / "ddp_launch.py",
+                   REPO / "sub-skills" / "reward-modeling" / "scripts" / "rule_reward.py"]
+
+
+@pytest.mark.parametrize("module", LIBRARY_MODULES, ids=lambda p: p.name)
+@pytest.mark.parametrize("argv", [[], ["--help"]])
+def test_a_module_run_by_path_says_it_is_one(empty_dir, module, argv):
+    """QA P16: these exited 0 silently (rule_reward.py after importing torch); every other script
+    under scripts/ has a command line of its own."""
+    from conftest import usage_error_without_torch
+    line = usage_error_without_torch(module, argv, empty_dir)
+    assert line.startswith(f"{module.name}: error: a module, not a command: ")
+    scripts = [*REPO.glob("scripts/*.py"), *REPO.glob("sub-skills/*/scripts/*.py")]
+    silent = [p.name for p in scripts if 'if __name__ == "__main__"' not in p.read_text(encoding="utf-8")]
+    assert silent == []  # no script of the tree does nothing when run

@@ -10,16 +10,17 @@ import json
 import re
 import sys
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 
 from conftest import BIN, REPO, load_script, run, run_json, usage_error_without_torch
+from test_trainers import assert_keys_documented
 
 SCRIPTS = REPO / "sub-skills" / "policy-optimization" / "scripts"
 PLAN = SCRIPTS / "plan_run.py"
 PLANS = REPO / "sub-skills" / "policy-optimization" / "assets" / "plans"
 WORKFLOWS = REPO / "sub-skills" / "policy-optimization" / "references" / "workflows.md"
-REPORTS = REPO / "references" / "reports.md"
 
 TINY = """
 [palm]
@@ -75,6 +76,16 @@ def test_help_without_torch(empty_dir):
     for text in ("--config", "--probe-seconds", "[palm]", "[reward_model]", "[trainer]", "[prompts]", "[train]",
                  "exit codes"):
         assert text in proc.stdout
+
+
+def test_help_example_config_is_where_it_says_from_any_directory(empty_dir):
+    """QA P2: the help's example path worked only from sub-skills/policy-optimization/."""
+    proc = run([sys.executable, str(PLAN), "--help"], empty_dir)
+    example = next(line for line in proc.stdout.splitlines() if "upstream README's run" in line)
+    path = Path(example.split("--config ", 1)[1].split()[0])
+    assert path.is_absolute() and path.is_file() and path == PLANS / "upstream-readme.toml"
+    line = usage_error_without_torch(PLAN, ["--config", "upstream-readme.toml"], empty_dir)
+    assert line.endswith(f"(the shipped configs are in {PLANS})")
 
 
 @pytest.mark.parametrize("body, argv, key", [
@@ -261,10 +272,8 @@ def test_plan_counts_match_the_real_run(plan, tmp_path, empty_dir):
     assert real["learn_calls"] == counts["learn_calls"] and real["items_per_learn"] == [9, 9]
     assert report["predicted"]["peak_mib"] > 0 and report["predicted"]["wall_s"] > 0
     assert report["memory"]["complete"] is True and report["probe"]["regime"] == "measured"
-    doc = " ".join(REPORTS.read_text(encoding="utf-8").split("\n## Plan report\n", 1)[1].split())
-    keys = set(re.findall(r"`([a-z_]+)`", doc.split("JSON keys: ", 1)[1].split(". ", 1)[0]))
-    statuses = {"fits", "does_not_fit", "never_learns"}
-    assert len(keys) > 20 and keys <= set(report) | set(report["predicted"]) | set(report["warnings"][0]) | statuses
+    assert_keys_documented("## Plan report", [report])  # references/reports.md, both reports
+    assert_keys_documented("### Plan --execute report", [real])
     assert list(empty_dir.iterdir()) == []
 
 
@@ -340,6 +349,105 @@ def test_settings_that_learn_nothing_are_flagged(plan, tmp_path, trainer, overri
     assert code in found and found[code]["blocks_learning"] is True, warnings
     status, _ = plan.verdict(True, counts, warnings, {"total_s": 1.0, "lower_bound": False}, 1, True, 2)
     assert status == "never_learns"
+
+
+@pytest.mark.parametrize("trainer, override, code", [
+    ("ppo", "trainer.max_norm=0.5", "ppo_max_norm"),                          # learn() raises AttributeError
+    ("flowrl", "trainer.partition_function_hidden_dim=8", "flowrl_partition_dim"),  # learn() raises RuntimeError
+    ("grpo", "trainer.grpo_num_times_sample_rewards=0", "group_of_one"),       # the first rollout asserts
+])
+def test_a_trap_the_plan_warns_about_is_a_verdict_never_a_traceback(plan, tmp_path, capsys, monkeypatch,
+                                                                       trainer, override, code):
+    """The QA's traceback: with budget for real rollouts and learn(), the probe called the very
+    learn() its warning says raises. Now that learn() is never called, and whatever the library raises
+    in a probe stage ends the probe with a note: exit 1, the trap's warning, one JSON report."""
+    monkeypatch.chdir(tmp_path)
+    path = tiny_config(tmp_path, trainer, episodes=1, timesteps=4, update=4)
+    assert plan.main(["--config", str(path), "--set", override, "--json", "--device", "cpu",
+                      "--probe-seconds", "60"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["status"] == "never_learns" and report["warnings"], report["verdict"]
+    assert next(w for w in report["warnings"] if w["blocks_learning"])["code"] == code
+    notes = " ".join(report["probe"]["notes"])
+    if code != "group_of_one":
+        assert f"learn() not probed: it raises on this configuration (warning {code})" in notes
+        assert not report["probe"].get("raised")
+    else:
+        assert report["probe"]["raised"]["stage"] == "stored_fields" and "AssertionError" in notes
+
+
+def test_an_unknown_library_failure_in_the_probe_is_a_warning(plan, tmp_path, capsys, monkeypatch):
+    import palm_rlhf_pytorch.grpo as grpo
+
+    def broken_learn(self, memories):
+        raise RuntimeError("something the planner does not know about")
+    monkeypatch.setattr(grpo.RLHFTrainer, "learn", broken_learn)
+    monkeypatch.chdir(tmp_path)
+    path = tiny_config(tmp_path, "grpo", episodes=1, timesteps=4, update=4)
+    assert plan.main(["--config", str(path), "--json", "--device", "cpu", "--probe-seconds", "60"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    warning = next(w for w in report["warnings"] if w["code"] == "probe_raised")
+    assert warning["blocks_learning"] and "RuntimeError: something the planner does not know about" in warning["message"]
+    assert report["status"] == "never_learns" and report["probe"]["raised"]["stage"].endswith("real rollouts and learn()")
+
+
+@pytest.mark.parametrize("trainer", ["ppo", "grpo", "tpo", "flowrl"])
+def test_counting_builds_on_meta_and_counts_what_a_real_build_holds(plan, tmp_path, trainer):
+    """B4: the counts are computed with no memory at any size (the trainer's own LoRA scopes, value
+    head and partition function were real before), and equal a real build's at a tiny size."""
+    import psutil
+    res, kwargs, device, ids = tiny_trainer(plan, tmp_path, trainer)
+    meta = plan.parameter_report(plan.build_trainer(res, kwargs, device, ids, meta=True))
+    real = plan.parameter_report(plan.build_trainer(res, kwargs, device, ids))
+    for key in ("total_numel", "trainable_numel", "weights_bytes", "optimizer_state_bytes"):
+        assert meta[key] == real[key], key
+    config = plan.read_config(str(tiny_config(tmp_path, trainer)))
+    for override in ("palm.dim=8192", "palm.depth=128", "palm.num_tokens=256", "prompts.count=100000000",
+                     "trainer.partition_function_hidden_dim=8192" if trainer == "flowrl" else "train.max_seq_len=12"):
+        plan.apply_override(config, override)
+    plan.check_structure(config)
+    big = plan.check_against_library(config)
+    before = psutil.Process().memory_info().rss
+    trainer_on_meta = plan.build_trainer(big, kwargs, device, plan.prompt_token_ids(big, 0, meta=True), meta=True)
+    grew = psutil.Process().memory_info().rss - before
+    report = plan.parameter_report(trainer_on_meta)
+    assert report["weights_bytes"] > 2**33 and grew < 64 * 2**20, (report["weights_bytes"], grew)
+
+
+def test_prompt_ids_beyond_memory_are_counted_not_allocated(plan, tmp_path, capsys, monkeypatch):
+    """10**10 prompts of 8 ids are 80 GB: the verdict does_not_fit, without building them."""
+    monkeypatch.chdir(tmp_path)
+    path = tiny_config(tmp_path, "grpo")
+    assert plan.main(["--config", str(path), "--set", "prompts.count=10000000000", "--json", "--device", "cpu"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["status"] == "does_not_fit" and report["probe"]["regime"] == "skipped"
+    assert report["predicted"]["peak_mib"] > 80e9 / 2**20
+
+
+def test_set_null_unsets_a_key(plan, tmp_path):
+    """--set KEY=null: the library default applies again; and [prompts] can switch to a file."""
+    config = plan.read_config(str(tiny_config(tmp_path)))
+    plan.apply_override(config, "train.eos_token=7")
+    plan.apply_override(config, "train.eos_token=null")
+    assert "eos_token" not in config["train"]
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello\n", encoding="utf-8")
+    for text in ("prompts.count=null", "prompts.length=null", f"prompts.path={prompts}"):
+        plan.apply_override(config, text)
+    plan.check_structure(config)
+    assert config["prompts"] == {"path": str(prompts)}
+    config["train"]["eos_token"] = None  # a JSON config's null: named in JSON's words
+    with pytest.raises(plan.rt.SkillError, match=r"\[train\] eos_token: expected boolean or integer or number or "
+                                                 r"string, got null$"):
+        plan.check_against_library(config)
+
+
+def test_a_run_longer_than_max_days_is_too_slow(plan):
+    counts = plan.run_counts(10**9, 4, 1, 4, 1)
+    wall = {"total_s": 303_992 * 86400.0, "lower_bound": True}
+    status, line = plan.verdict(True, counts, [], wall, 1, True, 2, max_days=plan.MAX_DAYS)
+    assert status == "too_slow" and line.startswith("too slow (over --max-days 30): predicted at least 303,992 days")
+    assert plan.verdict(True, counts, [], wall, 1, True, 2, max_days=10**6)[0] == "fits"
 
 
 @pytest.mark.parametrize("trainer, extra, expect", [

@@ -119,6 +119,25 @@ def test_usage_errors_are_one_line_exit_2_without_torch(empty_dir, argv):
     usage_error_without_torch(SMOKE, argv, empty_dir)
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--learn", "--verbose"], "--verbose applies to the train smoke, not --learn"),
+    (["--learn", "--dist-timeout", "5"], "--dist-timeout applies to the train smoke, not --learn"),
+    (["--dist-timeout", "5"], "--dist-timeout applies to --nproc runs or to the ranks a launcher started"),
+    (["--dim", "1"], "--dim: must be between 2 and 8192, got 1"),  # one feature: LayerNorm outputs 0
+    (["--eos-token", "3", "--new-tokens", "1", "--trainer", "tpo"], "--eos-token needs --new-tokens 2 or more"),
+])
+def test_options_that_cannot_work_are_refused_not_ignored(empty_dir, argv, message):
+    """The QA's polish findings: an option a mode ignores, or a size or combination whose checks
+    cannot pass, is a usage error (one line, exit 2, before torch), not a silent no-op or exit 1."""
+    assert message in usage_error_without_torch(SMOKE, argv, empty_dir)
+
+
+def test_eos_in_fixed_prompts_does_not_suggest_another_seed(empty_dir):
+    proc = run([sys.executable, str(SMOKE), "--prompt-style", "file", "--eos-token", "102", "--json"], empty_dir)
+    assert proc.returncode == 2 and proc.stdout == "" and len(proc.stderr.strip().splitlines()) == 1
+    assert proc.stderr.strip().endswith("choose another id (the prompts of --prompt-style file do not depend on --seed)")
+
+
 def test_sigterm_exits_143_and_removes_the_private_dir(tmp_path, empty_dir):
     import signal
     import subprocess

@@ -297,8 +297,11 @@ def code(cell: str) -> str:
     return match.group(1)
 
 
-def flatten(value, path: str, found: dict[str, set], copies: set[str] = frozenset()) -> None:
-    """Record the JSON type of every key path; placeholders for trainer, loss and optimizer keys."""
+def flatten(value, path: str, found: dict[str, set], copies: set[str] = frozenset(),
+            placeholders: dict[str, str] = PLACEHOLDERS) -> None:
+    """Record the JSON type of every key path, not below the paths in ``copies``; the keys of an
+    object named in ``placeholders`` (trainer, loss and optimizer keys by default) become its
+    placeholder."""
     if path:
         found.setdefault(path, set()).add(JSON_TYPES[type(value)])
     if path in copies:
@@ -306,12 +309,29 @@ def flatten(value, path: str, found: dict[str, set], copies: set[str] = frozense
     if isinstance(value, dict):
         last = path.rsplit(".", 1)[-1]
         for key, item in value.items():
-            name = PLACEHOLDERS.get(last, key)
-            flatten(item, f"{path}.{name}" if path else name, found, copies)
+            name = placeholders.get(last, key)
+            flatten(item, f"{path}.{name}" if path else name, found, copies, placeholders)
     elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
         for item in value:
             for key, inner in item.items():
-                flatten(inner, f"{path}[].{key}", found, copies)
+                flatten(inner, f"{path}[].{key}", found, copies, placeholders)
+
+
+def assert_keys_documented(heading: str, reports: list[dict], placeholders: dict[str, str] | None = None) -> None:
+    """The key table under ``heading`` in reports.md against real reports: every key path they hold
+    is a row, every row is seen in one of them, and the JSON types agree. A row with no row below it
+    is a leaf: its meaning cell describes what it holds (not checked here), so a table documents
+    as deep as it means to and can still not drift."""
+    rows = {code(r[0]): r for r in table(REPORTS.read_text(encoding="utf-8"), heading)}
+    leaves = {k for k in rows if not any(o.startswith((k + ".", k + "[].")) for o in rows)}
+    found: dict[str, set] = {}
+    for report in reports:
+        flatten(report, "", found, leaves, placeholders or {})
+    assert set(found) == set(rows), (f"{heading}: undocumented: {sorted(set(found) - set(rows))}; "
+                                     f"documented but never seen: {sorted(set(rows) - set(found))}")
+    for key, types in found.items():
+        documented = {t.strip() for t in rows[key][1].split(" or ")}
+        assert types <= documented, f"{heading}: {key}: real {types}, documented {documented}"
 
 
 def report_keys(report: dict) -> list[str]:

@@ -246,8 +246,8 @@ def accelerate_check(torch_info: dict[str, Any], shadowed: set[str]) -> tuple[di
 
     ``accelerate launch`` without a config file starts one process per CUDA device (MULTI_GPU)
     when more than one is visible, else one process (accelerate/commands/launch.py,
-    ``_validate_launch_command``). Accelerate's process-wide states that this call created are
-    cleared afterwards; ones that existed before are kept.
+    ``_validate_launch_command``). The Accelerator is built by ``rt.probe_accelerator``, the same
+    probe the helpers run before any model (an ACCELERATE_* value it refuses: exit 2 there).
     """
     use_cpu = os.environ.get("ACCELERATE_USE_CPU")
     info: dict[str, Any] = {"ACCELERATE_USE_CPU": use_cpu,
@@ -256,23 +256,12 @@ def accelerate_check(torch_info: dict[str, Any], shadowed: set[str]) -> tuple[di
         return info, _check("accelerate", "skipped", "accelerate or torch is not installed or not "
                             "importable", "see the library and dependencies checks")
     with rt.capture_library_output():
-        from accelerate import Accelerator
         from accelerate.commands.config.config_args import default_config_file, load_config_from_file
-        from accelerate.state import AcceleratorState, GradientState, PartialState
-    had = {cls: bool(cls._shared_state) for cls in (PartialState, AcceleratorState, GradientState)}
-    try:
-        with rt.capture_library_output():
-            state = Accelerator().state
-        info.update({"distributed_type": state.distributed_type.value, "device": str(state.device),
-                     "num_processes": state.num_processes, "mixed_precision": state.mixed_precision})
-    except (ValueError, RuntimeError) as err:
-        return info, _check("accelerate", "fail", f"Accelerator() fails here: {_one_line(err)}",
-                            "fix or unset ACCELERATE_USE_CPU / ACCELERATE_MIXED_PRECISION (ACCELERATE_USE_CPU "
-                            "takes 1/0, true/false, yes/no, on/off)")
-    finally:  # leave Accelerate's process-wide state as it was found
-        for cls, initialized in had.items():
-            if not initialized:
-                cls._shared_state.clear()
+    state, error = rt.probe_accelerator({})
+    if error:
+        return info, _check("accelerate", "fail", f"Accelerator() fails here: {error}",
+                            f"{rt.accelerate_variables()}: {rt.ACCELERATE_FIX}")
+    info.update(state)
     launch: dict[str, Any] = {"config_file": None}
     try:
         if os.path.isfile(default_config_file):
@@ -416,7 +405,6 @@ def main(argv: list[str] | None = None) -> int:
 
     def run(_: list[str] | None) -> int:
         report = diagnose()
-        rt.emit(report, args.json, summary)
-        return report["exit_code"]
+        return rt.emit(report, args.json, summary, report["exit_code"])
 
     return rt.run_cli(run)

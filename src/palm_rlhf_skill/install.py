@@ -86,6 +86,22 @@ def skills_dir(target: str, scope: str) -> Path:
     return path
 
 
+def is_copy(dest: Path, name: str) -> bool:
+    """Whether ``dest`` holds a copy of the skill ``name``: a folder whose SKILL.md names it. The
+    one test ``install --force`` and ``uninstall`` apply before they delete anything there."""
+    try:
+        return dest.is_dir() and skill_name(dest) == name
+    except rt.SkillError:  # no SKILL.md, or no name in it
+        return False
+
+
+def not_a_copy(dest: Path, name: str) -> rt.SkillError:
+    """The refusal (exit 1) for a ``dest`` that is not a copy of the skill: never deleted."""
+    what = "a folder whose SKILL.md does not name it" if dest.is_dir() else "a file"
+    return rt.SkillError(f"{dest} is not a copy of the {name} skill ({what}): choose another --target, or "
+                         "remove it by hand if you mean to", EXIT_REFUSED)
+
+
 def _ignored(relative: Path) -> bool:
     """Byte-code caches are never copied nor compared (running a script writes them)."""
     return "__pycache__" in relative.parts or relative.suffix == ".pyc"
@@ -122,13 +138,6 @@ def _copy_tree(source: Path, staging: Path) -> None:
             shutil.copy2(path, staging / item)
 
 
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    else:
-        path.unlink()
-
-
 # What os.replace raises when another process changed the destination between our look and our
 # rename: it now holds a copy (ENOTEMPTY, EEXIST), is a file (ENOTDIR), or was moved away (ENOENT).
 RACE_ERRNOS = (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.ENOENT)
@@ -158,8 +167,10 @@ def install(target: str, scope: str, force: bool) -> tuple[str, Path, int]:
     sibling folder and renamed into place, so a failed copy never leaves half a skill behind. When
     another install places its copy between this one's look and its rename, it looks again (up to
     ``ATTEMPTS`` times), so identical concurrent installs all end ``installed`` or ``up-to-date``.
-    Raises SkillError: exit 1 when a different copy (or any other file) is in the way and
-    ``force`` is False; exit 2 for a bad target or a destination that cannot be written.
+    Raises SkillError: exit 1 when a different copy is in the way and ``force`` is False, and
+    whatever ``force`` when the folder or file in the way is not a copy of this skill (``is_copy``:
+    nothing but a copy is ever deleted); exit 2 for a bad target or a destination that cannot be
+    written.
     """
     source = skill_root()
     name = skill_name(source)
@@ -173,12 +184,12 @@ def install(target: str, scope: str, force: bool) -> tuple[str, Path, int]:
             if exists:
                 if dest.is_dir() and not dest.is_symlink() and tree_files(dest) == wanted:
                     return "up-to-date", dest, len(wanted)
+                if not is_copy(dest, name):
+                    raise not_a_copy(dest, name)
                 if not force:
-                    found = tree_files(dest) if dest.is_dir() else {}
-                    what = (f"a different copy ({describe_difference(wanted, found)})" if dest.is_dir()
-                            else "a file that is not a folder")
-                    raise rt.SkillError(f"{dest} already holds {what}: pass --force to replace it",
-                                        EXIT_REFUSED)
+                    raise rt.SkillError(f"{dest} already holds a different copy "
+                                        f"({describe_difference(wanted, tree_files(dest))}): pass --force to "
+                                        "replace it", EXIT_REFUSED)
             if staging is None:
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 staging = Path(tempfile.mkdtemp(prefix=f".{name}-new-", dir=dest.parent))
@@ -207,22 +218,27 @@ def uninstall(target: str, scope: str) -> Path | None:
     there (uninstalling twice is not an error, as installing twice is not).
 
     For the standard targets, the ``skills`` folder and its ``.claude`` or ``.agents`` parent are
-    removed too when this left them empty. Refuses (SkillError exit 1) when the folder's SKILL.md
-    does not name this skill, so a mistyped PATH never deletes someone else's files.
+    removed too when this left them empty. Refuses (SkillError exit 1) when the folder is not a
+    copy of this skill (``is_copy``), so a mistyped PATH never deletes someone else's files. The
+    copy is first renamed into a private folder beside it (atomic), then deleted: of concurrent
+    uninstalls exactly one removes it and the others find nothing there.
     """
     name = skill_name(skill_root())
     dest = skills_dir(target, scope) / name
     if not (dest.exists() or dest.is_symlink()):
         return None
+    if not is_copy(dest, name):
+        if not (dest.exists() or dest.is_symlink()):  # another uninstall took it away meanwhile
+            return None
+        raise not_a_copy(dest, name)
     try:
-        found = skill_name(dest) if dest.is_dir() else None
-    except rt.SkillError:
-        found = None
-    if found != name:
-        raise rt.SkillError(f"{dest} is not a copy of the {name} skill (its SKILL.md does not "
-                            f"name {name}): remove it by hand if you mean to", EXIT_REFUSED)
-    try:
-        _remove(dest)
+        old = Path(tempfile.mkdtemp(prefix=f".{name}-old-", dir=dest.parent))
+        try:
+            os.replace(dest, old / name)  # atomic: of concurrent uninstalls, one takes it
+        except FileNotFoundError:  # another uninstall took it first
+            return None
+        finally:
+            shutil.rmtree(old)  # with the copy it took, if it took it
     except OSError as err:
         raise rt.SkillError(f"cannot remove {err.filename or dest}: {err.strerror or err}") from None
     if target in TARGETS:  # the .claude/skills (or .agents/skills) that install created, if now empty
@@ -261,8 +277,8 @@ INSTALL_EPILOG = """examples:
   palm-rlhf-skill install --target ./tools/skills --force
 
 exit codes: 0 installed, replaced, or an identical copy already there; 1 refused: a different
-copy is in the way (pass --force); 2 usage error, unknown target, or the destination cannot be
-written"""
+copy is in the way (pass --force), or a folder or file that is not a copy of this skill (never
+replaced, --force or not); 2 usage error, unknown target, or the destination cannot be written"""
 
 UNINSTALL_EPILOG = """examples:
   palm-rlhf-skill uninstall                              # ./.claude/skills/palm-rlhf-pytorch

@@ -545,6 +545,8 @@ def main(argv: list[str] | None = None) -> int:
     if not hasattr(os, "wait4"):
         raise rt.SkillError("the bench reads child rusage with os.wait4: Linux or macOS only")
     env = rt.check_versions(args.allow_untested)
+    if args.device.startswith("cuda"):  # refused here in seconds, not after the import floor's runs
+        rt.resolve_device(args.device, trainers=False)
     args.progress_bars = rt.Progress("bench-smoke", (not args.json or args.progress) and not args.quiet)
     rerun = [a for a in (sys.argv[1:] if argv is None else argv) if a not in ("--json", "--markdown")]
     if args.plan_accuracy:  # the accuracy logic lives with the planner
@@ -555,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.markdown:
             sys.stdout.write(plan.accuracy_markdown(report))
         else:
-            rt.emit(report, args.json, plan.accuracy_summary)
+            rt.emit(report, args.json, plan.accuracy_summary, STATUS_EXIT[report["status"]])
         return STATUS_EXIT[report["status"]]
     with rt.private_workdir():  # children inherit it: TPO's replay buffer never lands in the caller's
         report, _ = (run_scaling if args.scaling else run_bench)(args, env)
@@ -563,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.markdown:
         sys.stdout.write(scaling_markdown(report))
     else:
-        rt.emit(report, args.json, scaling_summary if args.scaling else bench_summary)
+        rt.emit(report, args.json, scaling_summary if args.scaling else bench_summary, STATUS_EXIT[report["status"]])
     return STATUS_EXIT[report["status"]]
 
 

@@ -210,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         rt.emit(report, args.json, lambda r: "\n".join(rates_table(r["results"])) + "\ncalibrate-learning: "
                 + ("OK (exit 0): every rate met its target; next: --markdown, then replace the tables in "
                    "workflows.md#learning-check" if r["status"] == "ok" else
-                   "FAILED (exit 1): a rate missed its target (real or inverted below 90%, frozen above 0)"))
+                   "FAILED (exit 1): a rate missed its target (real or inverted below 90%, frozen above 0)"),
+                rt.EXIT_OK if ok else rt.EXIT_CHECK_FAILED)
     return rt.EXIT_OK if ok else rt.EXIT_CHECK_FAILED
 
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import os
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -272,3 +273,8 @@ def save_checkpoint(trainer, path: str | os.PathLike = "./checkpoint.pt") -> boo
         wrote = True
     accelerator.wait_for_everyone()
     return wrote
+
+
+if __name__ == "__main__":  # run by path: say what it is (one line, exit 2), do nothing else
+    sys.stderr.write("ddp_fixes.py: error: a module, not a command: imported by tiny_rlhf_smoke.py on several processes: run tiny_rlhf_smoke.py --nproc 2\n")
+    sys.exit(2)

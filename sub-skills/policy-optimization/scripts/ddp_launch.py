@@ -77,8 +77,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-ddp-fixes", action="store_true",
                        help="with --nproc or under a launcher: skip the DDP fixes, to see what breaks without them")
     group.add_argument("--oversubscribe", action="store_true",
-                       help="with --nproc: start N processes even when N exceeds the usable CPU cores "
-                            "or their predicted memory exceeds the available memory (refused by default, exit 2)")
+                       help="start even when the predicted memory exceeds the available memory, and with "
+                            "--nproc even when N exceeds the usable CPU cores (refused by default, exit 2)")
     group.add_argument("--dist-timeout", type=rt.bounded_int(1, 86400), default=DIST_TIMEOUT_S, metavar="S",
                        help="seconds a rank waits for the others to start and in each collective before "
                             f"it fails with one line (default: {DIST_TIMEOUT_S})")
@@ -120,7 +120,9 @@ def launcher_world(environ: dict[str, str] | None = None) -> World | None:
       SLURM_NTASKS, but no step id). Torch reads none of them: this maps them to RANK, WORLD_SIZE
       and LOCAL_RANK in ``environ``; MASTER_ADDR and MASTER_PORT must be exported by the batch
       script (SkillError, exit 2, when missing). A step of one task is not a world.
-    Raises SkillError (exit 2) for a variable that is not an integer.
+    Raises SkillError (exit 2) for a variable that is not an integer, and when MASTER_ADDR or
+    MASTER_PORT (torch's env:// rendezvous) is missing: a configuration error, found before any
+    rank waits ``--dist-timeout`` seconds for the others.
     """
     environ = os.environ if environ is None else environ
     if "RANK" in environ and "WORLD_SIZE" in environ:
@@ -147,6 +149,12 @@ def launcher_world(environ: dict[str, str] | None = None) -> World | None:
         return None
     if not 0 <= rank < size or local_rank < 0:
         raise rt.SkillError(f"launcher variables out of range: rank {rank}, world size {size}, local rank {local_rank}")
+    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not environ.get(name)]
+    if missing:  # torch's env:// rendezvous reads both; torchrun and accelerate launch always set them
+        raise rt.SkillError(f"rank {rank} of {size} ({launcher}): {' and '.join(missing)} "
+                            f"{'is' if len(missing) == 1 else 'are'} not set: export "
+                            "MASTER_ADDR (rank 0's host name) and MASTER_PORT (a free port), or start the ranks "
+                            "with torchrun (see distributed.md)")
     master = f"{environ.get('MASTER_ADDR', '?')}:{environ.get('MASTER_PORT', '?')}"
     return World(launcher, rank, size, local_rank, str(node), master)
 
@@ -156,8 +164,8 @@ def check_options(args, world: World | None) -> None:
     if world is None:
         if args.no_ddp_fixes and args.nproc is None:
             raise rt.SkillError("--no-ddp-fixes applies to --nproc runs or to the ranks a launcher started")
-        if args.oversubscribe and args.nproc is None:
-            raise rt.SkillError("--oversubscribe applies to --nproc runs")
+        if args.dist_timeout != DIST_TIMEOUT_S and args.nproc is None:
+            raise rt.SkillError("--dist-timeout applies to --nproc runs or to the ranks a launcher started")
     elif args.nproc is not None and args.nproc != world.size:
         raise rt.SkillError(f"--nproc {args.nproc}, but {world.launcher} started a world of {world.size} "
                             "processes: drop --nproc under a launcher")
@@ -210,19 +218,24 @@ def predicted_rank_mib(config: dict[str, int]) -> int:
     return RANK_FLOOR_MIB + round(RANK_MIB_PER_WEIGHT_MIB * palm_weights(config) * 4 / 2**20)
 
 
-def check_resources(nproc: int, device: str, palm_config: dict[str, int], oversubscribe: bool) -> dict[str, Any]:
+def check_resources(nproc: int | None, device: str, palm_config: dict[str, int], oversubscribe: bool) -> dict[str, Any]:
     """Refuse (SkillError, exit 2) N CPU ranks on fewer usable cores, or N ranks whose predicted memory
-    exceeds MemAvailable, unless ``oversubscribe``. Returns what was compared (for the report)."""
+    (``predicted_rank_mib`` each) exceeds MemAvailable, unless ``oversubscribe``; ``nproc`` None is
+    the single-process smoke (its memory only). Returns what was compared (for the report)."""
     cpus, available = usable_cpus(), rt.available_memory_mib()
-    predicted = nproc * predicted_rank_mib(palm_config)
+    predicted = (nproc or 1) * predicted_rank_mib(palm_config)
     facts = {"usable_cpus": cpus, "predicted_mib": predicted, "available_mib": available,
              "oversubscribe": oversubscribe}
     if oversubscribe:
         return facts
-    if device == "cpu" and nproc > cpus:
+    if nproc is not None and device == "cpu" and nproc > cpus:
         raise rt.SkillError(f"--nproc {nproc} on {cpus} usable CPU cores: more ranks than cores only slow "
                             f"each other down; use --nproc {cpus} or less, or pass --oversubscribe")
     if available is not None and predicted > available:
+        size = f"--dim {palm_config['dim']} --depth {palm_config['depth']}"
+        if nproc is None:
+            raise rt.SkillError(f"{size} needs about {predicted} MiB, {available} MiB available: use a smaller "
+                                "--dim/--depth, or pass --oversubscribe to start anyway")
         raise rt.SkillError(f"--nproc {nproc} needs about {predicted} MiB ({predicted // nproc} MiB per rank), "
                             f"{available} MiB available: use fewer processes or a smaller --dim/--depth, "
                             "or pass --oversubscribe")
@@ -394,8 +407,7 @@ def launch(smoke, args, argv: list[str], env_info: dict[str, Any], progress: rt.
     report.setdefault("timings_s", {})
     report["timings_s"].update(launch=timer.stages["launch"], total=timer.total())
     report["timings_s"].setdefault("import", None)
-    rt.emit(report, args.json, smoke.summary)
-    return rt.EXIT_OK if ok else rt.EXIT_CHECK_FAILED
+    return rt.emit(report, args.json, smoke.summary, rt.EXIT_OK if ok else rt.EXIT_CHECK_FAILED)
 
 
 # one rank ----------------------------------------------------------------------------------------
@@ -712,6 +724,11 @@ def run_rank(smoke, args, env_info: dict[str, Any], world: World) -> int:
     if stream is not None:
         stream.close()
     if state.is_main_process:
-        rt.emit(report, args.json, smoke.summary)
+        rt.emit(report, args.json, smoke.summary, rt.EXIT_OK if report["status"] == "ok" else rt.EXIT_CHECK_FAILED)
     state.wait_for_everyone()  # rank 0 has printed before any rank exits (torchrun stops the rest then)
     return rt.EXIT_OK if report["status"] == "ok" else rt.EXIT_CHECK_FAILED
+
+
+if __name__ == "__main__":  # run by path: say what it is (one line, exit 2), do nothing else
+    sys.stderr.write("ddp_launch.py: error: a module, not a command: the multi-process mode of tiny_rlhf_smoke.py: run tiny_rlhf_smoke.py --nproc 2, or it under torchrun\n")
+    sys.exit(2)

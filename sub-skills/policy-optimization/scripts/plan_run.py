@@ -28,13 +28,14 @@ The configuration keys, JSON schema and exit codes are in references/workflows.m
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import math
 import os
 import sys
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -82,11 +83,17 @@ IGNORED = (
 DOCS = "references/troubleshooting.md"
 LEARN_MINIBATCHES = 4  # the probe's learn() runs on at most this many minibatches of experiences
 MIB = 2**20
+MAX_DAYS = 30.0  # --max-days: a longer predicted wall time is the verdict too_slow (exit 1)
 
 
 class ProbeTimeout(Exception):
     """Raised from a forward pre-hook on the policy's token embedding once the probe's deadline has
     passed: every forward of the policy (sampling steps, scoring, learn()) can be stopped there."""
+
+
+class ProbeRaised(Exception):
+    """A probe stage ended because the installed library raised there (recorded in the probe's
+    report as ``raised``): the full run would raise at the same place, so the probe stops."""
 
 
 # --- configuration (no torch) ------------------------------------------------------------------
@@ -98,7 +105,8 @@ def read_config(path: str) -> dict[str, Any]:
     try:
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise rt.SkillError(f"config {path}: cannot read it: {rt.one_line(exc)}") from None
+        shipped = f" (the shipped configs are in {PLANS})" if isinstance(exc, FileNotFoundError) else ""
+        raise rt.SkillError(f"config {path}: cannot read it: {rt.one_line(exc)}{shipped}") from None
     if file.suffix.lower() == ".json":
         try:
             config = json.loads(text)
@@ -117,7 +125,8 @@ def read_config(path: str) -> dict[str, Any]:
 
 def apply_override(config: dict[str, Any], text: str) -> None:
     """Apply ``--set SECTION.KEY=VALUE``; VALUE is read as JSON (numbers, true/false, "text", [1, 2]),
-    else kept as a string. Raises SkillError(2) for a malformed override."""
+    else kept as a string; ``null`` removes the key (the library's default applies again).
+    Raises SkillError(2) for a malformed override."""
     name, sep, raw = text.partition("=")
     section, dot, key = name.strip().partition(".")
     if not sep or not dot or not key or section not in SECTIONS:
@@ -129,12 +138,15 @@ def apply_override(config: dict[str, Any], text: str) -> None:
     table = config.setdefault(section, {})
     if not isinstance(table, dict):
         raise rt.SkillError(f"config [{section}]: must be a table")
-    table[key.strip()] = value
+    if value is None:  # null: unset it, so the library default applies (or [prompts] path replaces count)
+        table.pop(key.strip(), None)
+    else:
+        table[key.strip()] = value
 
 
 def type_name(value: Any) -> str:
     return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array",
-            dict: "table"}.get(type(value), type(value).__name__)
+            dict: "table", type(None): "null"}.get(type(value), type(value).__name__)
 
 
 def check_structure(config: dict[str, Any]) -> None:
@@ -200,7 +212,8 @@ def check_value(section: str, key: str, value: Any, default: Any, required: bool
         expected = (type(default),)
     if type(value) not in expected or (isinstance(value, bool) and bool not in expected):
         want = " or ".join(type_name(t()) for t in expected)
-        raise rt.SkillError(f"{where}: expected {want}, got {type_name(value)} {value!r}")
+        raise rt.SkillError(f"{where}: expected {want}, got {type_name(value)}"
+                            + ("" if value is None else f" {value!r}"))
     check_minimum(section, key, value)
     return tuple(value) if isinstance(default, tuple) else value
 
@@ -289,12 +302,15 @@ def steps_time(points: list[tuple[int, float]], first: int, last: int) -> float:
 
 # --- building (torch) --------------------------------------------------------------------------
 
-def prompt_token_ids(resolved: dict[str, Any], seed: int):
-    """``(count, length)`` int64 ids in [1, num_tokens) from [prompts] count/length (seeded), or the
-    lines of [prompts] path through the skill's byte tokenizer (id = byte + 1, 0 = pad), dropping
-    empty lines. Raises SkillError(2) for an unreadable or empty file, or ids beyond num_tokens."""
+def prompt_token_ids(resolved: dict[str, Any], seed: int, meta: bool = False):
+    """``(count, length)`` int64 ids in [1, num_tokens) from [prompts] count/length (seeded; with
+    ``meta`` a meta tensor of that shape, no memory), or the lines of [prompts] path through the
+    skill's byte tokenizer (id = byte + 1, 0 = pad), dropping empty lines. Raises SkillError(2)
+    for an unreadable or empty file, or ids beyond num_tokens."""
     import torch
     prompts, num_tokens = resolved["prompts"], resolved["palm"]["num_tokens"]
+    if "path" not in prompts and meta:
+        return torch.empty((prompts["count"], prompts["length"]), dtype=torch.long, device="meta")
     if "path" not in prompts:
         generator = torch.Generator().manual_seed(seed)
         return torch.randint(1, num_tokens, (prompts["count"], prompts["length"]), generator=generator)
@@ -311,28 +327,64 @@ def prompt_token_ids(resolved: dict[str, Any], seed: int):
     return tokenizer(lines)
 
 
+META_ABOVE_ELEMENTS = 4096  # while counting, tensors larger than this are made on the meta device
+
+
+@contextlib.contextmanager
+def large_tensors_on_meta() -> Iterator[None]:
+    """While counting: every tensor factory (the ones ``with torch.device(...)`` redirects: empty,
+    zeros, randn, linspace, tensor, ...) whose result holds more than META_ABOVE_ELEMENTS elements
+    makes it on torch's meta device (shape and dtype, no memory); smaller ones are made as usual.
+    A whole ``torch.device("meta")`` cannot build PPO: its HLGaussLoss asserts that its bins
+    increase (``.all()`` on a linspace, hl_gauss_pytorch), which a meta tensor cannot answer. The
+    large tensors (PaLM weights, every LoRA scope the trainer adds, value head, partition
+    function) are what would take the memory: at any size the count allocates about nothing."""
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._device import _device_constructors  # the list torch.device(...) redirects
+
+    factories = _device_constructors()
+
+    class LargeOnMeta(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func in factories and kwargs.get("device") is None:
+                try:
+                    shaped = func(*args, **{**kwargs, "device": "meta"})
+                except (RuntimeError, TypeError, ValueError):  # e.g. a CPU generator for a meta tensor
+                    shaped = None
+                if shaped is not None and shaped.numel() > META_ABOVE_ELEMENTS:
+                    return shaped
+            return func(*args, **kwargs)
+
+    with LargeOnMeta():
+        yield
+
+
 def build_trainer(resolved: dict[str, Any], device_kwargs: dict[str, Any], device, ids, meta: bool = False):
     """PaLM(**[palm]), RewardModel(palm, **[reward_model]) (it deep-copies the PaLM) and the trainer
-    with [trainer]'s arguments, on ``device``; with ``meta`` every PaLM tensor lives on torch's meta
-    device (no memory, no data: for counting) and Accelerate places nothing.
-    Raises SkillError(2) when the installed library refuses the configuration."""
-    import torch
+    with [trainer]'s arguments, on ``device``; with ``meta`` every large tensor of the three lives on
+    torch's meta device (``large_tensors_on_meta``: no memory, no data, for counting) and
+    Accelerate places nothing.
+    Raises SkillError(2) when the installed library refuses the configuration, and SkillError(1)
+    when building at the real size runs out of memory (the run does not fit this process)."""
     from palm_rlhf_pytorch import PaLM, RewardModel
 
     cls = resolved["trainer_class"]
-    where = torch.device("meta") if meta else device
     try:
-        with torch.device("meta") if meta else contextlib.nullcontext():
-            palm = PaLM(**resolved["palm"]).to(where)
-            reward_model = RewardModel(palm, **resolved["reward_model"]).to(where)
-        with rt.capture_library_output():
-            trainer = cls(palm=palm, reward_model=reward_model, prompt_token_ids=ids if meta else ids.to(device),
-                          accelerate_kwargs={**device_kwargs, "device_placement": False} if meta else device_kwargs,
-                          **resolved["trainer"])
-    except torch.OutOfMemoryError as exc:
-        raise rt.SkillError(f"building at the real size ran out of memory: {rt.one_line(exc)}",
-                            rt.EXIT_CHECK_FAILED) from None
-    except (AssertionError, TypeError, ValueError, RuntimeError) as exc:
+        with large_tensors_on_meta() if meta else contextlib.nullcontext():
+            palm = PaLM(**resolved["palm"]).to(device) if not meta else PaLM(**resolved["palm"])
+            reward_model = RewardModel(palm, **resolved["reward_model"])
+            reward_model = reward_model if meta else reward_model.to(device)
+            with rt.capture_library_output():
+                trainer = cls(palm=palm, reward_model=reward_model, prompt_token_ids=ids if meta else ids.to(device),
+                              accelerate_kwargs={**device_kwargs, "device_placement": False} if meta
+                              else device_kwargs, **resolved["trainer"])
+    except Exception as exc:  # noqa: BLE001 - sorted below: the process's memory, or the library's refusal
+        if rt.out_of_memory(exc):
+            raise rt.SkillError(f"building at the real size ran out of memory: {rt.one_line(exc)}: the run "
+                                "does not fit the memory this process may use", rt.EXIT_CHECK_FAILED) from None
+        if not isinstance(exc, (AssertionError, TypeError, ValueError, RuntimeError)):
+            raise
         raise rt.SkillError(f"config: the installed {cls.__module__}.{cls.__name__} refused it: "
                             f"{rt.one_line(exc)}") from None
     if not meta:  # the trainer registers the prompt ids as its own buffer, not prepared by Accelerate
@@ -505,8 +557,8 @@ class Probe:
         self.train_kwargs = {k: v for k, v in self.resolved["train"].items()
                              if k not in ("num_episodes", "max_timesteps", "update_timesteps", "max_seq_len")}
         self.max_seq_len = self.resolved["effective"]["train"]["max_seq_len"]
-        ids = self.trainer.prompt_token_ids
-        self.prompt_lens = (ids != self.pad).sum(-1).tolist()
+        lengths, counts = (self.trainer.prompt_token_ids != self.pad).sum(-1).unique(return_counts=True)
+        self.prompt_lens = Counter(dict(zip(lengths.tolist(), counts.tolist())))  # {prompt length: prompts}
         # on the embedding: PaLM.generate calls PaLM.forward directly, which skips the PaLM's own
         # hooks, while every forward calls token_emb through its __call__
         self._hook = self.palm.token_emb.register_forward_pre_hook(self._check_deadline)
@@ -569,7 +621,7 @@ class Probe:
         length is skipped when its cost, scaled from the last one by (n / n_prev)**1.5 (between the
         linear layers' n and attention's n**2), would overrun the budget."""
         import torch
-        first = round(sum(self.prompt_lens) / len(self.prompt_lens))
+        first = round(sum(n * k for n, k in self.prompt_lens.items()) / self.prompt_lens.total())
         last = max(first, self.max_seq_len - 1)
         lengths = sorted({first, (first + last) // 2, last})
         kwargs = {k: self.train_kwargs[k] for k in ("temperature", "eos_token") if k in self.train_kwargs}
@@ -592,11 +644,11 @@ class Probe:
         return points
 
     # stage 3a: real rollouts and one learn() on a reduced number of experiences -------------------
-    def real_rollouts(self, rollouts: int, learn_items: int) -> dict[str, Any]:
-        """``rollouts`` real rollouts at the configured max_seq_len, then the real learn() on the
-        first ``learn_items`` experiences (TPO: on the buffer of ``rollouts`` groups), twice when the
-        budget allows (the first includes one-time costs). Seconds and bytes; rollout intervals are
-        the times between the reward model's calls (one per rollout)."""
+    def real_rollouts(self, rollouts: int, learn_items: int, learn: bool = True) -> dict[str, Any]:
+        """``rollouts`` real rollouts at the configured max_seq_len, then (when ``learn``) the real
+        learn() on the first ``learn_items`` experiences (TPO: on the buffer of ``rollouts`` groups),
+        twice when the budget allows (the first includes one-time costs). Seconds and bytes; rollout
+        intervals are the times between the reward model's calls (one per rollout)."""
         stamps: list[float] = []
         hook = self.reward.register_forward_hook(lambda *_: stamps.append(now(self.device)))
         real_learn = type(self.trainer).learn.__get__(self.trainer)
@@ -607,7 +659,7 @@ class Probe:
             out["rollout_device_peak_bytes"] = self.meter.device_peak() - out["device_before"]
             out.update(stored=stored_sizes(stored))
             items = stored if out["stored"]["buffer"] else deque(list(stored)[:learn_items])
-            for _ in range(2):
+            for _ in range(2 if learn else 0):
                 if out["learn"] and out["learn"][0]["seconds"] * 1.5 > self.remaining():
                     break
                 rss0, dev0 = self.meter.start(), self.meter.device_now()
@@ -772,6 +824,26 @@ def group_warning(name: str, effective: dict[str, Any], group_size: int) -> dict
             "doc": f"{DOCS}#group-size-per-rollout"}
 
 
+def learn_raises(name: str, resolved: dict[str, Any]) -> list[dict[str, Any]]:
+    """The warnings of known traps after which the installed learn() raises (reproduced on 0.8.0,
+    canaries in tests/test_canaries.py): the probe never calls that learn()."""
+    eff = resolved["effective"]["trainer"]
+    out = []
+    if name == "flowrl" and eff["partition_function_hidden_dim"] != resolved["palm"]["dim"]:
+        out.append({"code": "flowrl_partition_dim", "blocks_learning": True,
+                    "message": f"partition_function_hidden_dim {eff['partition_function_hidden_dim']} != PaLM dim "
+                               f"{resolved['palm']['dim']}: the first learn() raises 'mat1 and mat2 shapes cannot "
+                               "be multiplied', after every rollout before it",
+                    "fix": f"partition_function_hidden_dim = {resolved['palm']['dim']}",
+                    "doc": f"{DOCS}#flowrl-partition-dim"})
+    if name == "ppo" and eff.get("max_norm") is not None:
+        out.append({"code": "ppo_max_norm", "blocks_learning": True,
+                    "message": "max_norm is set: PPO's learn() calls self.accelerator.clip_grad_norm_ and "
+                               "raises AttributeError at its first minibatch",
+                    "fix": "max_norm = None for PPO", "doc": f"{DOCS}#ppo-max-norm"})
+    return out
+
+
 def build_warnings(name: str, resolved: dict[str, Any], counts: dict[str, int], group_size: int,
                    optimizer: str | None, memory_fits: bool | None, memory_text: str) -> list[dict[str, Any]]:
     """Every setting that makes the run fail, learn nothing, or that the library ignores, with its
@@ -812,18 +884,7 @@ def build_warnings(name: str, resolved: dict[str, Any], counts: dict[str, int], 
     warning = group_warning(name, eff, group_size)
     if warning:
         out.append(warning)
-    if name == "flowrl" and eff["partition_function_hidden_dim"] != resolved["palm"]["dim"]:
-        out.append({"code": "flowrl_partition_dim", "blocks_learning": True,
-                    "message": f"partition_function_hidden_dim {eff['partition_function_hidden_dim']} != PaLM dim "
-                               f"{resolved['palm']['dim']}: the first learn() raises 'mat1 and mat2 shapes cannot "
-                               "be multiplied', after every rollout before it",
-                    "fix": f"partition_function_hidden_dim = {resolved['palm']['dim']}",
-                    "doc": f"{DOCS}#flowrl-partition-dim"})
-    if name == "ppo" and eff.get("max_norm") is not None:
-        out.append({"code": "ppo_max_norm", "blocks_learning": True,
-                    "message": "max_norm is set: PPO's learn() calls self.accelerator.clip_grad_norm_ and "
-                               "raises AttributeError at its first minibatch",
-                    "fix": "max_norm = None for PPO", "doc": f"{DOCS}#ppo-max-norm"})
+    out += learn_raises(name, resolved)
     required = REQUIRED_STEPS.get(optimizer or "")
     if counts["learn_calls"] and required and counts["optimizer_steps"] < required:
         out.append({"code": "too_few_optimizer_steps", "blocks_learning": False,
@@ -846,9 +907,10 @@ def build_warnings(name: str, resolved: dict[str, Any], counts: dict[str, int], 
 
 
 def verdict(fits: bool, counts: dict[str, int], warnings: list[dict[str, Any]], wall: dict[str, Any],
-            peak_bytes: int, peak_complete: bool, available_bytes: int) -> tuple[str, str]:
-    """(status, one line): does_not_fit, never_learns, or fits; the line names the first reason and
-    the predicted wall time and peak ("at least" where a part was not measured)."""
+            peak_bytes: int, peak_complete: bool, available_bytes: int, max_days: float = math.inf) -> tuple[str, str]:
+    """(status, one line): does_not_fit, never_learns, too_slow (the predicted wall time, or its
+    lower bound, exceeds ``max_days`` days: --max-days), or fits; the line names the first reason
+    and the predicted wall time and peak ("at least" where a part was not measured)."""
     blocking = [w for w in warnings if w["blocks_learning"]]
     time_text = ("at least " if wall["lower_bound"] else "") + human_seconds(wall["total_s"])
     peak_text = ("" if peak_complete else "at least ") + human_bytes(peak_bytes)
@@ -858,6 +920,8 @@ def verdict(fits: bool, counts: dict[str, int], warnings: list[dict[str, Any]], 
     elif blocking:
         code = blocking[0]["code"]
         status, head = "never_learns", "never learns" + ("" if code == "never_learns" else f" ({code.replace('_', ' ')})")
+    elif wall["total_s"] > max_days * 86400:
+        status, head = "too_slow", f"too slow (over --max-days {max_days:g})"
     else:
         status, head = "fits", f"fits and learns ({counts['learn_calls']:,} learn() calls)"
     return status, f"{head}: {tail}"
@@ -881,16 +945,19 @@ def human_seconds(seconds: float) -> str:
 
 # --- the plan ------------------------------------------------------------------------------------
 
-def probe_at_real_size(args, resolved: dict[str, Any], device_kwargs: dict[str, Any], device, ids,
+def probe_at_real_size(args, resolved: dict[str, Any], device_kwargs: dict[str, Any], device,
                        meter: MemoryMeter, available: dict[str, int], progress: rt.Progress) -> dict[str, Any]:
-    """Build the run for real and probe it until ``--probe-seconds`` after the start of the build:
+    """Build the run for real (its prompt ids too) and probe it until ``--probe-seconds`` after the start of the build:
     construct (timed), the three tiny rollouts (always), one sampling step at three lengths, then
     real rollouts and learn() when a rollout fits the budget, else the last step of a rollout.
 
     Returns ``stored`` (what a rollout stores), ``per_rollout`` and ``fields_bytes`` (bytes at the
     configured size), ``base`` (bytes held before the rollouts, per pool), ``measured`` (unit
     seconds), ``transients`` (bytes above the memory before a stage) and ``report`` (the probe's
-    own account: regime, stage seconds, notes)."""
+    own account: regime, stage seconds, notes, and ``raised`` {stage, error} when the library
+    raised in a stage: the probe stops there, and what it had not measured stays None).
+    learn() is never called when a known trap makes it raise (``learn_raises``).
+    Raises SkillError(1) when the build or a stage runs out of memory."""
     from accelerate.utils import set_seed
 
     train, eff = resolved["effective"]["train"], resolved["effective"]["trainer"]
@@ -904,18 +971,35 @@ def probe_at_real_size(args, resolved: dict[str, Any], device_kwargs: dict[str, 
 
     @contextlib.contextmanager
     def stage(key: str, label: str) -> Iterator[None]:
-        """Time the probe step as ``stages_s[key]`` and show it as a progress line."""
+        """Time the probe step as ``stages_s[key]`` and show it as a progress line; the library
+        raising inside it ends the probe (ProbeRaised), running out of memory ends the plan."""
         t0 = time.perf_counter()
-        with progress.stage(f"probe: {label}"):
-            yield
-        report["stages_s"][key] = round(time.perf_counter() - t0, 3)
+        try:
+            with progress.stage(f"probe: {label}"):
+                yield
+        except rt.SkillError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the library's failure is the plan's finding
+            if rt.out_of_memory(exc):
+                raise rt.SkillError(f"the probe at the real size ran out of memory ({key}): {rt.one_line(exc)}: "
+                                    "the run does not fit the memory this process may use",
+                                    rt.EXIT_CHECK_FAILED) from None
+            report["raised"] = {"stage": key, "error": rt.one_line(exc)}
+            report["notes"].append(f"the probe stopped: {key} raised {rt.one_line(exc)}")
+            raise ProbeRaised() from None
+        finally:
+            report["stages_s"][key] = round(time.perf_counter() - t0, 3)
 
     progress.note(f"probing the run at its real size, at most {args.probe_seconds:g} s (--probe-seconds)")
     set_seed(args.seed)
     with stage("construct", "build the trainer"):
-        trainer = build_trainer(resolved, device_kwargs, device, ids)
+        trainer = build_trainer(resolved, device_kwargs, device, prompt_token_ids(resolved, args.seed))
     measured["construct_s"] = report["stages_s"]["construct"]
     probe = Probe(trainer, resolved, device, meter, math.inf)
+    stored = per_rollout = fields_bytes = base = None
+    raises = learn_raises(resolved["name"], resolved)
+    if raises:
+        report["notes"].append(f"learn() not probed: it raises on this configuration (warning {raises[0]['code']})")
     try:
         # always: the smallest probe that shows what is stored. One thread: these tiny forwards gain
         # nothing from more, and a busy CPU makes many threads wait on each other for seconds
@@ -942,28 +1026,30 @@ def probe_at_real_size(args, resolved: dict[str, Any], device_kwargs: dict[str, 
         if sampling_s is not None and affordable >= 1:
             report["regime"] = "measured"
             r = min(wanted, affordable)
-            with stage(f"{r} real rollouts and learn()", f"{r} real rollouts and one learn()"):
-                out = probe.real_rollouts(r, min(learn_target, r * items))
+            with stage(f"{r} real rollouts and learn()", f"{r} real rollouts" + ("" if raises else " and one learn()")):
+                out = probe.real_rollouts(r, min(learn_target, r * items), learn=not raises)
             take_real(out, per_rollout, epochs, measured, transients, report)
         elif sampling_s is not None:
             report["regime"] = "extrapolated"
             seqs_per_item = group_size if stored["buffer"] else 1
             guess = 12 * seqs_per_item * max_seq_len * resolved["palm"]["num_tokens"] * 4
             learn_ok = guess < 0.5 * (available[pool] - meter.rss())
-            if not learn_ok:
+            if not learn_ok and not raises:
                 report["notes"].append(f"learn() not probed: about {guess / MIB:,.0f} MiB of activations "
                                        "for one experience would not fit half the free memory")
             # the last step: one sampling step and about three full-length forwards (scoring)
             n_last, t_last = points[-1]
             step = t_last * (max_seq_len / n_last) ** 2  # a full-length forward, at most
             with stage("last rollout step and learn()", "the last step of one rollout, and learn()"):
-                out = probe.last_step(learn_ok) if 4 * step < probe.remaining() else {}
-            if out.get("learn_skipped") == "budget" or not out:
+                out = probe.last_step(learn_ok and not raises) if 4 * step < probe.remaining() else {}
+            if out.get("learn_skipped") == "budget" or not out and not raises:
                 report["notes"].append("learn() not probed: it would overrun --probe-seconds"
                                        + ("" if out else ", as would the last rollout step"))
             take_last_step(out, points, probe.prompt_lens, max_seq_len, epochs, measured, transients, report)
         else:
             report["notes"].append("no sampling step timed within --probe-seconds: time not predicted")
+    except ProbeRaised:
+        pass
     finally:
         probe.close()
     report["elapsed_s"] = round(time.perf_counter() - started, 3)
@@ -973,26 +1059,30 @@ def probe_at_real_size(args, resolved: dict[str, Any], device_kwargs: dict[str, 
 
 def plan(args, resolved: dict[str, Any], device_kwargs: dict[str, Any], device, startup_s: float,
          progress: rt.Progress) -> dict[str, Any]:
-    """Meta build (counts), bounded probe at the real size, prediction, warnings and verdict."""
+    """Meta build (counts, no memory), bounded probe at the real size when the weights and the
+    prompt ids fit, prediction, warnings and verdict."""
     name, spec = resolved["name"], TRAINERS[resolved["name"]]
     eff, train = resolved["effective"]["trainer"], resolved["effective"]["train"]
-    ids = prompt_token_ids(resolved, args.seed)
-    params = parameter_report(build_trainer(resolved, device_kwargs, device, ids, meta=True))
+    meta_ids = prompt_token_ids(resolved, args.seed, meta=True)
+    params = parameter_report(build_trainer(resolved, device_kwargs, device, meta_ids, meta=True))
+    prompt_bytes = meta_ids.numel() * meta_ids.element_size()  # the trainer holds every prompt id
     meter = MemoryMeter(device)
     available = available_memory(device, meter)
     pool = "device" if device.type == "cuda" else "host"
     minibatch, epochs = eff["minibatch_size"], eff["epochs"]
-    weights_need = params["weights_bytes"] + (meter.device_now() if pool == "device" else meter.rss())
+    weights_need = params["weights_bytes"] + prompt_bytes + (meter.device_now() if pool == "device" else meter.rss())
     if weights_need <= available[pool]:
-        probed = probe_at_real_size(args, resolved, device_kwargs, device, ids, meter, available, progress)
-        stored, base = probed["stored"], probed["base"]
-        group_size, items, per_rollout = stored["sequences_per_rollout"], stored["items"], probed["per_rollout"]
-    else:  # not built: the smoke's trainer table says which trainers store a group as separate items
-        probed = {"measured": {}, "transients": {}, "report": {
+        probed = probe_at_real_size(args, resolved, device_kwargs, device, meter, available, progress)
+    else:
+        probed = {"stored": None, "per_rollout": None, "measured": {}, "transients": {}, "report": {
             "budget_s": args.probe_seconds, "regime": "skipped", "elapsed_s": 0.0, "stages_s": {},
-            "notes": ["not built at the real size: the weights alone exceed the memory available"]}}
-        stored, base, per_rollout = None, {"host": meter.rss()}, None
-        group_size = eff[spec.group_kwarg] + 1 if spec.group_kwarg else 1
+            "notes": ["not built at the real size: the weights and prompt ids alone exceed the memory available"]}}
+    stored, per_rollout = probed["stored"], probed["per_rollout"]
+    base = probed.get("base") or {"host": meter.rss()}
+    if stored is not None:
+        group_size, items = stored["sequences_per_rollout"], stored["items"]
+    else:  # not built, or its first rollout raised: the smoke's trainer table says which trainers
+        group_size = eff[spec.group_kwarg] + 1 if spec.group_kwarg else 1  # store a group as separate items
         items = group_size if spec.items_per_rollout > 1 else 1
     probed["measured"]["startup_s"] = startup_s
     counts = run_counts(train["num_episodes"] * train["max_timesteps"], train["update_timesteps"], items,
@@ -1006,11 +1096,23 @@ def plan(args, resolved: dict[str, Any], device_kwargs: dict[str, Any], device, 
     held = memory["parts"]["held_before_learn"]["value"] if memory else None
     memory_text = (f"predicted peak {peak / 2**30:,.1f} GiB exceeds the {available[pool] / 2**30:,.1f} GiB "
                    f"available on {device}" + (f"; the experiences held before each learn() alone take "
-                                               f"{held / 2**30:,.1f} GiB" if held else "; the weights alone do not fit"))
+                                               f"{held / 2**30:,.1f} GiB" if held else
+                                               "; the weights and prompt ids alone do not fit"))
     optimizer = params["optimizers"][0] if params["optimizers"] else None
     warnings = build_warnings(name, resolved, counts, group_size, optimizer, fits, memory_text)
-    status, line = verdict(fits, counts, warnings, wall, peak, bool(memory and memory["complete"]), available[pool])
+    raised = probed["report"].get("raised")
+    if raised and not any(w["blocks_learning"] for w in warnings):  # a failure no known trap explains
+        warnings.append({"code": "probe_raised", "blocks_learning": True,
+                         "message": f"the installed library raised in the probe's {raised['stage']}: {raised['error']}; "
+                                    "the full run raises there too",
+                         "fix": "change the setting the error names (tiny-rlhf-smoke on this trainer shows a "
+                                "working configuration)", "doc": f"{DOCS}#symptom-index"})
+    status, line = verdict(fits, counts, warnings, wall, peak, bool(memory and memory["complete"]), available[pool],
+                           args.max_days)
     reasons = ([memory_text] if not fits else []) + [w["message"] for w in warnings if w["blocks_learning"]]
+    if status == "too_slow":
+        reasons.append(f"predicted {human_seconds(wall['total_s'])} wall, over --max-days {args.max_days:g}: "
+                       f"{counts['rollouts']:,} rollouts and {counts['learn_calls']:,} learn() calls")
     if status == "fits":
         reasons.append(f"{counts['learn_calls']} learn() calls of {counts['items_per_learn']} experiences, "
                        f"{counts['optimizer_steps']} optimizer steps; peak {peak / MIB:,.0f} of "
@@ -1050,25 +1152,22 @@ def stored_field(stored: dict[str, Any], name: str, prompt_len: int, max_seq_len
     return a["fields"][name] + (length - 2) * per_position + (prompt_len - 1) * per_prompt_token
 
 
-def stored_at(stored: dict[str, Any], prompt_lens: list[int], max_seq_len: int) -> dict[str, int]:
-    """Mean bytes per rollout of each stored field over the prompts (train() draws them uniformly)."""
-    from collections import Counter
-    counts = Counter(prompt_lens)
-    return {f: sum(n * stored_field(stored, f, p, max_seq_len) for p, n in counts.items()) // len(prompt_lens)
+def stored_at(stored: dict[str, Any], prompt_lens: Counter, max_seq_len: int) -> dict[str, int]:
+    """Mean bytes per rollout of each stored field over the prompts (train() draws them uniformly);
+    ``prompt_lens`` counts the prompts of each length."""
+    return {f: sum(n * stored_field(stored, f, p, max_seq_len) for p, n in prompt_lens.items()) // prompt_lens.total()
             for f in stored["runs"][1]["fields"]}
 
 
-def mean_rollout_sampling(points: list[tuple[int, float]], prompt_lens: list[int], max_seq_len: int,
+def mean_rollout_sampling(points: list[tuple[int, float]], prompt_lens: Counter, max_seq_len: int,
                           upto: int | None = None) -> float | None:
     """Mean seconds of one rollout's sampling loop over the prompts (each equally likely: train()
     draws with randrange), from lengths p to max_seq_len - 1 (``upto`` instead of that when given)."""
     if not points:
         return None
-    from collections import Counter
-    counts = Counter(prompt_lens)
     last = max_seq_len - 1 if upto is None else upto
-    total = sum(n * steps_time(points, p, max(p, last)) for p, n in counts.items())
-    return total / len(prompt_lens)
+    total = sum(n * steps_time(points, p, max(p, last)) for p, n in prompt_lens.items())
+    return total / prompt_lens.total()
 
 
 def take_real(out: dict[str, Any], per_rollout: int, epochs: int, measured: dict[str, Any],
@@ -1343,9 +1442,20 @@ def summary(report: dict[str, Any]) -> str:
     for w in report["warnings"]:
         lines.append(f"warning: {w['message']}; fix: {w['fix']}" + (f" (see {w['doc']})" if w["doc"] else ""))
     blocking = [w for w in report["warnings"] if w["blocks_learning"] or w["code"] == "memory_exceeds_device"]
-    lines.append(f"verdict: {report['verdict']}; next: " + (blocking[0]["fix"] + ", then plan again" if blocking else
-                                                            "start the run; plan again after changing any size"))
+    nxt = (blocking[0]["fix"] + ", then plan again" if blocking else
+           "fewer rollouts (num_episodes, max_timesteps), smaller sizes or a faster device, then plan again "
+           "(or raise --max-days)" if report["status"] == "too_slow" else
+           "start the run; plan again after changing any size")
+    lines.append(f"verdict: {report['verdict']}; next: {nxt}")
     return "\n".join(lines)
+
+
+def positive_float(text: str) -> float:
+    """argparse ``type=`` for --max-days: a finite number above 0."""
+    value = rt.finite_nonnegative_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+    return value
 
 
 def build_parser() -> rt.OneLineParser:
@@ -1364,13 +1474,14 @@ def build_parser() -> rt.OneLineParser:
                "  palm-rlhf-skill plan --config run.toml\n"
                "  palm-rlhf-skill plan --config run.toml --json\n"
                "  palm-rlhf-skill plan --config run.toml --set train.update_timesteps=64 --probe-seconds 20\n"
-               "  palm-rlhf-skill plan --config assets/plans/upstream-readme.toml   # the upstream README's run\n\n"
+               f"  palm-rlhf-skill plan --config {UPSTREAM_EXAMPLE}   # the upstream README's run\n\n"
                "exit codes: 0 the run fits and learns (--execute: it completed); 1 it does not fit, never "
-               "learns or fails; 2 usage or config error; 3 palm-rlhf-pytorch, torch or a TOML reader "
+               "learns, is too slow (--max-days) or fails; 2 usage or config error; 3 palm-rlhf-pytorch, torch or a TOML reader "
                "missing or outside the tested range")
     parser.add_argument("--config", required=True, metavar="FILE", help="the run's TOML (or .json) configuration")
     parser.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE",
-                        help="override one value, e.g. train.update_timesteps=64 (VALUE read as JSON); repeatable")
+                        help="override one value, e.g. train.update_timesteps=64 (VALUE read as JSON; null unsets "
+                             "the key, so the library default applies); repeatable")
     parser.add_argument("--device", default="auto", type=rt.device_spec,
                         help="auto (CUDA when available, else CPU), cpu, cuda or cuda:N (default: auto)")
     parser.add_argument("--probe-seconds", type=rt.finite_nonnegative_float, default=60.0, metavar="S",
@@ -1378,6 +1489,9 @@ def build_parser() -> rt.OneLineParser:
                              "rollouts have run (default: 60)")
     parser.add_argument("--seed", type=rt.bounded_int(0, rt.MAX_SEED), default=0,
                         help="seed for prompts, weights and sampling (default: 0)")
+    parser.add_argument("--max-days", type=positive_float, default=MAX_DAYS, metavar="D",
+                        help=f"a run predicted to take longer is too slow: verdict too_slow, exit 1 (default: "
+                             f"{MAX_DAYS:g} days, longer than a run anyone plans on one device)")
     parser.add_argument("--cpu-threads", type=rt.bounded_int(1, os.cpu_count() or 1), metavar="N",
                         help="torch intra-op threads for the probe (and --execute); give the run's own "
                              "count (default: torch's default)")
@@ -1412,8 +1526,7 @@ def main(argv: list[str] | None = None) -> int:
     report.update(seed=args.seed, cpu_threads=count, versions=env["versions"], version_warnings=env["warnings"],
                   config={k: resolved[k] for k in SECTIONS if k in resolved},
                   effective=resolved["effective"])
-    rt.emit(report, args.json, summary)
-    return rt.EXIT_OK if report["status"] in ("fits", "ok") else rt.EXIT_CHECK_FAILED
+    return rt.emit(report, args.json, summary, rt.EXIT_OK if report["status"] in ("fits", "ok") else rt.EXIT_CHECK_FAILED)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,9 @@ REQUIRED_STEPS = {"AdoptAtan2": 3, "AdamAtan2": 2}
 
 # Bounds that keep the smoke a smoke: a usage error (exit 2) beyond them, before torch is imported.
 MAX_ROLLOUTS, MAX_DIM, MAX_DEPTH, MAX_TOKENS = 1000, 8192, 64, 4096
+# --dim 1 would build, then learn nothing: palm.py's LayerNorm normalises over the dim features, and
+# one feature minus its own mean is 0, so every layer sees zeros and no LoRA tensor gets a gradient.
+MIN_DIM = 2
 # --eos-token: an untrained 257-token PaLM almost never samples one chosen id, so the smoke adds this
 # to the policy's logit for it (a forward hook on to_logits): about 0.4 per sampled token at the tiny
 # sizes (measured: 0.37-0.45 at dim 32 and 128), so rollouts end at eos at varying lengths.
@@ -223,7 +226,9 @@ def build_parser() -> rt.OneLineParser:
                         help="with --learn: frozen (learning rates 0: the check must fail, exit 1) or "
                              "inverted (reward 1 - target fraction: passes only if the target falls)")
     parser.add_argument("--learn-seeds", type=rt.bounded_int(1, MAX_LEARN_SEEDS), metavar="N",
-                        help=f"with --learn: seeds per trainer, --seed to --seed + N - 1 (default: {LEARN_SEEDS})")
+                        help=f"with --learn: seeds per trainer, --seed to --seed + N - 1 (default: {LEARN_SEEDS}, "
+                             "the calibrated count; with fewer, the median gain is one or two seeds' gain, and a "
+                             "seed just under its threshold fails the check)")
     parser.add_argument("--prompt-style", choices=["token-ids", "text", "file"], default="token-ids",
                         help="token-ids: padded prompt_token_ids; text: prompts= with a byte-level "
                              "tokenizer; file: prompts_path= to the shipped prompts file")
@@ -236,7 +241,7 @@ def build_parser() -> rt.OneLineParser:
                              "(0 is the pad id; no prompt may contain ID)")
     ddp_launch.add_options(parser)
     size = parser.add_argument_group("model size (to size a bigger smoke; defaults: the tiny config)")
-    size.add_argument("--dim", type=rt.bounded_int(1, MAX_DIM), default=TINY_PALM["dim"], metavar="N",
+    size.add_argument("--dim", type=rt.bounded_int(MIN_DIM, MAX_DIM), default=TINY_PALM["dim"], metavar="N",
                       help=f"PaLM model dimension (default: {TINY_PALM['dim']})")
     size.add_argument("--depth", type=rt.bounded_int(1, MAX_DEPTH), default=TINY_PALM["depth"], metavar="N",
                       help=f"PaLM layers (default: {TINY_PALM['depth']})")
@@ -727,8 +732,10 @@ def learning_verdict(per_seed: list[dict[str, Any]], threshold: float) -> tuple[
     improved, median = sum(g > 0 for g in gains), statistics.median(gains)
     passed = improved >= need and median >= threshold
     figures = ", ".join(f"{s['seed']}: {s['reward_before']:.3f} -> {s['reward_after']:.3f}" for s in per_seed)
-    return passed, (f"{improved}/{len(gains)} seeds improved (need {need}), median gain {median:+.3f} "
-                    f"(threshold {threshold}); held-out reward per seed {figures}")
+    missed = lambda ok: "" if ok else ": missed"  # which criterion failed, so a failure never reads as a pass
+    return passed, (f"{improved}/{len(gains)} seeds improved (need {need}{missed(improved >= need)}), median gain "
+                    f"{median:+.3f} (threshold {threshold}{missed(median >= threshold)}); held-out reward per seed "
+                    f"{figures}")
 
 
 def learn_trainer(name: str, seeds: list[int], control: str | None, device_kwargs: dict, device,
@@ -957,6 +964,8 @@ def check_learn_options(args) -> None:
                          ("--prompt-len", args.prompt_len is not None), ("--nproc", args.nproc is not None),
                          ("--no-ddp-fixes", args.no_ddp_fixes), ("--eos-token", args.eos_token is not None),
                          ("--oversubscribe", args.oversubscribe), ("--dim", args.dim != TINY_PALM["dim"]),
+                         ("--verbose", args.verbose),
+                         ("--dist-timeout", args.dist_timeout != ddp_launch.DIST_TIMEOUT_S),
                          ("--depth", args.depth != TINY_PALM["depth"]), ("--new-tokens", args.new_tokens != NEW_TOKENS)):
         if used:
             raise rt.SkillError(f"{option} applies to the train smoke, not --learn (its toy task is fixed: "
@@ -984,24 +993,32 @@ def main(argv: list[str] | None = None) -> int:
     env = rt.check_versions(args.allow_untested)
     if args.prompt_style != "token-ids":  # a damaged prompts file: one error line, before any progress
         prompt_kwargs(args.prompt_style, args.seed)
+    if args.eos_token is not None and args.new_tokens < 2:
+        raise rt.SkillError("--eos-token needs --new-tokens 2 or more: with 1, a rollout of the longest prompt "
+                            "samples one token and cannot end at eos before max_seq_len, so the check "
+                            "rollouts_ended_at_eos would pass or fail by chance")
     clashes = eos_in_prompts(args) if args.eos_token is not None else []
     if clashes:
+        other = ("choose another id or --seed" if args.prompt_style == "token-ids" else
+                 f"choose another id (the prompts of --prompt-style {args.prompt_style} do not depend on --seed)")
         raise rt.SkillError(f"--eos-token {args.eos_token} occurs in prompt(s) {clashes} of "
                             f"--prompt-style {args.prompt_style}: generate() would stop after one token "
-                            "(it looks for eos in the prompt too); choose another id or --seed")
+                            f"(it looks for eos in the prompt too); {other}")
     if world is not None:  # a launcher started this process: run as one rank of its world
         return ddp_launch.run_rank(sys.modules[__name__], args, env, world)
     progress = rt.Progress("tiny-rlhf-smoke", not args.json or args.progress)
     if args.nproc is not None:  # the one-machine shortcut: torchrun on this smoke, N ranks
         return ddp_launch.launch(sys.modules[__name__], args, sys.argv[1:] if argv is None else argv, env, progress)
 
-    announce_estimate(args, progress)
     timer = rt.Timer(progress)
     with timer.stage("import", label="import torch, palm-rlhf-pytorch and accelerate"):
         import torch  # noqa: F401  (the import floor, timed)
         import palm_rlhf_pytorch  # noqa: F401
         import accelerate  # noqa: F401
     device_kwargs, device = rt.resolve_device(args.device)
+    if device.type == "cpu" and not args.learn:  # the --learn toy task is fixed and tiny
+        ddp_launch.check_resources(None, "cpu", palm_config(args), args.oversubscribe)
+    announce_estimate(args, progress)
     names = list(TRAINERS) if args.trainer == "all" else [args.trainer]
     args.caller_dir = os.getcwd()
     caller_before = rt.watch_directory(args.caller_dir)
@@ -1020,8 +1037,7 @@ def main(argv: list[str] | None = None) -> int:
     report.update(versions=env["versions"], tested=env["tested"], warnings=env["warnings"])
     report["timings_s"] = {"import": timer.stages["import"], **report["timings_s"]}
     report["timings_s"]["total"] = round(time.perf_counter() - START, 4)
-    rt.emit(report, args.json, summary)
-    return rt.EXIT_OK if report["status"] == "ok" else rt.EXIT_CHECK_FAILED
+    return rt.emit(report, args.json, summary, rt.EXIT_OK if report["status"] == "ok" else rt.EXIT_CHECK_FAILED)
 
 
 START = time.perf_counter()

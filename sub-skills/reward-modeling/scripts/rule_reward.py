@@ -28,7 +28,12 @@ Usage (import by path; torch and palm-rlhf-pytorch are imported when this module
 """
 from __future__ import annotations
 
+import sys
 from typing import Callable, Iterable, Sequence
+
+if __name__ == "__main__":  # run by path: say what it is (one line, exit 2), do nothing else
+    sys.stderr.write("rule_reward.py: error: a module, not a command: import RuleReward from it (its docstring shows how); tiny-rlhf-smoke --learn uses it\n")
+    sys.exit(2)
 
 import torch
 from torch import Tensor
