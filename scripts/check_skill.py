@@ -543,11 +543,12 @@ def _rounded_tokens(text: str) -> int:
 
 # --- command line --------------------------------------------------------------------------------
 
-def run_checks(allow_untested: bool = True) -> dict[str, Any]:
-    """Every check; returns the report. Raises SkillError(3) when the library is missing or a file
-    on the import path shadows one of its modules (the docs are compared with any installed
-    version, never with a shadow's code)."""
-    env = rt.check_versions(allow_untested=allow_untested, allow_shadowed=False)
+def run_checks(allow_shadowed: bool = False) -> dict[str, Any]:
+    """Every check; returns the report. The docs are compared with any installed version. Raises
+    SkillError(3) when the library is missing, or when a file on the import path shadows one of
+    its modules, unless ``allow_shadowed`` (``--allow-untested``: compare with that copy, e.g. a
+    maintainer's edited library on PYTHONPATH, with a warning)."""
+    env = rt.check_versions(allow_untested=True, allow_shadowed=allow_shadowed)
     record = rt.load_api_record()
     files = markdown_files()
     api_drift = compare_api(record, installed_api(record))
@@ -623,7 +624,8 @@ def build_parser() -> argparse.ArgumentParser:
                "  check_skill.py --render palm_rlhf_pytorch.RLHFTrainer\n\n"
                "exit codes: 0 documentation matches; 1 drift found (one line each: "
                "'file: symbol: documented X, installed Y'); 2 usage error; "
-               "3 palm-rlhf-pytorch, torch or skills-ref missing, or shadowed by a file on the import path")
+               "3 palm-rlhf-pytorch, torch or skills-ref missing, or shadowed by a file on the import path "
+               "(--allow-untested: compare with that copy, with a warning)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--json", action="store_true", help="print one JSON report on stdout")
     mode.add_argument("--dump-installed", action="store_true",
@@ -631,6 +633,9 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--render", metavar="SYMBOL", help="print the markdown block for one record symbol")
     mode.add_argument("--write-docs", action="store_true",
                       help="rewrite the generated signature blocks in the markdown from the record")
+    parser.add_argument("--allow-untested", action="store_true",
+                        help="a module on the import path that shadows the installed library or torch "
+                             "(an edited library copy on PYTHONPATH) is compared with a warning, not refused")
     return parser
 
 
@@ -652,11 +657,11 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(f"rewrote {rel(path)}\n")
         return rt.EXIT_OK
     if args.dump_installed:
-        rt.check_versions(allow_untested=True, allow_shadowed=False)
+        rt.check_versions(allow_untested=True, allow_shadowed=args.allow_untested)
         sys.stdout.write(record_json({**record, "api": dump_installed(record)}))
         return rt.EXIT_OK
     with rt.capture_library_output():
-        report = run_checks()
+        report = run_checks(allow_shadowed=args.allow_untested)
     return rt.emit(report, args.json, summary, rt.EXIT_OK if report["status"] == "ok" else rt.EXIT_CHECK_FAILED)
 
 

@@ -222,20 +222,18 @@ def check_versions(allow_untested: bool = False, allow_shadowed: bool | None = N
     Raises SkillError(exit 3) when torch or palm-rlhf-pytorch is missing; when a module of the
     library or its requirements would be imported from outside its installed distribution (see
     ``shadowed_modules``: a modified library copy on PYTHONPATH is untested too), unless
-    ``allow_shadowed`` (default: ``allow_untested``, the helpers' --allow-untested; then a warning
+    ``allow_shadowed`` (default: ``allow_untested``; every helper's --allow-untested; then a warning
     instead); and when either is outside its tested range, unless ``allow_untested``. ``check``
-    compares the docs with any installed version, but never with a shadow: it passes
-    ``allow_untested=True, allow_shadowed=False``.
+    compares the docs with any installed version (``allow_untested=True``) and with a shadow only
+    on its --allow-untested.
     """
     warnings = []
-    opt_in = allow_shadowed is None  # the caller offers --allow-untested for a shadow
     allow_shadowed = allow_untested if allow_shadowed is None else allow_shadowed
     for s in shadowed_modules():  # before anything imports them: a shadow's code never runs
         message = f"{s['found']} shadows the installed {s['module']} ({s['installed']})"
         if not allow_shadowed:
             raise SkillError(f"{message}: rename or move it, or run from another directory / drop it "
-                             "from PYTHONPATH" + (" (--allow-untested runs with it)" if opt_in else ""),
-                             EXIT_DEPENDENCY)
+                             "from PYTHONPATH (--allow-untested runs with it)", EXIT_DEPENDENCY)
         warnings.append(message)
     from packaging.specifiers import SpecifierSet
 

@@ -94,12 +94,15 @@ def test_check_exits_0_on_this_tree(empty_dir):
 
 def test_edited_default_in_library_copy_exits_1(tmp_path, empty_dir):
     lib = library_copy(tmp_path, ("ppo.py", "eps_clip = 0.2,", "eps_clip = 0.3,"))
-    proc, report = run_json([sys.executable, str(SCRIPT), "--json"], empty_dir, env={"PYTHONPATH": str(lib)})
+    proc = run([sys.executable, str(SCRIPT), "--json"], empty_dir, env={"PYTHONPATH": str(lib)})
+    assert proc.returncode == 3 and "--allow-untested runs with it" in proc.stderr, proc.stderr[-2000:]
+    proc, report = run_json([sys.executable, str(SCRIPT), "--json", "--allow-untested"], empty_dir,
+                            env={"PYTHONPATH": str(lib)})
     assert proc.returncode == 1 and report["status"] == "drift", proc.stderr[-2000:]
     line = ("scripts/api_record.json: palm_rlhf_pytorch.RLHFTrainer.__init__(eps_clip): "
             "documented default 0.2, installed default 0.3")
     assert line in [check.drift_line(d) for d in report["drift"]], report["drift"]  # the text-mode line
-    # the copy shadows the installed library: check runs with it (it allows untested libraries) and says so
+    # the copy shadows the installed library: refused (exit 3) unless --allow-untested, then compared and said
     assert any(w.startswith(f"{lib / 'palm_rlhf_pytorch'} shadows the installed palm_rlhf_pytorch")
                for w in report["warnings"]), report["warnings"]
     assert list(empty_dir.iterdir()) == []
