@@ -633,9 +633,7 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--render", metavar="SYMBOL", help="print the markdown block for one record symbol")
     mode.add_argument("--write-docs", action="store_true",
                       help="rewrite the generated signature blocks in the markdown from the record")
-    parser.add_argument("--allow-untested", action="store_true",
-                        help="a module on the import path that shadows the installed library or torch "
-                             "(an edited library copy on PYTHONPATH) is compared with a warning, not refused")
+    rt.add_allow_untested_option(parser)  # check: range always allowed; a shadow (an edited library copy) compared
     return parser
 
 

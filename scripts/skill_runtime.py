@@ -130,9 +130,15 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
                              "nothing from more, and on a busy CPU they multiply the run time)")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     add_progress_option(parser)
+    add_allow_untested_option(parser)
+
+
+def add_allow_untested_option(parser: argparse.ArgumentParser) -> None:
+    """``--allow-untested``: check_versions warns instead of raising SkillError(3)."""
     parser.add_argument("--allow-untested", action="store_true",
                         help="warn instead of exiting 3 when palm-rlhf-pytorch or torch is outside the "
-                             "tested range, or a file on the import path shadows one of their modules")
+                             "tested range, or a file on the import path shadows one of their modules "
+                             "(whose code then runs)")
 
 
 def add_progress_option(parser: argparse.ArgumentParser) -> None:

@@ -527,8 +527,7 @@ def build_parser() -> rt.OneLineParser:
                           "on stdout")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     rt.add_progress_option(parser)
-    parser.add_argument("--allow-untested", action="store_true",
-                        help="warn instead of exiting 3 when palm-rlhf-pytorch is outside the tested range")
+    rt.add_allow_untested_option(parser)
     return parser
 
 

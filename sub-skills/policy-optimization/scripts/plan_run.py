@@ -1499,8 +1499,7 @@ def build_parser() -> rt.OneLineParser:
     rt.add_progress_option(parser)
     parser.add_argument("--execute", action="store_true",
                         help="skip the plan: build the run and train it in full, report seconds and peak RSS")
-    parser.add_argument("--allow-untested", action="store_true",
-                        help="warn instead of exiting 3 when palm-rlhf-pytorch is outside the tested range")
+    rt.add_allow_untested_option(parser)
     return parser
 
 
