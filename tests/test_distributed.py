@@ -877,7 +877,9 @@ def test_nproc_resources_refused_unless_oversubscribe(smoke, monkeypatch):
         launch.check_resources(2, "cpu", config, oversubscribe=False)
     facts = launch.check_resources(cpus + 1, "cpu", config, oversubscribe=True)
     assert facts["oversubscribe"] and facts["available_mib"] == 500 and facts["usable_cpus"] == cpus
-    with pytest.raises(rt.SkillError, match=r"^--dim 32 --depth 1 needs about \d+ MiB, 500 MiB available: "
+    launch.check_resources(None, "cpu", config, oversubscribe=False)  # one process of the tiny size fits
+    monkeypatch.setattr(rt, "available_memory_mib", lambda: launch.predicted_rank_mib(config) - 1)
+    with pytest.raises(rt.SkillError, match=r"^--dim 32 --depth 1 needs about \d+ MiB, \d+ MiB available: "
                                             r"use a smaller --dim/--depth, or pass --oversubscribe"):
         launch.check_resources(None, "cpu", config, oversubscribe=False)  # the single-process smoke
 

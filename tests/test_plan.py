@@ -202,7 +202,11 @@ def test_time_and_memory_prediction_by_hand(plan):
 # --- the installed trainers: what they store, hold and count -----------------------------------------
 
 def tiny_trainer(plan, tmp_path, trainer):
-    res = resolved(plan, tiny_config(tmp_path, trainer))
+    return plan_inputs(plan, tiny_config(tmp_path, trainer))
+
+
+def plan_inputs(plan, path):
+    res = resolved(plan, path)
     kwargs, device = plan.rt.resolve_device("cpu")
     ids = plan.prompt_token_ids(res, seed=0)
     return res, kwargs, device, ids
@@ -225,6 +229,19 @@ def test_parameter_counts_by_hand(plan, tmp_path):
     assert report["optimizer_state_tensors_per_parameter"] == {"AdoptAtan2": 2}
     assert report["optimizer_state_bytes"] == 2 * 4 * report["trainable_numel"]
     assert report["gradient_bytes"] == 4 * report["trainable_numel"]
+
+
+@pytest.mark.parametrize("trainer", ["ppo", "grpo", "tpo", "flowrl"])
+def test_meta_counts_equal_a_real_build_when_only_some_tensors_are_large(plan, tmp_path, trainer):
+    """Vocabulary 64 x dim 64: the embedding (4,096 elements) is small, the feed-forward large. PPO
+    moves its ActorCritic to palm.device (the embedding's): the counting build must still work and
+    count what the real build holds, the tied embedding once."""
+    path = tiny_config(tmp_path, trainer)
+    path.write_text(path.read_text().replace("dim = 16", "dim = 64"), encoding="utf-8")
+    res, kwargs, device, ids = plan_inputs(plan, path)
+    counted = plan.parameter_report(plan.build_trainer(res, kwargs, device, ids, meta=True))
+    real = plan.parameter_report(plan.build_trainer(res, kwargs, device, ids))
+    assert counted["components"] == real["components"] and counted["total_numel"] == real["total_numel"]
 
 
 @pytest.mark.parametrize("trainer", ["ppo", "grpo", "tpo", "flowrl"])

@@ -360,6 +360,20 @@ def large_tensors_on_meta() -> Iterator[None]:
         yield
 
 
+def meta_module(module):
+    """``module`` with its small tensors on the meta device too, so ``palm.device`` (its first
+    parameter's, where PPO moves its ActorCritic: ppo.py:387) is meta at any vocabulary size. Swapping
+    the tensors in place (``torch.__future__.set_swap_module_params_on_conversion``) keeps shared
+    parameters shared (the tied embedding); a plain ``.to("meta")`` would untie and count it twice."""
+    import torch
+    previous = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        return module.to("meta")
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(previous)
+
+
 def build_trainer(resolved: dict[str, Any], device_kwargs: dict[str, Any], device, ids, meta: bool = False):
     """PaLM(**[palm]), RewardModel(palm, **[reward_model]) (it deep-copies the PaLM) and the trainer
     with [trainer]'s arguments, on ``device``; with ``meta`` every large tensor of the three lives on
@@ -372,7 +386,8 @@ def build_trainer(resolved: dict[str, Any], device_kwargs: dict[str, Any], devic
     cls = resolved["trainer_class"]
     try:
         with large_tensors_on_meta() if meta else contextlib.nullcontext():
-            palm = PaLM(**resolved["palm"]).to(device) if not meta else PaLM(**resolved["palm"])
+            palm = PaLM(**resolved["palm"])
+            palm = meta_module(palm) if meta else palm.to(device)
             reward_model = RewardModel(palm, **resolved["reward_model"])
             reward_model = reward_model if meta else reward_model.to(device)
             with rt.capture_library_output():

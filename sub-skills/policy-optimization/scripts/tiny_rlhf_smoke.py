@@ -226,9 +226,9 @@ def build_parser() -> rt.OneLineParser:
                         help="with --learn: frozen (learning rates 0: the check must fail, exit 1) or "
                              "inverted (reward 1 - target fraction: passes only if the target falls)")
     parser.add_argument("--learn-seeds", type=rt.bounded_int(1, MAX_LEARN_SEEDS), metavar="N",
-                        help=f"with --learn: seeds per trainer, --seed to --seed + N - 1 (default: {LEARN_SEEDS}, "
-                             "the calibrated count; with fewer, the median gain is one or two seeds' gain, and a "
-                             "seed just under its threshold fails the check)")
+                        help="with --learn: seeds per trainer, --seed to --seed + N - 1; with fewer than the "
+                             "calibrated count, the median gain is one or two seeds' gain, and a seed just under "
+                             f"its threshold fails the check (default: {LEARN_SEEDS})")
     parser.add_argument("--prompt-style", choices=["token-ids", "text", "file"], default="token-ids",
                         help="token-ids: padded prompt_token_ids; text: prompts= with a byte-level "
                              "tokenizer; file: prompts_path= to the shipped prompts file")
