@@ -187,6 +187,9 @@ if sys.argv[1] == 'late':
     os.environ['TQDM_DISABLE'] = '1'
 import torch
 from palm_rlhf_pytorch import PaLM, RewardModel, RLHFTrainer
+if sys.argv[1] == 'rebound':
+    import palm_rlhf_pytorch.palm, palm_rlhf_pytorch.ppo
+    palm_rlhf_pytorch.palm.tqdm = palm_rlhf_pytorch.ppo.tqdm = lambda it, *a, **k: it
 torch.manual_seed(0)
 palm = PaLM(num_tokens=64, dim=32, depth=1, heads=2, dim_head=8)
 trainer = RLHFTrainer(palm=palm, reward_model=RewardModel(palm), prompt_token_ids=torch.randint(1, 64, (3, 4)),
@@ -197,8 +200,11 @@ trainer.train(num_episodes=1, max_timesteps=1, max_seq_len=7)
 
 @covers("tqdm-disable", *ALL)
 def test_tqdm_disable(tmp_path):
-    for name in ALL:  # the bar is accelerate's in every trainer; the run below is PPO's
+    import palm_rlhf_pytorch.palm as palm_module
+    assert palm_module.tqdm.__module__ == "tqdm.std", update("tqdm-disable", f"palm.py tqdm {palm_module.tqdm}")
+    for name in ALL:  # the episodes bar is accelerate's in every trainer; the run below is PPO's
         assert module_of(name).tqdm.__module__ == "accelerate.utils.tqdm", update("tqdm-disable", f"{name} tqdm")
+        assert inspect.getsource(module_of(name)).count("use_tqdm = True") == 1, update("tqdm-disable", f"{name} generate no longer asks for the bar")
     def bars(mode, env):
         env = {k: v for k, v in os.environ.items() if not k.startswith("TQDM_")} | env | {"CUDA_VISIBLE_DEVICES": ""}
         proc = subprocess.run([sys.executable, "-c", TQDM_SCRIPT, mode], cwd=tmp_path, env=env,
@@ -211,6 +217,8 @@ def test_tqdm_disable(tmp_path):
     assert episodes and not generate, update("tqdm-disable", f"early: episodes bar {episodes}, generate bar {generate}")
     episodes, generate = bars("late", {})
     assert episodes and generate, update("tqdm-disable", f"late: episodes bar {episodes}, generate bar {generate}")
+    episodes, generate = bars("rebound", {})  # the notebook fix: both names rebound in the process
+    assert not episodes and not generate, update("tqdm-disable", f"rebound: episodes bar {episodes}, generate bar {generate}")
 
 
 @covers("flowrl-probabilities", "flowrl")
