@@ -31,7 +31,7 @@ ALL = tuple(TRAINERS)
 
 
 @covers("ppo-max-norm", *ALL)
-def test_ppo_max_norm(name, capsys):
+def test_ppo_max_norm(name, capsys, ddp_cases):
     trainer = make(name, max_norm=1.0)
     if name == "ppo":
         with trap_raises("ppo-max-norm", AttributeError, "no attribute 'accelerator'"):
@@ -39,6 +39,10 @@ def test_ppo_max_norm(name, capsys):
         trainer.accelerator = trainer.accelerate  # the documented workaround clips fine
         trainer.train(num_episodes=1, max_timesteps=1, update_timesteps=1, max_seq_len=6)
         assert "critic_loss" in capsys.readouterr().out, update("ppo-max-norm", "workaround failed")
+        # under DDP the alias alone fails one line further; exposing the wrapped methods trains
+        alias, exposed = ddp_cases["ppo max_norm alias"], ddp_cases["ppo max_norm exposed"]
+        assert alias == "AttributeError: 'DistributedDataParallel' object has no attribute 'actor_parameters'" \
+            and exposed == "ok DistributedDataParallel", update("ppo-max-norm", f"DDP: alias {alias!r}, exposed {exposed!r}")
     else:
         trainer.train(num_episodes=1, max_timesteps=1, update_timesteps=1, max_seq_len=6)
         assert "loss" in capsys.readouterr().out, update("ppo-max-norm", f"{name} learn() printed no loss")
@@ -406,7 +410,7 @@ DDP_CASES = textwrap.dedent("""
     import torch
     torch.set_num_threads(1)
     sys.path[:0] = sys.argv[1:3]
-    from ddp_fixes import apply_ddp_fixes
+    from ddp_fixes import apply_ddp_fixes, expose_wrapped_attributes
     from rule_reward import RuleReward, token_fraction
     from accelerate.utils import DistributedDataParallelKwargs
     from palm_rlhf_pytorch import PaLM, RewardModel, RLHFTrainer
@@ -425,8 +429,9 @@ DDP_CASES = textwrap.dedent("""
             super().__init__(score)
             self.ddp_anchor = torch.nn.Parameter(torch.zeros(()))
 
-    def case(name, freeze=None, fixes=True, unused=False, scope=False, reward=None, train=True):
+    def case(name, freeze=None, fixes=True, unused=False, scope=False, reward=None, train=True, clip=None):
         cls, kw = TRAINERS[name]
+        kw = {**kw, "max_norm": 1.0} if clip else kw
         torch.manual_seed(0)
         palm = PaLM(**TINY)
         if freeze == "before":
@@ -440,6 +445,10 @@ DDP_CASES = textwrap.dedent("""
                           accelerate_kwargs=dict(cpu=True, kwargs_handlers=handlers), **kw)
             if fixes:
                 apply_ddp_fixes(trainer)
+            if clip:  # PPO max_norm: the alias, then (clip == "exposed") the wrapper's attributes too
+                trainer.accelerator = trainer.accelerate
+                if clip == "exposed":
+                    expose_wrapped_attributes(trainer.actor_critic, ["actor_parameters", "critic_parameters"])
             if freeze == "after":
                 models = [palm] + ([trainer.accelerate.unwrap_model(trainer.actor_critic).critic] if name == "ppo" else [])
                 for model in models:
@@ -462,6 +471,8 @@ DDP_CASES = textwrap.dedent("""
         else:
             out[f"{name} frozen after, find_unused_parameters"] = case(name, "after", unused=True)
     out["grpo extra scope"] = case("grpo", scope=True)
+    out["ppo max_norm alias"] = case("ppo", clip="alias")
+    out["ppo max_norm exposed"] = case("ppo", clip="exposed")
     out["grpo anchored rule reward"] = case("grpo", reward=AnchoredRuleReward(token_fraction({3})))
     print("DDP-CASES " + json.dumps(out), flush=True)
 """)

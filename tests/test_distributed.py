@@ -285,6 +285,50 @@ def test_mixed_precision_on_cpu(empty_dir):
                      "mixed fp16 fp16 False torch.float32 torch.float32"], proc.stderr[-1500:]  # fp16: fp32
 
 
+BF16_ROLLOUT = textwrap.dedent("""
+    import torch
+    from palm_rlhf_pytorch import PaLM, RewardModel, RLHFTrainer
+    from palm_rlhf_pytorch.grpo import RLHFTrainer as GRPOTrainer
+    for cls, kw in ((GRPOTrainer, dict(grpo_num_times_sample_rewards=1)), (RLHFTrainer, {})):
+        torch.manual_seed(0)
+        palm = PaLM(num_tokens=64, dim=32, depth=1, heads=2, dim_head=8)
+        reward = RewardModel(PaLM(num_tokens=64, dim=32, depth=1, heads=2, dim_head=8), num_binned_output=0)
+        trainer = cls(palm=palm, reward_model=reward, prompt_token_ids=torch.randint(1, 64, (4, 4)), minibatch_size=2,
+                      accelerate_kwargs=dict(cpu=True, mixed_precision="bf16"), **kw)
+        trainer.print = lambda *a: None
+        phase, seen = ["rollout forward"], {}
+        record = lambda name: lambda m, i, o: seen.setdefault(phase[0] if name == "policy" else name, set()).add(
+            (torch.is_autocast_enabled("cpu"), o.dtype))
+        palm.layers[0].fn.fused_attn_ff_proj.register_forward_hook(record("policy"))
+        reward.palm.layers[0].fn.fused_attn_ff_proj.register_forward_hook(record("reward model"))
+        generate, learn = palm.generate, trainer.learn
+        def sampling(*a, **k):
+            phase[0] = "sampling"
+            try:
+                return generate(*a, **k)
+            finally:
+                phase[0] = "rollout forward"
+        def learning(memories):
+            phase[0] = "learn"
+            learn(memories)
+            phase[0] = "rollout forward"
+        palm.generate, trainer.learn = sampling, learning
+        trainer.train(num_episodes=1, max_timesteps=2, update_timesteps=2, max_seq_len=8)
+        print("bf16", cls.__module__, sorted((k, sorted(map(str, v))) for k, v in seen.items()), flush=True)
+""")
+
+
+def test_bf16_leaves_the_sampling_loop_in_float32(empty_dir):
+    """The page's Mixed precision note: autocast covers the prepared modules' forward (the rollout's
+    full-sequence policy forward, the reward model, learn()), not PaLM.generate's sampling loop."""
+    proc = run([sys.executable, "-c", BF16_ROLLOUT], empty_dir, timeout=240)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("bf16")]
+    on, off = "(True, torch.bfloat16)", "(False, torch.float32)"
+    expected = str([("learn", [on]), ("reward model", [on]), ("rollout forward", [on]), ("sampling", [off])])
+    assert lines == [f"bf16 palm_rlhf_pytorch.grpo {expected}", f"bf16 palm_rlhf_pytorch.ppo {expected}"], \
+        proc.stdout[-1500:] + proc.stderr[-1500:]
+
+
 SINGLETON = textwrap.dedent("""
     from accelerate import Accelerator
     Accelerator(cpu=True, mixed_precision="bf16")
