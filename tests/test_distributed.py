@@ -329,6 +329,32 @@ def test_bf16_leaves_the_sampling_loop_in_float32(empty_dir):
         proc.stdout[-1500:] + proc.stderr[-1500:]
 
 
+SEEDS = textwrap.dedent("""
+    import sys, torch
+    from accelerate.utils import set_seed
+    import palm_rlhf_pytorch.grpo as grpo, palm_rlhf_pytorch.ppo as ppo, palm_rlhf_pytorch.tpo as tpo
+    import palm_rlhf_pytorch.flowrl as flowrl
+    torch.manual_seed(0) if sys.argv[1] == "torch" else set_seed(0)
+    draws = [m.randrange(0, 1000) for m in (grpo, ppo, tpo, flowrl) for _ in range(4)]  # the prompt draw
+    print("seed", sys.argv[1], draws, torch.rand(2).tolist(), flush=True)
+""")
+
+
+def test_torch_manual_seed_leaves_the_prompt_draw_unseeded(empty_dir):
+    """The page's Seeding note: the trainers draw prompts with Python's random.randrange, which
+    torch.manual_seed does not seed (two processes differ) and set_seed does (they agree)."""
+    def draw(how):
+        proc = run([sys.executable, "-c", SEEDS, how], empty_dir, timeout=120)
+        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("seed")]
+        assert line, proc.stderr[-1500:]
+        _, _, rest = line[0].split(" ", 2)
+        draws, sampled = rest.split("] [")
+        return draws, sampled
+    (a, ta), (b, tb) = draw("torch"), draw("torch")
+    assert a != b and ta == tb  # prompts differ, torch's sampling stream is the same
+    assert draw("set_seed") == draw("set_seed")
+
+
 SINGLETON = textwrap.dedent("""
     from accelerate import Accelerator
     Accelerator(cpu=True, mixed_precision="bf16")
