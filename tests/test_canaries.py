@@ -23,7 +23,7 @@ import palm_rlhf_pytorch.grpo as grpo
 import palm_rlhf_pytorch.ppo as ppo
 from palm_rlhf_pytorch import ActorCritic
 
-from canary import (COVERED, DOC, DOC_NAMES, SKILL, TRAINERS, canary_env, capture_memories,  # noqa: F401
+from canary import (COVERED, DOC, DOC_NAMES, SKILL, TRAINERS, Rollout, canary_env, capture_memories,  # noqa: F401
                     capture_state, covers, make, module_of, tiny_palm, touch, trap_raises, update)
 from conftest import REPO
 
@@ -133,6 +133,28 @@ def test_tpo_replay_buffer_dir(tmp_path):
     sizes = {name: (folder / f"{name}.data.npy").stat().st_size for name in ("sequence", "mask", "prompt_mask")}
     assert 0 <= sizes["sequence"] - 4 * cells < 4096 and all(0 <= sizes[m] - cells < 4096 for m in ("mask", "prompt_mask")), \
         update("tpo-replay-buffer-dir", f"buffer file sizes {sizes} for {cells} cells")
+    import numpy as np
+    anchor, lens = "tpo-replay-buffer-dir", []
+    trainer = make("tpo")  # only episode 0 is ever filled
+    learn = trainer.learn
+    trainer.learn = lambda buffer: (lens.append(buffer.episode_lens.tolist()), learn(buffer))
+    trainer.train(num_episodes=1, max_timesteps=4, update_timesteps=2, max_seq_len=6)
+    assert lens == [[2, 0, 0, 0]] * 2, update(anchor, f"episode_lens at learn() {lens}")
+    make("tpo").train(num_episodes=1, max_timesteps=2, update_timesteps=2, max_seq_len=6, max_episodes=1)
+    trainer = make("tpo")  # the first store fills one whole episode on disk, of max_episodes (4)
+    trainer.learn = lambda buffer: None
+    trainer.train(num_episodes=1, max_timesteps=2, update_timesteps=4000, max_seq_len=6)
+    stat = (folder / "sequence.data.npy").stat()
+    assert stat.st_blocks * 512 < stat.st_size / 4 + 65536, update(anchor, f"{stat.st_blocks * 512} B on disk of {stat.st_size}")
+    assert np.load(folder / "sequence.data.npy", mmap_mode="r").any()
+    trainer, started = make("tpo"), []
+    def stop(*args, **kwargs):  # a second train() in the folder: overwrite=True has wiped it
+        started.append(np.load(folder / "sequence.data.npy", mmap_mode="r").any())
+        raise Rollout
+    trainer.actor.generate = stop
+    with pytest.raises(Rollout):
+        trainer.train(num_episodes=1, max_timesteps=1, update_timesteps=4000, max_seq_len=6)
+    assert started == [False], update(anchor, "a second train() kept the first one's data")
 
 
 @covers("flowrl-partition-dim", "flowrl")
