@@ -87,6 +87,9 @@ def test_pad_value_strips_ids(name):
     trainer = make(name, pad_value=-1, prompt_token_ids=torch.tensor([[5, 0, 7, 0, 9, -1]]))
     state = capture_state(trainer, name)  # a pad id outside the vocabulary keeps every real id
     assert state[0].tolist() == [5, 0, 7, 0, 9], update("pad-value-strips-ids", f"{name} pad -1 gave {state[0].tolist()}")
+    trainer = make(name, prompt_token_ids=torch.tensor([[5, 7, 9, 3, 3]]))  # a tokenizer padding with 3
+    state = capture_state(trainer, name)
+    assert state[0].tolist() == [5, 7, 9, 3, 3], update("pad-value-strips-ids", f"{name} other pad gave {state[0].tolist()}")
 
 
 @covers("prompts-path-trailing-newline", *ALL)
