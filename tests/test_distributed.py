@@ -738,7 +738,8 @@ def doc_fence(lang: str, marker: str) -> str:
 
 
 TORCHRUN_RECIPE = doc_fence("bash", "\ntorchrun --nnodes 2").strip()
-ACCELERATE_RECIPE = doc_fence("bash", "accelerate launch --config_file").strip()
+ACCELERATE_RECIPE = doc_fence("bash", "\naccelerate launch --config_file").strip()
+ACCELERATE_SRUN = doc_fence("bash", "srun bash -c 'NODE_RANK=$SLURM_NODEID; accelerate launch").strip()
 SLURM_SCRIPT = doc_fence("bash", "#SBATCH")
 
 
@@ -885,6 +886,18 @@ def test_slurm_script_parses_and_runs_the_torchrun_recipe(tmp_path):
     srun = [line for line in SLURM_SCRIPT.splitlines() if line.startswith("srun ")]
     assert srun == [f"srun bash -c 'NODE_RANK=$SLURM_NODEID; {TORCHRUN_RECIPE}' > smoke-report.json"], srun
     assert "export MASTER_ADDR=" in SLURM_SCRIPT and "export MASTER_PORT=" in SLURM_SCRIPT
+
+
+def test_accelerate_srun_line_is_the_accelerate_recipe_with_the_batch_address(tmp_path):
+    """The accelerate-under-srun line: the page's accelerate recipe (run above on two simulated
+    nodes) plus the address the batch script exports, with flags accelerate launch accepts."""
+    extra = "--main_process_ip $MASTER_ADDR --main_process_port $MASTER_PORT"
+    recipe = ACCELERATE_RECIPE.replace("--machine_rank $NODE_RANK", f"--machine_rank $NODE_RANK {extra}")
+    assert ACCELERATE_SRUN == f"srun bash -c 'NODE_RANK=$SLURM_NODEID; {recipe}' > smoke-report.json", ACCELERATE_SRUN
+    (tmp_path / "line.sh").write_text(ACCELERATE_SRUN)
+    assert run(["bash", "-n", str(tmp_path / "line.sh")], tmp_path).returncode == 0
+    helptext = run([str(BIN / "accelerate"), "launch", "--help"], tmp_path).stdout
+    assert all(flag in helptext for flag in ("--main_process_ip", "--main_process_port", "--machine_rank"))
 
 
 # the launcher's world, --nproc's arguments and resources (in-process, no launch) ------------------
