@@ -23,7 +23,7 @@ import palm_rlhf_pytorch.grpo as grpo
 import palm_rlhf_pytorch.ppo as ppo
 from palm_rlhf_pytorch import ActorCritic
 
-from canary import (COVERED, DOC, DOC_NAMES, SKILL, TRAINERS, canary_env, capture_memories,  # noqa: F401
+from canary import (COVERED, DOC, DOC_NAMES, SKILL, TRAINERS, Rollout, canary_env, capture_memories,  # noqa: F401
                     capture_state, covers, make, module_of, tiny_palm, touch, trap_raises, update)
 from conftest import REPO
 
@@ -31,7 +31,7 @@ ALL = tuple(TRAINERS)
 
 
 @covers("ppo-max-norm", *ALL)
-def test_ppo_max_norm(name, capsys):
+def test_ppo_max_norm(name, capsys, ddp_cases):
     trainer = make(name, max_norm=1.0)
     if name == "ppo":
         with trap_raises("ppo-max-norm", AttributeError, "no attribute 'accelerator'"):
@@ -39,6 +39,10 @@ def test_ppo_max_norm(name, capsys):
         trainer.accelerator = trainer.accelerate  # the documented workaround clips fine
         trainer.train(num_episodes=1, max_timesteps=1, update_timesteps=1, max_seq_len=6)
         assert "critic_loss" in capsys.readouterr().out, update("ppo-max-norm", "workaround failed")
+        # under DDP the alias alone fails one line further; exposing the wrapped methods trains
+        alias, exposed = ddp_cases["ppo max_norm alias"], ddp_cases["ppo max_norm exposed"]
+        assert alias == "AttributeError: 'DistributedDataParallel' object has no attribute 'actor_parameters'" \
+            and exposed == "ok DistributedDataParallel", update("ppo-max-norm", f"DDP: alias {alias!r}, exposed {exposed!r}")
     else:
         trainer.train(num_episodes=1, max_timesteps=1, update_timesteps=1, max_seq_len=6)
         assert "loss" in capsys.readouterr().out, update("ppo-max-norm", f"{name} learn() printed no loss")
@@ -83,6 +87,9 @@ def test_pad_value_strips_ids(name):
     trainer = make(name, pad_value=-1, prompt_token_ids=torch.tensor([[5, 0, 7, 0, 9, -1]]))
     state = capture_state(trainer, name)  # a pad id outside the vocabulary keeps every real id
     assert state[0].tolist() == [5, 0, 7, 0, 9], update("pad-value-strips-ids", f"{name} pad -1 gave {state[0].tolist()}")
+    trainer = make(name, prompt_token_ids=torch.tensor([[5, 7, 9, 3, 3]]))  # a tokenizer padding with 3
+    state = capture_state(trainer, name)
+    assert state[0].tolist() == [5, 7, 9, 3, 3], update("pad-value-strips-ids", f"{name} other pad gave {state[0].tolist()}")
 
 
 @covers("prompts-path-trailing-newline", *ALL)
@@ -129,6 +136,28 @@ def test_tpo_replay_buffer_dir(tmp_path):
     sizes = {name: (folder / f"{name}.data.npy").stat().st_size for name in ("sequence", "mask", "prompt_mask")}
     assert 0 <= sizes["sequence"] - 4 * cells < 4096 and all(0 <= sizes[m] - cells < 4096 for m in ("mask", "prompt_mask")), \
         update("tpo-replay-buffer-dir", f"buffer file sizes {sizes} for {cells} cells")
+    import numpy as np
+    anchor, lens = "tpo-replay-buffer-dir", []
+    trainer = make("tpo")  # only episode 0 is ever filled
+    learn = trainer.learn
+    trainer.learn = lambda buffer: (lens.append(buffer.episode_lens.tolist()), learn(buffer))
+    trainer.train(num_episodes=1, max_timesteps=4, update_timesteps=2, max_seq_len=6)
+    assert lens == [[2, 0, 0, 0]] * 2, update(anchor, f"episode_lens at learn() {lens}")
+    make("tpo").train(num_episodes=1, max_timesteps=2, update_timesteps=2, max_seq_len=6, max_episodes=1)
+    trainer = make("tpo")  # the first store fills one whole episode on disk, of max_episodes (4)
+    trainer.learn = lambda buffer: None
+    trainer.train(num_episodes=1, max_timesteps=2, update_timesteps=4000, max_seq_len=6)
+    stat = (folder / "sequence.data.npy").stat()
+    assert stat.st_blocks * 512 < stat.st_size / 4 + 65536, update(anchor, f"{stat.st_blocks * 512} B on disk of {stat.st_size}")
+    assert np.load(folder / "sequence.data.npy", mmap_mode="r").any()
+    trainer, started = make("tpo"), []
+    def stop(*args, **kwargs):  # a second train() in the folder: overwrite=True has wiped it
+        started.append(np.load(folder / "sequence.data.npy", mmap_mode="r").any())
+        raise Rollout
+    trainer.actor.generate = stop
+    with pytest.raises(Rollout):
+        trainer.train(num_episodes=1, max_timesteps=1, update_timesteps=4000, max_seq_len=6)
+    assert started == [False], update(anchor, "a second train() kept the first one's data")
 
 
 @covers("flowrl-partition-dim", "flowrl")
@@ -187,6 +216,9 @@ if sys.argv[1] == 'late':
     os.environ['TQDM_DISABLE'] = '1'
 import torch
 from palm_rlhf_pytorch import PaLM, RewardModel, RLHFTrainer
+if sys.argv[1] == 'rebound':
+    import palm_rlhf_pytorch.palm, palm_rlhf_pytorch.ppo
+    palm_rlhf_pytorch.palm.tqdm = palm_rlhf_pytorch.ppo.tqdm = lambda it, *a, **k: it
 torch.manual_seed(0)
 palm = PaLM(num_tokens=64, dim=32, depth=1, heads=2, dim_head=8)
 trainer = RLHFTrainer(palm=palm, reward_model=RewardModel(palm), prompt_token_ids=torch.randint(1, 64, (3, 4)),
@@ -197,8 +229,11 @@ trainer.train(num_episodes=1, max_timesteps=1, max_seq_len=7)
 
 @covers("tqdm-disable", *ALL)
 def test_tqdm_disable(tmp_path):
-    for name in ALL:  # the bar is accelerate's in every trainer; the run below is PPO's
+    import palm_rlhf_pytorch.palm as palm_module
+    assert palm_module.tqdm.__module__ == "tqdm.std", update("tqdm-disable", f"palm.py tqdm {palm_module.tqdm}")
+    for name in ALL:  # the episodes bar is accelerate's in every trainer; the run below is PPO's
         assert module_of(name).tqdm.__module__ == "accelerate.utils.tqdm", update("tqdm-disable", f"{name} tqdm")
+        assert inspect.getsource(module_of(name)).count("use_tqdm = True") == 1, update("tqdm-disable", f"{name} generate no longer asks for the bar")
     def bars(mode, env):
         env = {k: v for k, v in os.environ.items() if not k.startswith("TQDM_")} | env | {"CUDA_VISIBLE_DEVICES": ""}
         proc = subprocess.run([sys.executable, "-c", TQDM_SCRIPT, mode], cwd=tmp_path, env=env,
@@ -211,6 +246,8 @@ def test_tqdm_disable(tmp_path):
     assert episodes and not generate, update("tqdm-disable", f"early: episodes bar {episodes}, generate bar {generate}")
     episodes, generate = bars("late", {})
     assert episodes and generate, update("tqdm-disable", f"late: episodes bar {episodes}, generate bar {generate}")
+    episodes, generate = bars("rebound", {})  # the notebook fix: both names rebound in the process
+    assert not episodes and not generate, update("tqdm-disable", f"rebound: episodes bar {episodes}, generate bar {generate}")
 
 
 @covers("flowrl-probabilities", "flowrl")
@@ -398,7 +435,7 @@ DDP_CASES = textwrap.dedent("""
     import torch
     torch.set_num_threads(1)
     sys.path[:0] = sys.argv[1:3]
-    from ddp_fixes import apply_ddp_fixes
+    from ddp_fixes import apply_ddp_fixes, expose_wrapped_attributes
     from rule_reward import RuleReward, token_fraction
     from accelerate.utils import DistributedDataParallelKwargs
     from palm_rlhf_pytorch import PaLM, RewardModel, RLHFTrainer
@@ -417,8 +454,9 @@ DDP_CASES = textwrap.dedent("""
             super().__init__(score)
             self.ddp_anchor = torch.nn.Parameter(torch.zeros(()))
 
-    def case(name, freeze=None, fixes=True, unused=False, scope=False, reward=None, train=True):
+    def case(name, freeze=None, fixes=True, unused=False, scope=False, reward=None, train=True, clip=None):
         cls, kw = TRAINERS[name]
+        kw = {**kw, "max_norm": 1.0} if clip else kw
         torch.manual_seed(0)
         palm = PaLM(**TINY)
         if freeze == "before":
@@ -432,6 +470,10 @@ DDP_CASES = textwrap.dedent("""
                           accelerate_kwargs=dict(cpu=True, kwargs_handlers=handlers), **kw)
             if fixes:
                 apply_ddp_fixes(trainer)
+            if clip:  # PPO max_norm: the alias, then (clip == "exposed") the wrapper's attributes too
+                trainer.accelerator = trainer.accelerate
+                if clip == "exposed":
+                    expose_wrapped_attributes(trainer.actor_critic, ["actor_parameters", "critic_parameters"])
             if freeze == "after":
                 models = [palm] + ([trainer.accelerate.unwrap_model(trainer.actor_critic).critic] if name == "ppo" else [])
                 for model in models:
@@ -454,6 +496,8 @@ DDP_CASES = textwrap.dedent("""
         else:
             out[f"{name} frozen after, find_unused_parameters"] = case(name, "after", unused=True)
     out["grpo extra scope"] = case("grpo", scope=True)
+    out["ppo max_norm alias"] = case("ppo", clip="alias")
+    out["ppo max_norm exposed"] = case("ppo", clip="exposed")
     out["grpo anchored rule reward"] = case("grpo", reward=AnchoredRuleReward(token_fraction({3})))
     print("DDP-CASES " + json.dumps(out), flush=True)
 """)

@@ -285,6 +285,76 @@ def test_mixed_precision_on_cpu(empty_dir):
                      "mixed fp16 fp16 False torch.float32 torch.float32"], proc.stderr[-1500:]  # fp16: fp32
 
 
+BF16_ROLLOUT = textwrap.dedent("""
+    import torch
+    from palm_rlhf_pytorch import PaLM, RewardModel, RLHFTrainer
+    from palm_rlhf_pytorch.grpo import RLHFTrainer as GRPOTrainer
+    for cls, kw in ((GRPOTrainer, dict(grpo_num_times_sample_rewards=1)), (RLHFTrainer, {})):
+        torch.manual_seed(0)
+        palm = PaLM(num_tokens=64, dim=32, depth=1, heads=2, dim_head=8)
+        reward = RewardModel(PaLM(num_tokens=64, dim=32, depth=1, heads=2, dim_head=8), num_binned_output=0)
+        trainer = cls(palm=palm, reward_model=reward, prompt_token_ids=torch.randint(1, 64, (4, 4)), minibatch_size=2,
+                      accelerate_kwargs=dict(cpu=True, mixed_precision="bf16"), **kw)
+        trainer.print = lambda *a: None
+        phase, seen = ["rollout forward"], {}
+        record = lambda name: lambda m, i, o: seen.setdefault(phase[0] if name == "policy" else name, set()).add(
+            (torch.is_autocast_enabled("cpu"), o.dtype))
+        palm.layers[0].fn.fused_attn_ff_proj.register_forward_hook(record("policy"))
+        reward.palm.layers[0].fn.fused_attn_ff_proj.register_forward_hook(record("reward model"))
+        generate, learn = palm.generate, trainer.learn
+        def sampling(*a, **k):
+            phase[0] = "sampling"
+            try:
+                return generate(*a, **k)
+            finally:
+                phase[0] = "rollout forward"
+        def learning(memories):
+            phase[0] = "learn"
+            learn(memories)
+            phase[0] = "rollout forward"
+        palm.generate, trainer.learn = sampling, learning
+        trainer.train(num_episodes=1, max_timesteps=2, update_timesteps=2, max_seq_len=8)
+        print("bf16", cls.__module__, sorted((k, sorted(map(str, v))) for k, v in seen.items()), flush=True)
+""")
+
+
+def test_bf16_leaves_the_sampling_loop_in_float32(empty_dir):
+    """The page's Mixed precision note: autocast covers the prepared modules' forward (the rollout's
+    full-sequence policy forward, the reward model, learn()), not PaLM.generate's sampling loop."""
+    proc = run([sys.executable, "-c", BF16_ROLLOUT], empty_dir, timeout=240)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("bf16")]
+    on, off = "(True, torch.bfloat16)", "(False, torch.float32)"
+    expected = str([("learn", [on]), ("reward model", [on]), ("rollout forward", [on]), ("sampling", [off])])
+    assert lines == [f"bf16 palm_rlhf_pytorch.grpo {expected}", f"bf16 palm_rlhf_pytorch.ppo {expected}"], \
+        proc.stdout[-1500:] + proc.stderr[-1500:]
+
+
+SEEDS = textwrap.dedent("""
+    import sys, torch
+    from accelerate.utils import set_seed
+    import palm_rlhf_pytorch.grpo as grpo, palm_rlhf_pytorch.ppo as ppo, palm_rlhf_pytorch.tpo as tpo
+    import palm_rlhf_pytorch.flowrl as flowrl
+    torch.manual_seed(0) if sys.argv[1] == "torch" else set_seed(0)
+    draws = [m.randrange(0, 1000) for m in (grpo, ppo, tpo, flowrl) for _ in range(4)]  # the prompt draw
+    print("seed", sys.argv[1], draws, torch.rand(2).tolist(), flush=True)
+""")
+
+
+def test_torch_manual_seed_leaves_the_prompt_draw_unseeded(empty_dir):
+    """The page's Seeding note: the trainers draw prompts with Python's random.randrange, which
+    torch.manual_seed does not seed (two processes differ) and set_seed does (they agree)."""
+    def draw(how):
+        proc = run([sys.executable, "-c", SEEDS, how], empty_dir, timeout=120)
+        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("seed")]
+        assert line, proc.stderr[-1500:]
+        _, _, rest = line[0].split(" ", 2)
+        draws, sampled = rest.split("] [")
+        return draws, sampled
+    (a, ta), (b, tb) = draw("torch"), draw("torch")
+    assert a != b and ta == tb  # prompts differ, torch's sampling stream is the same
+    assert draw("set_seed") == draw("set_seed")
+
+
 SINGLETON = textwrap.dedent("""
     from accelerate import Accelerator
     Accelerator(cpu=True, mixed_precision="bf16")
@@ -668,7 +738,8 @@ def doc_fence(lang: str, marker: str) -> str:
 
 
 TORCHRUN_RECIPE = doc_fence("bash", "\ntorchrun --nnodes 2").strip()
-ACCELERATE_RECIPE = doc_fence("bash", "accelerate launch --config_file").strip()
+ACCELERATE_RECIPE = doc_fence("bash", "\naccelerate launch --config_file").strip()
+ACCELERATE_SRUN = doc_fence("bash", "srun bash -c 'NODE_RANK=$SLURM_NODEID; accelerate launch").strip()
 SLURM_SCRIPT = doc_fence("bash", "#SBATCH")
 
 
@@ -815,6 +886,18 @@ def test_slurm_script_parses_and_runs_the_torchrun_recipe(tmp_path):
     srun = [line for line in SLURM_SCRIPT.splitlines() if line.startswith("srun ")]
     assert srun == [f"srun bash -c 'NODE_RANK=$SLURM_NODEID; {TORCHRUN_RECIPE}' > smoke-report.json"], srun
     assert "export MASTER_ADDR=" in SLURM_SCRIPT and "export MASTER_PORT=" in SLURM_SCRIPT
+
+
+def test_accelerate_srun_line_is_the_accelerate_recipe_with_the_batch_address(tmp_path):
+    """The accelerate-under-srun line: the page's accelerate recipe (run above on two simulated
+    nodes) plus the address the batch script exports, with flags accelerate launch accepts."""
+    extra = "--main_process_ip $MASTER_ADDR --main_process_port $MASTER_PORT"
+    recipe = ACCELERATE_RECIPE.replace("--machine_rank $NODE_RANK", f"--machine_rank $NODE_RANK {extra}")
+    assert ACCELERATE_SRUN == f"srun bash -c 'NODE_RANK=$SLURM_NODEID; {recipe}' > smoke-report.json", ACCELERATE_SRUN
+    (tmp_path / "line.sh").write_text(ACCELERATE_SRUN)
+    assert run(["bash", "-n", str(tmp_path / "line.sh")], tmp_path).returncode == 0
+    helptext = run([str(BIN / "accelerate"), "launch", "--help"], tmp_path).stdout
+    assert all(flag in helptext for flag in ("--main_process_ip", "--main_process_port", "--machine_rank"))
 
 
 # the launcher's world, --nproc's arguments and resources (in-process, no launch) ------------------

@@ -601,6 +601,12 @@ def test_optimizer_settings(name):
     factor = (params[a] / before[a]).mean().item()
     expected = 1 - 1e-4 * 0.1 if name == "tpo" else 1 - 0.1
     check(abs(factor - expected) < 1e-6, anchor, f"{name} actor_wd=0.1 multiplies weights by {factor} per step")
+    trainer.actor_optim.optimizer.param_groups[0]["lr"] = 1e-5  # an LR schedule at lr_init / 10
+    before = params[a].detach().clone()
+    trainer.actor_optim.step()
+    factor = (params[a] / before).mean().item()
+    expected = 1 - 1e-5 * 0.1 if name == "tpo" else 1 - 0.1 / 10  # the decay follows the schedule
+    check(abs(factor - expected) < 1e-6, anchor, f"{name} at lr_init / 10 multiplies weights by {factor}")
     # the update ignores the gradient's scale and moves each weight by at most a * pi / 2 * lr
     cls = type(trainer.actor_optim.optimizer)
     moved = []

@@ -1,0 +1,97 @@
+"""Facts that sub-skills/policy-optimization/references/api-reference.md states in words (its code
+blocks run in test_doc_code_blocks.py): TPO's ``tpo_eta``, GRPO's entropy bonus and score
+centering, PPO's ``value_clip`` units. Each failure names the section to update. Tiny CPU models.
+"""
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+import palm_rlhf_pytorch.grpo as grpo
+import palm_rlhf_pytorch.ppo as ppo
+from palm_rlhf_pytorch import RewardModel
+from canary import ConstantReward, LastTokenReward, make, reseed, tiny_palm
+
+DOC = "sub-skills/policy-optimization/references/api-reference.md"
+
+
+@pytest.fixture(autouse=True)
+def private_dir(tmp_path, monkeypatch):
+    """TPO writes ./tpo_memmap_replay_buffer: each test in its own directory, seeded."""
+    monkeypatch.chdir(tmp_path)
+    reseed()
+
+
+def fix(section: str, what: str) -> str:
+    return f"upstream palm-rlhf-pytorch changed: {what}. Update {DOC}#{section}, then this test."
+
+
+def test_tpo_eta_barely_changes_the_move_actor_lr_does():
+    def lora_move(eta, lr=1e-4):  # how far 3 updates move the LoRA weights
+        palm = tiny_palm()
+        trainer = make("tpo", palm=palm, reward_model=RewardModel(palm, num_binned_output=0), num_times_sample_rewards=3,
+                       minibatch_size=1, tpo_eta=eta, actor_lr=lr)
+        trainer.print = lambda *a: None
+        before = [p.detach().clone() for p in palm.finetune_parameters("actor")]
+        torch.manual_seed(1)
+        trainer.train(num_episodes=3, max_timesteps=1, update_timesteps=1, max_seq_len=8)
+        return sum((p - b).norm() for p, b in zip(palm.finetune_parameters("actor"), before)).item()
+
+    sharp, flat, fast = lora_move(0.1), lora_move(10.), lora_move(1., lr=1e-3)
+    assert 0.5 < sharp / flat < 2 and fast > 5 * sharp, \
+        fix("tpo-rlhftrainer", f"LoRA moved {sharp:.4f} (eta 0.1), {flat:.4f} (eta 10), {fast:.4f} (lr 1e-3)")
+
+
+@pytest.mark.parametrize("reward, equal", [(0, True), (1, False)])
+def test_grpo_entropy_bonus_is_capped_by_the_advantage(monkeypatch, reward, equal):
+    """add_entropy_to_advantage adds scale * entropy, at most |advantage| / kappa: nothing to a
+    group whose rewards are all equal (advantage 0)."""
+    seen = []
+    add = grpo.add
+
+    def spy(pattern, advantages, bonus):
+        out = add(pattern, advantages, bonus)
+        seen.append((advantages.detach().clone(), (out - advantages[:, None]).detach()))
+        return out
+
+    monkeypatch.setattr(grpo, "add", spy)
+    palm = tiny_palm()
+    model = ConstantReward(palm, 1) if equal else LastTokenReward(palm, 1.)
+    trainer = make("grpo", palm=palm, reward_model=model, grpo_num_times_sample_rewards=3, minibatch_size=4,
+                   kl_div_loss_weight=0., add_entropy_to_advantage=True)
+    trainer.print = lambda *a: None
+    trainer.train(num_episodes=1, max_timesteps=1, update_timesteps=1, max_seq_len=8)
+    (advantages, bonus), = seen
+    kappa = trainer.entropy_to_advantage_kappa
+    capped = bool((bonus <= advantages.abs()[:, None] / kappa + 1e-6).all() and (bonus >= 0).all())
+    assert capped and (bonus.abs().sum() == 0) == equal, \
+        fix("grpo-rlhftrainer", f"advantages {advantages.tolist()}, bonus sum {bonus.sum():.4f}")
+
+
+def test_grpo_score_centering_combines_with_the_entropy_bonus():
+    trainer = make("grpo", use_score_centering=True, add_entropy_to_advantage=True)
+    trainer.print = lambda *a: None
+    trainer.train(num_episodes=1, max_timesteps=1, update_timesteps=1, max_seq_len=8)
+    src = inspect.getsource(grpo)
+    assert "cancels systematic drift caused by training-inference mismatch" in src, \
+        fix("grpo-rlhftrainer", "score centering's stated purpose")
+
+
+def test_ppo_value_clip_is_in_reward_units():
+    """learn() decodes the critic's bins to a scalar, clips the change by value_clip, then the
+    HL-Gauss loss reads the clipped scalar."""
+    src = inspect.getsource(ppo.RLHFTrainer.learn)
+    decode = src.index("transform_from_logits")
+    clip = src.index(".clamp(-self.value_clip, self.value_clip)")
+    assert decode < clip, fix("ppo-rlhftrainer", "value_clip no longer clips the decoded value")
+
+
+def test_reward_model_needs_a_2d_prompt_mask():
+    """The best-of-n recipe's (b, n) prompt mask: a 1-D one raises EinopsError."""
+    from einops import EinopsError
+    model, seq = RewardModel(tiny_palm(), num_binned_output=0), torch.randint(1, 64, (3, 10))
+    with pytest.raises(EinopsError):
+        model(seq, prompt_mask=torch.arange(10) < 4)
+    assert model(seq, prompt_mask=(torch.arange(10) < 4).expand(3, -1)).shape == (3,)
