@@ -158,6 +158,11 @@ def test_actor_scope_reused_palm(name):
         make("ppo", palm=palm)
     palm.remove_finetune_params("actor")  # the documented fix for reusing a PaLM
     make("ppo", palm=palm)
+    plain = tiny_palm(attn_dropout=0.1)  # actor_lora=False: dropout set, no scope added
+    make(name, palm=plain, actor_lora=False)
+    ps = {m.p for m in plain.modules() if isinstance(m, torch.nn.Dropout)}
+    assert not plain.finetune_modules and ps == {0.0}, update(
+        "actor-scope-reused-palm", f"{name} actor_lora=False: scopes {list(plain.finetune_modules)}, dropout {ps}")
 
 
 @covers("update-timesteps-default", *ALL)
