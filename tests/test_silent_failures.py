@@ -643,6 +643,16 @@ def test_ppo_critic_reward_range(name):
           f"loguru warns beyond {hl.out_of_range_tolerance}")
     values = hl.transform_from_probs(probs)
     check(values[0] < 4.7 and values[2] > 0.3, anchor, f"rewards 10 and -3 read back as {values.tolist()}")
+    # the warning: checked on each target batch until one warns, then never again in the process
+    warn = type(hl).maybe_warn_out_of_range
+    (called,) = [c for c in warn.__closure__ if isinstance(c.cell_contents, bool)]
+    saved, called.cell_contents = called.cell_contents, False
+    try:
+        got = [warn(hl, torch.tensor([2.])), warn(hl, torch.tensor([10.])), warn(make(name).critic_hl_gauss_loss,
+                                                                            torch.tensor([10.]))]
+    finally:
+        called.cell_contents = saved
+    check(got == [False, True, None], anchor, f"in range, out of range, another critic: {got}")
     # in-range targets read back biased at the edges, and a perfect critic still has a loss (the
     # entropy of the target's own histogram), lower for clamped targets
     edges = hl.transform_from_probs(hl.transform_to_probs(torch.tensor([0., 5.]))).tolist()
