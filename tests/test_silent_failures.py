@@ -744,6 +744,16 @@ def test_grpo_max_rl_mean_zero(name):
     palm = tiny_palm()
     adv = torch.stack([m[-1] for m in capture_memories(make(name, palm, Opposite(palm), use_max_rl=True))])
     check(adv.tolist() == [-1e8, 1e8], "grpo-max-rl-mean-zero", f"MaxRL advantages {adv.tolist()}")
+    moved = {}  # the atan2 step ignores the scale: the largest LoRA change is that of the default
+    for max_rl in (True, False):
+        reseed()
+        palm = tiny_palm()
+        trainer = make(name, palm, Opposite(palm), use_max_rl=max_rl, minibatch_size=2)
+        before = lora(trainer)
+        out = run(trainer, 4)
+        moved[max_rl] = ((lora(trainer) - before).abs().max().item(), max(map(abs, printed(out, "policy_loss"))))
+    check(abs(moved[True][0] / moved[False][0] - 1) < 0.01 and moved[True][1] > 1e7, "grpo-max-rl-mean-zero",
+          f"largest LoRA change and |policy_loss|, MaxRL then default: {moved}")
 
 
 @covers("flowrl-no-lora-reference", "flowrl")
