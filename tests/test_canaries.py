@@ -24,7 +24,7 @@ import palm_rlhf_pytorch.ppo as ppo
 from palm_rlhf_pytorch import ActorCritic
 
 from canary import (COVERED, DOC, DOC_NAMES, SKILL, TRAINERS, Rollout, canary_env, capture_memories,  # noqa: F401
-                    capture_state, covers, make, module_of, tiny_palm, touch, trap_raises, update)
+                    capture_state, covers, make, module_of, reseed, tiny_palm, touch, trap_raises, update)
 from conftest import REPO
 
 ALL = tuple(TRAINERS)
@@ -187,6 +187,24 @@ def test_actor_scope_reused_palm(name):
         make("ppo", palm=palm)
     palm.remove_finetune_params("actor")  # the documented fix for reusing a PaLM
     make("ppo", palm=palm)
+    plain = tiny_palm(attn_dropout=0.1)  # actor_lora=False: dropout set, no scope added
+    make(name, palm=plain, actor_lora=False)
+    ps = {m.p for m in plain.modules() if isinstance(m, torch.nn.Dropout)}
+    assert not plain.finetune_modules and ps == {0.0}, update(
+        "actor-scope-reused-palm", f"{name} actor_lora=False: scopes {list(plain.finetune_modules)}, dropout {ps}")
+
+
+@covers("prompts-num-prompts", *ALL)
+def test_prompts_num_prompts(name):
+    anchor, ids = "prompts-num-prompts", torch.randint(1, 64, (3, 4))
+    trainer = make(name, prompt_token_ids=ids)
+    assert trainer.num_prompts == 3, update(anchor, f"{name} num_prompts {trainer.num_prompts}")
+    trainer.prompt_token_ids = ids[1:2]
+    reseed()
+    with trap_raises(anchor, IndexError, "out of bounds for dimension 0 with size 1"):
+        trainer.train(num_episodes=1, max_timesteps=20, update_timesteps=100, max_seq_len=6)
+    trainer.num_prompts = 1  # the documented fix
+    assert torch.equal(capture_state(trainer, name).reshape(-1, 4)[0], ids[1]), update(anchor, f"{name} drew another prompt")
 
 
 @covers("update-timesteps-default", *ALL)

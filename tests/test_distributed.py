@@ -461,14 +461,23 @@ def test_doc_training_script_runs_on_two_ranks_in_sync(tmp_path):
     """The page's sync check and training script (skipped by test_doc_code_blocks: it needs
     torchrun) on 2 ranks, then its DDP load line: no drift, one checkpoint without 'module.'."""
     launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
-    script = doc_block("def drifted_parameters") + doc_block("apply_ddp_fixes(trainer)").replace(
+    # counts per rank for distributed.md#batch-per-rank: items each learn() gets, optimizer steps
+    script = textwrap.dedent("""
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+        from palm_rlhf_pytorch import RLHFTrainer as _PPO
+        LEARNED, STEPS, _learn = [], [], _PPO.learn
+        _PPO.learn = lambda self, memories: LEARNED.append(len(memories)) or _learn(self, memories)
+        register_optimizer_step_post_hook(lambda *args: STEPS.append(1))
+    """)
+    script += doc_block("def drifted_parameters") + doc_block("apply_ddp_fixes(trainer)").replace(
         '"sub-skills/policy-optimization/scripts"', repr(str(SCRIPTS)))
     script += textwrap.dedent("""
         from ddp_fixes import checkpoint_module
         import torch.distributed as dist
         checkpoint_module(trainer).load_state_dict(torch.load("checkpoint.pt"))
         import os
-        line = f"doc-run {dist.get_rank()} {dist.get_world_size()} {len(list(trainer.parameters()))} {drifted}\\n"
+        line = (f"doc-run {dist.get_rank()} {dist.get_world_size()} {len(list(trainer.parameters()))} {drifted} "
+                f"{LEARNED} {len(STEPS)}\\n")
         os.write(1, line.encode())  # one write(2) per rank: lines from the two ranks never interleave
     """)
     (tmp_path / "train.py").write_text(script)
@@ -479,7 +488,8 @@ def test_doc_training_script_runs_on_two_ranks_in_sync(tmp_path):
                env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}, timeout=240)
     assert proc.returncode == 0, proc.stderr[:3000] + proc.stderr[-1500:]
     lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("doc-run"))
-    assert len(lines) == 2 and all(line.endswith(" 2 47 []") for line in lines), lines
+    # each rank: its own 4 rollouts in one learn(), 2 minibatches of 2 (actor and critic step each)
+    assert len(lines) == 2 and all(line.endswith(" 2 47 [] [4] 4") for line in lines), lines
     import torch
     keys = torch.load(cwd / "checkpoint.pt", weights_only=True)
     assert keys and not any(k.startswith("module.") for k in keys)

@@ -649,6 +649,16 @@ def test_ppo_critic_reward_range(name):
           f"loguru warns beyond {hl.out_of_range_tolerance}")
     values = hl.transform_from_probs(probs)
     check(values[0] < 4.7 and values[2] > 0.3, anchor, f"rewards 10 and -3 read back as {values.tolist()}")
+    # the warning: checked on each target batch until one warns, then never again in the process
+    warn = type(hl).maybe_warn_out_of_range
+    (called,) = [c for c in warn.__closure__ if isinstance(c.cell_contents, bool)]
+    saved, called.cell_contents = called.cell_contents, False
+    try:
+        got = [warn(hl, torch.tensor([2.])), warn(hl, torch.tensor([10.])), warn(make(name).critic_hl_gauss_loss,
+                                                                            torch.tensor([10.]))]
+    finally:
+        called.cell_contents = saved
+    check(got == [False, True, None], anchor, f"in range, out of range, another critic: {got}")
     # in-range targets read back biased at the edges, and a perfect critic still has a loss (the
     # entropy of the target's own histogram), lower for clamped targets
     edges = hl.transform_from_probs(hl.transform_to_probs(torch.tensor([0., 5.]))).tolist()
@@ -740,6 +750,16 @@ def test_grpo_max_rl_mean_zero(name):
     palm = tiny_palm()
     adv = torch.stack([m[-1] for m in capture_memories(make(name, palm, Opposite(palm), use_max_rl=True))])
     check(adv.tolist() == [-1e8, 1e8], "grpo-max-rl-mean-zero", f"MaxRL advantages {adv.tolist()}")
+    moved = {}  # the atan2 step ignores the scale: the largest LoRA change is that of the default
+    for max_rl in (True, False):
+        reseed()
+        palm = tiny_palm()
+        trainer = make(name, palm, Opposite(palm), use_max_rl=max_rl, minibatch_size=2)
+        before = lora(trainer)
+        out = run(trainer, 4)
+        moved[max_rl] = ((lora(trainer) - before).abs().max().item(), max(map(abs, printed(out, "policy_loss"))))
+    check(abs(moved[True][0] / moved[False][0] - 1) < 0.01 and moved[True][1] > 1e7, "grpo-max-rl-mean-zero",
+          f"largest LoRA change and |policy_loss|, MaxRL then default: {moved}")
 
 
 @covers("flowrl-no-lora-reference", "flowrl")
