@@ -378,7 +378,7 @@ def launch(smoke, args, argv: list[str], env_info: dict[str, Any], progress: rt.
                 if follower:
                     follower.join()
         if args.verbose:
-            sys.stderr.write(err)
+            rt.write_stderr(err)
     report = rank0_report(out)
     tail = (out + err)[-2000:]
     if report is None:  # no rank 0 report (crash, timeout, launcher error)

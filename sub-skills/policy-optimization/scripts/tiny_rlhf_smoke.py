@@ -488,7 +488,7 @@ def update(run: SmokeRun) -> bool:
         hook.remove()
     run.result["timings_s"]["update"] = run.timer.stages["update"]
     if args.verbose:
-        sys.stderr.write(printed)
+        rt.write_stderr(printed)
     run.result["losses"] = rt.parse_losses(printed)
     run.result["rollout_lengths"] = rollout_lengths
     run.result["optimizer_steps"] = {"expected": expected_steps, "required": spec.required_steps,
