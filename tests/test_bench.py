@@ -35,12 +35,19 @@ def test_help_lists_budgets_without_importing_torch(empty_dir):
         assert text in proc.stdout
 
 
-@pytest.mark.parametrize("argv", [["--repeat", "0"], ["--axis", "dim"], ["--markdown"],
-                                  ["--scaling", "--trainer", "tpo"], ["--trainer", "sac"]])
-def test_usage_errors_are_one_line_exit_2(empty_dir, argv):
+@pytest.mark.parametrize("argv, says", [
+    (["--repeat", "0"], "--repeat"), (["--axis", "dim"], "--axis"), (["--markdown"], "--markdown"),
+    (["--scaling", "--trainer", "tpo"], "tpo"), (["--trainer", "sac"], "sac"),
+    # each with a second usage error after it, so the test fails fast if this one is accepted
+    (["--repeat", "99999999", "--scaling", "--plan-accuracy"], "--repeat: must be between 1 and 100"),
+    (["--warmup", "11", "--scaling", "--plan-accuracy"], "--warmup: must be between 0 and 10"),
+    (["--quiet", "--progress", "--scaling", "--plan-accuracy"], "--progress: not allowed with argument --quiet"),
+])
+def test_usage_errors_are_one_line_exit_2(empty_dir, argv, says):
     proc = run([sys.executable, "-X", "importtime", str(BENCH), *argv], empty_dir)
     errors = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
     assert proc.returncode == 2 and len(errors) == 1 and "error:" in errors[0], errors
+    assert says in errors[0]
     assert not torch_imported(proc.stderr) and proc.stdout == ""
 
 

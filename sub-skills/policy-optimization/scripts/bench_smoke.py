@@ -69,6 +69,8 @@ SCALING_AXES = {
 SCALING_HEADER = ("trainer", "varied", "dim", "depth", "prompt len", "max_seq_len",
                   "update (s)", "generate (s)", "peak RSS (MiB)")
 SECTION_TITLE = "## Sizing a bigger smoke (measured)"
+MAX_REPEAT = 100  # --repeat: each round runs every case once (11 fresh processes by default)
+MAX_WARMUP = 10   # --warmup: one run warms the disk cache; more only delays the bench
 ESTIMATE_NOTE_S = 30.0  # an estimate line before a bench predicted to take longer
 TABLE_WIDTH = 100       # the plain report's lines have at most this many columns
 
@@ -504,11 +506,11 @@ def build_parser() -> rt.OneLineParser:
     parser.add_argument("--trainer", action="append", choices=[*SINGLE_TRAINERS, "all"], metavar="NAME",
                         help="ppo, grpo, tpo, flowrl or all (the smoke's --trainer all); repeat to "
                              "select several (default: every one; with --scaling: ppo and grpo)")
-    parser.add_argument("--repeat", type=rt.bounded_int(1), metavar="N",
-                        help="fresh processes per case, interleaved (default: 5; with --scaling or "
-                             "--plan-accuracy: 3)")
-    parser.add_argument("--warmup", type=rt.bounded_int(0), default=1, metavar="N",
-                        help="unmeasured floor runs first, to warm the disk cache (default: 1)")
+    parser.add_argument("--repeat", type=rt.bounded_int(1, MAX_REPEAT), metavar="N",
+                        help=f"fresh processes per case, interleaved, 1 to {MAX_REPEAT} (default: 5; with "
+                             "--scaling or --plan-accuracy: 3)")
+    parser.add_argument("--warmup", type=rt.bounded_int(0, MAX_WARMUP), default=1, metavar="N",
+                        help=f"unmeasured floor runs first, to warm the disk cache, 0 to {MAX_WARMUP} (default: 1)")
     parser.add_argument("--device", default="cpu", type=rt.device_spec, help="passed to the smoke: auto, cpu, cuda, cuda:N (default: cpu)")
     parser.add_argument("--scaling", action="store_true",
                         help="measure the sizing table (PPO and GRPO train smoke) instead of the budgets")
@@ -525,8 +527,9 @@ def build_parser() -> rt.OneLineParser:
     out.add_argument("--markdown", action="store_true",
                      help="with --scaling or --plan-accuracy: print the docs section (references/sizing.md, workflows.md) "
                           "on stdout")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    rt.add_progress_option(parser)
+    noise = parser.add_mutually_exclusive_group()
+    noise.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    rt.add_progress_option(noise)
     rt.add_allow_untested_option(parser)
     return parser
 
