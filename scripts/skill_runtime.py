@@ -17,6 +17,7 @@ import json
 import math
 import os
 import re
+import subprocess
 import sys
 import tempfile
 import threading
@@ -1049,6 +1050,21 @@ class _GuardedStdout:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
+
+
+def stop_child(proc: Any, grace_s: float) -> tuple[Any, Any]:
+    """Stop a child process (``subprocess.Popen``) that this one started: SIGTERM, on which the
+    helpers remove their private directory and torchrun stops its ranks, then SIGKILL after
+    ``grace_s`` seconds; the child is waited for (reaped). Called when this process is interrupted
+    or terminated while a child runs (a signal sent to this process alone, as ``timeout`` and
+    ``kill`` send it, never reaches the child), so no child is left running with PPID 1.
+    Returns ``proc.communicate()``'s (stdout, stderr), None for a stream that is not a pipe."""
+    proc.terminate()
+    try:
+        return proc.communicate(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.communicate()
 
 
 def out_of_memory(exc: BaseException) -> bool:

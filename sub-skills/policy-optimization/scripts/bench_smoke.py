@@ -71,6 +71,7 @@ SCALING_HEADER = ("trainer", "varied", "dim", "depth", "prompt len", "max_seq_le
 SECTION_TITLE = "## Sizing a bigger smoke (measured)"
 MAX_REPEAT = 100  # --repeat: each round runs every case once (11 fresh processes by default)
 MAX_WARMUP = 10   # --warmup: one run warms the disk cache; more only delays the bench
+STOP_GRACE_S = 10.0     # an interrupted bench: seconds a child gets to stop on SIGTERM
 ESTIMATE_NOTE_S = 30.0  # an estimate line before a bench predicted to take longer
 TABLE_WIDTH = 100       # the plain report's lines have at most this many columns
 
@@ -145,12 +146,17 @@ def run_child(argv: list[str]) -> dict[str, Any]:
 
     Returns ``{wall_s, cpu_s, peak_rss_mib, exit_code, report, stderr_tail}``; ``report`` is the
     child's JSON stdout (None when it printed none). stdout/stderr go to temporary files, so a
-    chatty child can never block on a full pipe while the parent waits.
+    chatty child can never block on a full pipe while the parent waits. Interrupted or terminated
+    meanwhile, it stops the child (``rt.stop_child``) before re-raising.
     """
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.perf_counter()
         proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
-        _, status, usage = os.wait4(proc.pid, 0)
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        except BaseException:  # SIGINT / SIGTERM to the bench alone: never leave the child running
+            rt.stop_child(proc, STOP_GRACE_S)
+            raise
         wall = time.perf_counter() - start
         proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
         out.seek(0)
