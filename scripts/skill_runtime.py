@@ -303,10 +303,43 @@ def probe_accelerator(kwargs: dict[str, Any]) -> tuple[dict[str, Any] | None, st
                 cls._shared_state.clear()
 
 
+# The launchers' variables Accelerate reads with int() while it builds its state (accelerate/state.py,
+# PartialState.__init__; accelerate/utils/environment.py, get_cpu_distributed_information): a value
+# that is not an integer raises ValueError: invalid literal for int() with base 10.
+ACCELERATE_INT_VARIABLES = (
+    "LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS",
+    "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
+    "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_SIZE",
+)
+
+
+def non_integer_variables() -> list[str]:
+    """``["LOCAL_RANK='garbage'"]``: the ACCELERATE_INT_VARIABLES set here to something int() refuses."""
+    bad = []
+    for name in ACCELERATE_INT_VARIABLES:
+        value = os.environ.get(name)
+        try:
+            int(value) if value is not None else None
+        except ValueError:
+            bad.append(f"{name}={value!r}")
+    return bad
+
+
 def accelerate_variables() -> str:
-    """``ACCELERATE_USE_CPU='banana', ...``: the Accelerate variables set in this environment."""
-    found = [f"{k}={v!r}" for k, v in sorted(os.environ.items()) if k.startswith("ACCELERATE_")]
-    return ", ".join(found) or "no ACCELERATE_* variable set"
+    """``LOCAL_RANK='garbage', ACCELERATE_USE_CPU='banana'``: what Accelerate reads here that can make
+    it refuse: launcher variables it parses as integers whose value is not one, then every
+    ``ACCELERATE_*`` variable set."""
+    found = [*non_integer_variables(),
+             *(f"{k}={v!r}" for k, v in sorted(os.environ.items()) if k.startswith("ACCELERATE_"))]
+    return ", ".join(found) or "no ACCELERATE_* variable set, and no launcher variable it reads as an integer is malformed"
+
+
+def accelerate_fix() -> str:
+    """How to fix what ``accelerate_variables`` names."""
+    if non_integer_variables():
+        return "fix or unset it: launchers (torchrun, mpirun) set these to integers; outside one, unset them"
+    return ACCELERATE_FIX
 
 
 def resolve_device(spec: str, trainers: bool = True) -> tuple[dict[str, Any], Any]:
@@ -340,7 +373,7 @@ def resolve_device(spec: str, trainers: bool = True) -> tuple[dict[str, Any], An
     _, error = probe_accelerator(kwargs) if trainers else (None, None)
     if error:
         raise SkillError(f"Accelerate refuses this environment ({accelerate_variables()}): {error}; "
-                         + ACCELERATE_FIX)
+                         + accelerate_fix())
     device = PartialState(**kwargs).device
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())

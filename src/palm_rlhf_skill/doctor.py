@@ -260,7 +260,7 @@ def accelerate_check(torch_info: dict[str, Any], shadowed: set[str]) -> tuple[di
     state, error = rt.probe_accelerator({})
     if error:
         return info, _check("accelerate", "fail", f"Accelerator() fails here: {error}",
-                            f"{rt.accelerate_variables()}: {rt.ACCELERATE_FIX}")
+                            f"{rt.accelerate_variables()}: {rt.accelerate_fix()}")
     info.update(state)
     launch: dict[str, Any] = {"config_file": None}
     try:
