@@ -22,7 +22,7 @@ def home(tmp_path: Path, monkeypatch) -> Path:
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
-    for name in ("HF_HOME", "XDG_CACHE_HOME", "ACCELERATE_USE_CPU", "TQDM_DISABLE"):
+    for name in ("HF_HOME", "XDG_CACHE_HOME", "ACCELERATE_USE_CPU", "ACCELERATE_MIXED_PRECISION", "TQDM_DISABLE"):
         monkeypatch.delenv(name, raising=False)
     return home
 
@@ -110,6 +110,23 @@ def test_bad_accelerate_flag_fails_and_tqdm_zero_warns(empty_dir, home):
     assert "ACCELERATE_USE_CPU" in checks["accelerate"]["fix"]
     assert checks["tqdm"]["status"] == "warn" and report["tqdm"]["generate_bars_off"] is True
     assert "unset TQDM_DISABLE" in checks["tqdm"]["fix"]
+
+
+def test_mixed_precision_variable_is_shown_and_a_value_accelerate_ignores_warns(empty_dir, home):
+    """Accelerate takes ACCELERATE_MIXED_PRECISION unchecked: `BF16` (upper case) trains in full
+    precision without a word. The text report shows the value; one outside PrecisionType warns."""
+    from accelerate.utils import PrecisionType
+    lines = {}
+    for value in ("bf16", "BF16"):
+        proc = run([DOCTOR, "doctor"], empty_dir, env={"HOME": str(home), "ACCELERATE_MIXED_PRECISION": value})
+        at = proc.stdout.splitlines()
+        i = next(i for i, line in enumerate(at) if line.split()[1:2] == ["accelerate"])
+        lines[value] = at[i:i + 2]
+        assert f"ACCELERATE_MIXED_PRECISION={value!r}" in lines[value][0], lines[value]
+    assert lines["bf16"][0].startswith("ok ")
+    accepted = ", ".join(p.value for p in PrecisionType)
+    assert lines["BF16"][0].startswith("warn ") and "trains in full precision" in lines["BF16"][0]
+    assert lines["BF16"][1].split("fix: ")[1] == f"set ACCELERATE_MIXED_PRECISION to one of {accepted}, or unset it"
 
 
 def write_accelerate_config(monkeypatch, tmp_path: Path, text: str) -> Path:

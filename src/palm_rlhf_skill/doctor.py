@@ -244,6 +244,11 @@ def accelerate_check(torch_info: dict[str, Any], shadowed: set[str]) -> tuple[di
     """What the trainers' ``Accelerator()`` gets in a plain ``python`` process (it reads
     ACCELERATE_USE_CPU and ACCELERATE_MIXED_PRECISION), and what ``accelerate launch`` would start.
 
+    ACCELERATE_MIXED_PRECISION is shown when set, and a warning when it is not a value of
+    Accelerate's ``PrecisionType`` (no, fp8, fp16, bf16): AcceleratorState takes the variable as
+    it is (accelerate/state.py, ``parse_choice_from_env``, no check), so ``BF16`` or a typo runs
+    in full precision.
+
     ``accelerate launch`` without a config file starts one process per CUDA device (MULTI_GPU)
     when more than one is visible, else one process (accelerate/commands/launch.py,
     ``_validate_launch_command``). The Accelerator is built by ``rt.probe_accelerator``, the same
@@ -277,10 +282,20 @@ def accelerate_check(torch_info: dict[str, Any], shadowed: set[str]) -> tuple[di
         return info, _check("accelerate", "fail", f"accelerate's config file is unreadable: {_one_line(err)}",
                             f"fix it with `accelerate config`, or remove {default_config_file}")
     info["launch"] = launch
+    precision = info["ACCELERATE_MIXED_PRECISION"]
     detail = (f"a plain `python` run: {processes(info['distributed_type'], info['num_processes'], info['device'])}"
-              "; `accelerate launch`: "
+              + (f", ACCELERATE_MIXED_PRECISION={precision!r}" if precision is not None else "")
+              + "; `accelerate launch`: "
               f"{processes(launch['distributed_type'], launch['num_processes'])}"
               + (f" (config {launch['config_file']})" if launch["config_file"] else " (no config file)"))
+    with rt.capture_library_output():
+        from accelerate.utils import PrecisionType
+    accepted = [p.value for p in PrecisionType]
+    if precision is not None and precision not in accepted:
+        return info, _check("accelerate", "warn", detail + f"; Accelerate takes ACCELERATE_MIXED_PRECISION="
+                            f"{precision!r} without a word and trains in full precision (its accepted values: "
+                            f"{', '.join(accepted)}, lower case)",
+                            f"set ACCELERATE_MIXED_PRECISION to one of {', '.join(accepted)}, or unset it")
     visible = torch_info.get("device_count", 0)
     if launch["distributed_type"] == "MULTI_GPU" and visible < (launch["num_processes"] or 0):
         return info, _check("accelerate", "warn", detail + f"; its config asks for {launch['num_processes']} "
