@@ -225,6 +225,23 @@ def test_low_memory_and_disk_exit_1(capsys, monkeypatch, tmp_path):
     assert checks["disk"]["status"] == "fail" and "TMPDIR" in checks["disk"]["fix"]
 
 
+@pytest.mark.parametrize("short", ["cwd", "tmp"])
+def test_a_short_working_directory_is_not_a_tmpdir_fix(capsys, monkeypatch, tmp_path, short):
+    """Only the working directory short: the fix names TPO's ./tpo_memmap_replay_buffer and not
+    TMPDIR (which does not move it); only the temporary directory short: TMPDIR."""
+    cwd, tmp = tmp_path / "cwd", tmp_path / "tmp"
+    cwd.mkdir(), tmp.mkdir()
+    monkeypatch.setattr(doctor.tempfile, "gettempdir", lambda: str(tmp))
+    real = doctor.shutil.disk_usage
+    monkeypatch.setattr(doctor.shutil, "disk_usage", lambda path: real(path)._replace(free=0)
+                        if str(path) == str({"cwd": cwd, "tmp": tmp}[short]) else real(path))
+    code, report = diagnose_in_process(capsys, monkeypatch, cwd)
+    check = checks_by_name(report)["disk"]
+    assert code == 1 and check["status"] == "fail" and check["detail"].startswith(f"{short} ")
+    assert ("tpo_memmap_replay_buffer" in check["fix"]) == (short == "cwd")
+    assert ("TMPDIR" in check["fix"]) == (short == "tmp")
+
+
 def test_available_memory_matches_proc_meminfo():
     meminfo = Path("/proc/meminfo")
     if not meminfo.exists():

@@ -310,6 +310,7 @@ def accelerate_check(torch_info: dict[str, Any], shadowed: set[str]) -> tuple[di
 
 
 TQDM_DOC = "sub-skills/policy-optimization/references/troubleshooting.md#tqdm-disable"
+TPO_BUFFER_DOC = "sub-skills/policy-optimization/references/troubleshooting.md#tpo-replay-buffer-dir"
 
 
 def tqdm_check(shadowed: set[str]) -> tuple[dict[str, Any], dict[str, str]]:
@@ -352,7 +353,9 @@ available_memory_mib = rt.available_memory_mib  # one reader of MemAvailable, sh
 
 
 def resources_checks() -> tuple[dict[str, Any], list[dict[str, str]]]:
-    """Available memory and free disk in the working and the temporary directory, in MiB."""
+    """Available memory and free disk in the working and the temporary directory, in MiB, and
+    whether each is writable. A short or read-only working directory is its own fix: TPO's train()
+    writes ``./tpo_memmap_replay_buffer`` there (palm_rlhf_pytorch/tpo.py), whatever TMPDIR says."""
     memory = available_memory_mib()
     places = {"cwd": os.getcwd(), "tmp": tempfile.gettempdir()}
     disk = {key: {"path": path, "free_mib": _mib(shutil.disk_usage(path).free)} for key, path in places.items()}
@@ -365,11 +368,18 @@ def resources_checks() -> tuple[dict[str, Any], list[dict[str, str]]]:
                      "close other programs or use a machine with more memory")
     else:
         mem = _check("memory", "ok", f"{memory} MiB available (floor {MIN_MEMORY_MIB} MiB)")
-    low = [f"{d['path']} has {d['free_mib']} MiB free" for d in disk.values() if d["free_mib"] < MIN_DISK_MIB]
+    for d in disk.values():
+        d["writable"] = os.access(d["path"], os.W_OK)
+    short = {key: d for key, d in disk.items() if d["free_mib"] < MIN_DISK_MIB or not d["writable"]}
     detail = ", ".join(f"{key} {d['free_mib']} MiB free ({d['path']})" for key, d in disk.items())
-    if low:
-        dsk = _check("disk", "fail", "; ".join(low) + f", below {MIN_DISK_MIB} MiB",
-                     "free disk space, or point TMPDIR at a larger disk")
+    if short:
+        problems = [f"{key} {d['path']} " + (f"has {d['free_mib']} MiB free, below {MIN_DISK_MIB} MiB"
+                                              if d["free_mib"] < MIN_DISK_MIB else "is read-only")
+                    for key, d in short.items()]
+        fixes = {"cwd": "run from a directory on a larger, writable disk (or free space there): TPO's train() "
+                        f"writes ./tpo_memmap_replay_buffer into the working directory ({TPO_BUFFER_DOC})",
+                 "tmp": "free disk space in the temporary directory, or point TMPDIR at a larger disk"}
+        dsk = _check("disk", "fail", "; ".join(problems), "; ".join(fixes[key] for key in short))
     else:
         dsk = _check("disk", "ok", f"{detail} (floor {MIN_DISK_MIB} MiB)")
     return info, [mem, dsk]
