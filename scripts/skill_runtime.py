@@ -1202,5 +1202,6 @@ def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = No
 
 
 if __name__ == "__main__":  # run by path: say what it is (one line, exit 2), do nothing else
-    sys.stderr.write("skill_runtime.py: error: a module, not a command: the helpers' shared runtime, imported by them: run one of them, e.g. tiny-rlhf-smoke --help\n")
+    sys.stderr.write("skill_runtime.py: error: a module, not a command: the helpers' shared runtime, imported by "
+                     f"them: run one of them, e.g. {command('tiny-rlhf-smoke', '--help')}\n")  # by path: a copy has no console scripts
     sys.exit(2)

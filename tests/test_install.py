@@ -326,6 +326,18 @@ def test_console_script_install_then_copy_runs_without_this_package(empty_dir, h
     assert runtime == f"RUNTIME {dest / 'scripts' / 'skill_runtime.py'}"  # the copy's, not the repo's
     assert sorted(p.name for p in empty_dir.iterdir()) == [".claude"]
 
+    # the README's one exception: the copy's check_skill.py also needs skills-ref, and says so (exit 3)
+    check = dest / "scripts" / "check_skill.py"
+    probe = ("import runpy, sys\n"
+             "sys.modules['palm_rlhf_skill'] = sys.modules['skills_ref'] = None\n"
+             f"sys.argv = [{str(check)!r}]\n"
+             f"runpy.run_path({str(check)!r}, run_name='__main__')\n")
+    proc = run([sys.executable, "-I", "-c", probe], empty_dir)
+    assert proc.returncode == 3 and "skills-ref is not installed: pip install 'skills-ref" in proc.stderr, proc.stderr[-2000:]
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    assert ("except `scripts/check_skill.py` (what `palm-rlhf-skill check` runs), which also needs `skills-ref` "
+            "(without it: exit 3") in readme
+
 
 @pytest.mark.parametrize("command", ["install", "uninstall", "list"])
 def test_help_is_fast_and_does_not_import_torch(empty_dir, command):
