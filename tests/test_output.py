@@ -167,6 +167,16 @@ def test_json_is_one_object_and_progress_only_when_asked(smoke, capsys, monkeypa
     assert capsys.readouterr().err == ""
 
 
+def test_reports_md_says_when_json_prints_an_object_and_when_nothing(empty_dir):
+    """reports.md said `--json` always prints one object; an error (exit 2, 3) prints none."""
+    text = " ".join((REPO / "references" / "reports.md").read_text(encoding="utf-8").split())
+    assert ("With `--json` a helper that reaches a verdict (exit 0 or 1; the bench's inconclusive 75 too) prints "
+            "exactly one JSON object on stdout") in text
+    assert "on a usage or environment error (exit 2) or a missing dependency (exit 3) stdout stays empty" in text
+    proc = run([sys.executable, str(SMOKE), "--json", "--rollouts", "0"], empty_dir)
+    assert proc.returncode == 2 and proc.stdout == "" and len(proc.stderr.splitlines()) == 1
+
+
 def test_a_failing_check_names_its_section_and_the_verdict_is_last(smoke, capsys, monkeypatch, empty_dir):
     """issue 14: `--rollouts 1` fails the weight checks; each failing check is shown in full with
     the section that explains it, and the last line says where to read."""
