@@ -40,7 +40,10 @@ def test_help_lists_budgets_without_importing_torch(empty_dir):
 
 
 @pytest.mark.parametrize("argv, says", [
-    (["--repeat", "0"], "--repeat"), (["--axis", "dim"], "--axis"), (["--markdown"], "--markdown"),
+    (["--repeat", "0"], "--repeat"), (["--axis", "dim"], "error: --axis applies to --scaling"),
+    (["--markdown"], "error: --markdown applies to --scaling or --plan-accuracy"),  # no --axis it was not given
+    (["--plan-accuracy", "--plan-config", "bogus.toml"],
+     "--plan-config bogus.toml: not a shipped accuracy config; choose from accuracy-ppo.toml, accuracy-grpo.toml"),
     (["--scaling", "--trainer", "tpo"], "tpo"), (["--trainer", "sac"], "sac"),
     # each with a second usage error after it, so the test fails fast if this one is accepted
     (["--repeat", "99999999", "--scaling", "--plan-accuracy"], "--repeat: must be between 1 and 100"),

@@ -546,10 +546,17 @@ def main(argv: list[str] | None = None) -> int:
         args.repeat = 3 if args.scaling or args.plan_accuracy else 5
     if args.scaling and args.plan_accuracy:
         raise rt.SkillError("--scaling and --plan-accuracy are separate runs: choose one")
-    if args.axis and not args.scaling or args.markdown and not (args.scaling or args.plan_accuracy):
-        raise rt.SkillError("--axis applies to --scaling; --markdown to --scaling or --plan-accuracy")
+    if args.axis and not args.scaling:
+        raise rt.SkillError("--axis applies to --scaling")
+    if args.markdown and not (args.scaling or args.plan_accuracy):
+        raise rt.SkillError("--markdown applies to --scaling or --plan-accuracy (the docs sections they print)")
     if args.plan_config and not args.plan_accuracy:
         raise rt.SkillError("--plan-config applies to --plan-accuracy")
+    plan = rt.load_by_path("plan_run", THIS.parent / "plan_run.py") if args.plan_accuracy else None  # torch-free
+    unknown = [name for name in args.plan_config or [] if name not in plan.ACCURACY_CONFIGS]
+    if unknown:
+        raise rt.SkillError(f"--plan-config {', '.join(unknown)}: not a shipped accuracy config; choose from "
+                            + ", ".join(plan.ACCURACY_CONFIGS))
     if not hasattr(os, "wait4"):
         raise rt.SkillError("the bench reads child rusage with os.wait4: Linux or macOS only")
     env = rt.check_versions(args.allow_untested)
@@ -558,7 +565,6 @@ def main(argv: list[str] | None = None) -> int:
     args.progress_bars = rt.Progress("bench-smoke", (not args.json or args.progress) and not args.quiet)
     rerun = [a for a in (sys.argv[1:] if argv is None else argv) if a not in ("--json", "--markdown")]
     if args.plan_accuracy:  # the accuracy logic lives with the planner
-        plan = rt.load_by_path("plan_run", THIS.parent / "plan_run.py")
         with rt.private_workdir():
             report, _ = plan.accuracy(sys.modules[__name__], args, env)
         report["argv"] = rerun
