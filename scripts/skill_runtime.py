@@ -17,6 +17,7 @@ import json
 import math
 import os
 import re
+import subprocess
 import sys
 import tempfile
 import threading
@@ -302,10 +303,43 @@ def probe_accelerator(kwargs: dict[str, Any]) -> tuple[dict[str, Any] | None, st
                 cls._shared_state.clear()
 
 
+# The launchers' variables Accelerate reads with int() while it builds its state (accelerate/state.py,
+# PartialState.__init__; accelerate/utils/environment.py, get_cpu_distributed_information): a value
+# that is not an integer raises ValueError: invalid literal for int() with base 10.
+ACCELERATE_INT_VARIABLES = (
+    "LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS",
+    "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
+    "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_SIZE",
+)
+
+
+def non_integer_variables() -> list[str]:
+    """``["LOCAL_RANK='garbage'"]``: the ACCELERATE_INT_VARIABLES set here to something int() refuses."""
+    bad = []
+    for name in ACCELERATE_INT_VARIABLES:
+        value = os.environ.get(name)
+        try:
+            int(value) if value is not None else None
+        except ValueError:
+            bad.append(f"{name}={value!r}")
+    return bad
+
+
 def accelerate_variables() -> str:
-    """``ACCELERATE_USE_CPU='banana', ...``: the Accelerate variables set in this environment."""
-    found = [f"{k}={v!r}" for k, v in sorted(os.environ.items()) if k.startswith("ACCELERATE_")]
-    return ", ".join(found) or "no ACCELERATE_* variable set"
+    """``LOCAL_RANK='garbage', ACCELERATE_USE_CPU='banana'``: what Accelerate reads here that can make
+    it refuse: launcher variables it parses as integers whose value is not one, then every
+    ``ACCELERATE_*`` variable set."""
+    found = [*non_integer_variables(),
+             *(f"{k}={v!r}" for k, v in sorted(os.environ.items()) if k.startswith("ACCELERATE_"))]
+    return ", ".join(found) or "no ACCELERATE_* variable set, and no launcher variable it reads as an integer is malformed"
+
+
+def accelerate_fix() -> str:
+    """How to fix what ``accelerate_variables`` names."""
+    if non_integer_variables():
+        return "fix or unset it: launchers (torchrun, mpirun) set these to integers; outside one, unset them"
+    return ACCELERATE_FIX
 
 
 def resolve_device(spec: str, trainers: bool = True) -> tuple[dict[str, Any], Any]:
@@ -339,7 +373,7 @@ def resolve_device(spec: str, trainers: bool = True) -> tuple[dict[str, Any], An
     _, error = probe_accelerator(kwargs) if trainers else (None, None)
     if error:
         raise SkillError(f"Accelerate refuses this environment ({accelerate_variables()}): {error}; "
-                         + ACCELERATE_FIX)
+                         + accelerate_fix())
     device = PartialState(**kwargs).device
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -624,22 +658,71 @@ def changed_names(before: dict[str, Any], named_params: Iterator[tuple[str, Any]
     return [name for name, p in named_params if not torch.equal(before[name], p.detach().to(before[name].device))]
 
 
+class BestEffortStream:
+    """A text stream for progress and diagnostics whose ``write`` and ``flush`` never raise.
+
+    The first OSError or ValueError (a full disk: ``2>/dev/full``, ENOSPC; a descriptor closed
+    while running, EBADF; a closed file) ends its output: from then on it writes nothing, so a
+    progress line can never change a run's report or exit code, and a failing stream costs one
+    failed write, not one per redraw. ``None`` (Python found stderr closed at start: ``2>&-``)
+    writes nothing. ``failed`` says whether that happened.
+    """
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.failed = stream is None
+
+    def write(self, text: str) -> int:
+        if not self.failed:
+            try:
+                self.stream.write(text)
+            except (OSError, ValueError):
+                self.failed = True
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.failed:
+            try:
+                self.stream.flush()
+            except (OSError, ValueError):
+                self.failed = True
+
+    def isatty(self) -> bool:
+        try:
+            return not self.failed and self.stream.isatty()
+        except (AttributeError, OSError, ValueError):
+            return False
+
+    @property
+    def encoding(self) -> str:  # tqdm reads it to choose unicode or ascii
+        return getattr(self.stream, "encoding", None) or "utf-8"
+
+
+def write_stderr(text: str) -> None:
+    """Write ``text`` on stderr, best effort (``BestEffortStream``): a stderr that is closed or
+    full loses the text, never the run."""
+    BestEffortStream(sys.stderr).write(text)
+
+
 class Progress:
-    """Progress on stderr for a person at a terminal: a tqdm bar per stage, left on screen with its
-    elapsed time when the stage ends (one line per stage), and one-line notes such as an estimate.
+    """Progress on stderr, one line per stage with its elapsed time, and one-line notes such as an
+    estimate. Drawn by tqdm: at a terminal a live bar per stage (redrawn every second, also while
+    the stage makes no countable progress), left on screen when the stage ends; on anything else
+    (a file, a pipe, a log) no redraws and no ``\r``: the stage's finished line only, rendered by
+    the same tqdm bar.
 
     ``enabled`` False (``--json`` without ``--progress``) prints nothing. The stream is bound when
     the object is made, so bars reach the terminal while the library's own output (its tqdm bars
-    included) is captured. A bar is redrawn every second on a terminal, every 10 s otherwise (a log
-    file gets one ``\r`` update per redraw), also while the stage makes no countable progress.
-    tqdm reads ``TQDM_DISABLE``: set, it hides these bars too.
+    included) is captured. Best effort (``BestEffortStream``): after the first write that fails
+    (stderr full or closed), progress stops and the run goes on. tqdm reads ``TQDM_DISABLE``: set,
+    it hides these bars too (the notes stay).
     """
 
     def __init__(self, prog: str, enabled: bool, stream: Any = None) -> None:
         self.prog, self.enabled = prog, enabled
-        self.stream = sys.stderr if stream is None else stream
-        isatty = getattr(self.stream, "isatty", None)
-        self.redraw_s = 1.0 if isatty is not None and isatty() else 10.0
+        self.stream = BestEffortStream(sys.stderr if stream is None else stream)
+        self.live = self.stream.isatty()  # a terminal: bars redrawn in place
+        self.redraw_s = 1.0
 
     def note(self, text: str) -> None:
         """One line ``prog: text`` (between bars, or above a running one)."""
@@ -650,19 +733,24 @@ class Progress:
     @contextlib.contextmanager
     def stage(self, label: str, total: int | None = None, unit: str = "") -> Iterator[Any]:
         """A bar ``prog: label`` for the ``with`` block; yields it (``update(n)``, ``set_postfix_str``).
-        ``total`` counts ``unit``s (rollouts, seeds); without it the bar shows the elapsed time only."""
+        ``total`` counts ``unit``s (rollouts, seeds); without it the bar shows the elapsed time only.
+        Not at a terminal, the bar counts and formats but draws into nothing until the stage ends,
+        when its one line is written."""
         from tqdm import tqdm
         counted = "{n_fmt}/{total_fmt} " + unit + " " if total is not None else ""
-        bar = tqdm(total=total, desc=f"{self.prog}: {label}", file=self.stream, leave=True,
-                   disable=not self.enabled, mininterval=self.redraw_s, miniters=0,
-                   bar_format="{desc}: " + counted + "[{elapsed}{postfix}]")
+        # disable only when off: passed explicitly, it would override TQDM_DISABLE (tqdm's envwrap)
+        bar = tqdm(total=total, desc=f"{self.prog}: {label}", leave=True, miniters=0,
+                   file=self.stream if self.live else io.StringIO(),
+                   mininterval=self.redraw_s if self.live else math.inf,
+                   bar_format="{desc}: " + counted + "[{elapsed}{postfix}]",
+                   **({} if self.enabled else {"disable": True}))
         stop = threading.Event()
 
         def redraw() -> None:
             while not stop.wait(self.redraw_s):
                 bar.refresh()
 
-        ticker = threading.Thread(target=redraw, daemon=True) if self.enabled else None
+        ticker = threading.Thread(target=redraw, daemon=True) if self.live and not bar.disable else None
         if ticker:
             ticker.start()
         try:
@@ -671,7 +759,10 @@ class Progress:
             stop.set()
             if ticker:
                 ticker.join()
+            line = None if self.live or bar.disable else str(bar)
             bar.close()
+            if line is not None:
+                tqdm.write(line, file=self.stream)
 
 
 class Timer:
@@ -994,6 +1085,21 @@ class _GuardedStdout:
         return getattr(self._stream, name)
 
 
+def stop_child(proc: Any, grace_s: float) -> tuple[Any, Any]:
+    """Stop a child process (``subprocess.Popen``) that this one started: SIGTERM, on which the
+    helpers remove their private directory and torchrun stops its ranks, then SIGKILL after
+    ``grace_s`` seconds; the child is waited for (reaped). Called when this process is interrupted
+    or terminated while a child runs (a signal sent to this process alone, as ``timeout`` and
+    ``kill`` send it, never reaches the child), so no child is left running with PPID 1.
+    Returns ``proc.communicate()``'s (stdout, stderr), None for a stream that is not a pipe."""
+    proc.terminate()
+    try:
+        return proc.communicate(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.communicate()
+
+
 def out_of_memory(exc: BaseException) -> bool:
     """True for an allocation that failed: MemoryError, torch.OutOfMemoryError (CUDA), or the
     RuntimeError torch's CPU allocator raises ('DefaultCPUAllocator: can't allocate memory')."""
@@ -1041,8 +1147,7 @@ def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = No
     prog = Path(sys.argv[0]).name
 
     def say(line: str) -> None:
-        if sys.stderr is not None:
-            sys.stderr.write(f"{prog}: {line}\n")
+        write_stderr(f"{prog}: {line}\n")
 
     if sys.stdout is None:  # file descriptor 1 was closed when Python started
         say("error: stdout is closed: give the report somewhere to go (> report.txt, or > /dev/null)")
@@ -1097,5 +1202,6 @@ def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = No
 
 
 if __name__ == "__main__":  # run by path: say what it is (one line, exit 2), do nothing else
-    sys.stderr.write("skill_runtime.py: error: a module, not a command: the helpers' shared runtime, imported by them: run one of them, e.g. tiny-rlhf-smoke --help\n")
+    sys.stderr.write("skill_runtime.py: error: a module, not a command: the helpers' shared runtime, imported by "
+                     f"them: run one of them, e.g. {command('tiny-rlhf-smoke', '--help')}\n")  # by path: a copy has no console scripts
     sys.exit(2)

@@ -4,8 +4,12 @@ command produces. Timings are never asserted: the machine is shared and noisy.""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
 import sys
+import time
 from importlib import metadata
 
 import pytest
@@ -35,13 +39,59 @@ def test_help_lists_budgets_without_importing_torch(empty_dir):
         assert text in proc.stdout
 
 
-@pytest.mark.parametrize("argv", [["--repeat", "0"], ["--axis", "dim"], ["--markdown"],
-                                  ["--scaling", "--trainer", "tpo"], ["--trainer", "sac"]])
-def test_usage_errors_are_one_line_exit_2(empty_dir, argv):
+@pytest.mark.parametrize("argv, says", [
+    (["--repeat", "0"], "--repeat"), (["--axis", "dim"], "error: --axis applies to --scaling"),
+    (["--markdown"], "error: --markdown applies to --scaling or --plan-accuracy"),  # no --axis it was not given
+    (["--plan-accuracy", "--plan-config", "bogus.toml"],
+     "--plan-config bogus.toml: not a shipped accuracy config; choose from accuracy-ppo.toml, accuracy-grpo.toml"),
+    (["--scaling", "--trainer", "tpo"], "tpo"), (["--trainer", "sac"], "sac"),
+    # each with a second usage error after it, so the test fails fast if this one is accepted
+    (["--repeat", "99999999", "--scaling", "--plan-accuracy"], "--repeat: must be between 1 and 100"),
+    (["--warmup", "11", "--scaling", "--plan-accuracy"], "--warmup: must be between 0 and 10"),
+    (["--quiet", "--progress", "--scaling", "--plan-accuracy"], "--progress: not allowed with argument --quiet"),
+])
+def test_usage_errors_are_one_line_exit_2(empty_dir, argv, says):
     proc = run([sys.executable, "-X", "importtime", str(BENCH), *argv], empty_dir)
     errors = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
     assert proc.returncode == 2 and len(errors) == 1 and "error:" in errors[0], errors
+    assert says in errors[0]
     assert not torch_imported(proc.stderr) and proc.stdout == ""
+
+
+def children_of(pid: int) -> list[int]:
+    """Process ids whose parent is ``pid`` (Linux /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            stat = open(f"/proc/{entry}/stat", encoding="utf-8").read() if entry.isdigit() else ""
+        except OSError:
+            continue
+        if stat and int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append(int(entry))
+    return found
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads child processes from /proc")
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_an_interrupted_bench_leaves_no_child_running(empty_dir, sig, code):
+    """`timeout -s INT 9 palm-rlhf-skill bench`: the signal reaches the bench alone; its running
+    child (the warm-up import) is stopped before the bench exits, never left running with PPID 1."""
+    proc = subprocess.Popen([sys.executable, str(BENCH), "--trainer", "ppo", "--repeat", "1", "--quiet"],
+                            cwd=empty_dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    deadline, children = time.monotonic() + 120, []
+    while not children and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+        children = children_of(proc.pid)
+    assert children, "the bench started no child"
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == code and out == "", err[-1000:]
+    left = [pid for pid in children if os.path.exists(f"/proc/{pid}")]
+    for pid in left:  # do not leave them to the machine either
+        os.kill(pid, signal.SIGKILL)
+    assert left == []
+    assert list(empty_dir.iterdir()) == []
 
 
 def test_quick_bench_through_the_console_script(empty_dir):

@@ -22,7 +22,7 @@ def home(tmp_path: Path, monkeypatch) -> Path:
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
-    for name in ("HF_HOME", "XDG_CACHE_HOME", "ACCELERATE_USE_CPU", "TQDM_DISABLE"):
+    for name in ("HF_HOME", "XDG_CACHE_HOME", "ACCELERATE_USE_CPU", "ACCELERATE_MIXED_PRECISION", "TQDM_DISABLE"):
         monkeypatch.delenv(name, raising=False)
     return home
 
@@ -110,6 +110,23 @@ def test_bad_accelerate_flag_fails_and_tqdm_zero_warns(empty_dir, home):
     assert "ACCELERATE_USE_CPU" in checks["accelerate"]["fix"]
     assert checks["tqdm"]["status"] == "warn" and report["tqdm"]["generate_bars_off"] is True
     assert "unset TQDM_DISABLE" in checks["tqdm"]["fix"]
+
+
+def test_mixed_precision_variable_is_shown_and_a_value_accelerate_ignores_warns(empty_dir, home):
+    """Accelerate takes ACCELERATE_MIXED_PRECISION unchecked: `BF16` (upper case) trains in full
+    precision without a word. The text report shows the value; one outside PrecisionType warns."""
+    from accelerate.utils import PrecisionType
+    lines = {}
+    for value in ("bf16", "BF16"):
+        proc = run([DOCTOR, "doctor"], empty_dir, env={"HOME": str(home), "ACCELERATE_MIXED_PRECISION": value})
+        at = proc.stdout.splitlines()
+        i = next(i for i, line in enumerate(at) if line.split()[1:2] == ["accelerate"])
+        lines[value] = at[i:i + 2]
+        assert f"ACCELERATE_MIXED_PRECISION={value!r}" in lines[value][0], lines[value]
+    assert lines["bf16"][0].startswith("ok ")
+    accepted = ", ".join(p.value for p in PrecisionType)
+    assert lines["BF16"][0].startswith("warn ") and "trains in full precision" in lines["BF16"][0]
+    assert lines["BF16"][1].split("fix: ")[1] == f"set ACCELERATE_MIXED_PRECISION to one of {accepted}, or unset it"
 
 
 def write_accelerate_config(monkeypatch, tmp_path: Path, text: str) -> Path:
@@ -206,6 +223,23 @@ def test_low_memory_and_disk_exit_1(capsys, monkeypatch, tmp_path):
     checks = checks_by_name(report)
     assert checks["memory"]["status"] == "fail" and f"{doctor.MIN_MEMORY_MIB - 1} MiB" in checks["memory"]["detail"]
     assert checks["disk"]["status"] == "fail" and "TMPDIR" in checks["disk"]["fix"]
+
+
+@pytest.mark.parametrize("short", ["cwd", "tmp"])
+def test_a_short_working_directory_is_not_a_tmpdir_fix(capsys, monkeypatch, tmp_path, short):
+    """Only the working directory short: the fix names TPO's ./tpo_memmap_replay_buffer and not
+    TMPDIR (which does not move it); only the temporary directory short: TMPDIR."""
+    cwd, tmp = tmp_path / "cwd", tmp_path / "tmp"
+    cwd.mkdir(), tmp.mkdir()
+    monkeypatch.setattr(doctor.tempfile, "gettempdir", lambda: str(tmp))
+    real = doctor.shutil.disk_usage
+    monkeypatch.setattr(doctor.shutil, "disk_usage", lambda path: real(path)._replace(free=0)
+                        if str(path) == str({"cwd": cwd, "tmp": tmp}[short]) else real(path))
+    code, report = diagnose_in_process(capsys, monkeypatch, cwd)
+    check = checks_by_name(report)["disk"]
+    assert code == 1 and check["status"] == "fail" and check["detail"].startswith(f"{short} ")
+    assert ("tpo_memmap_replay_buffer" in check["fix"]) == (short == "cwd")
+    assert ("TMPDIR" in check["fix"]) == (short == "tmp")
 
 
 def test_available_memory_matches_proc_meminfo():

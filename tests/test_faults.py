@@ -272,6 +272,22 @@ def test_ctrl_c_right_after_the_report_exits_with_the_reports_code(empty_dir, mo
 
 # --- an environment Accelerate refuses: exit 2 with one line naming the variable ---------------------
 
+@pytest.mark.parametrize("variable", ["LOCAL_RANK", "WORLD_SIZE"])
+def test_a_launcher_variable_that_is_not_an_integer_is_named(empty_dir, variable):
+    """Accelerate parses LOCAL_RANK, RANK, WORLD_SIZE ... with int(): the one line names the variable
+    (no ACCELERATE_* is set, so that cannot be the culprit), and so does doctor's fix."""
+    env = {variable: "garbage"}
+    proc = run([sys.executable, str(SMOKE), "--construct-only", "--json"], empty_dir, env=env)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr[-2000:]
+    line = only_line(proc.stderr)
+    assert f"Accelerate refuses this environment ({variable}='garbage')" in line, line
+    assert "launchers (torchrun, mpirun) set these to integers" in line
+    if variable == "LOCAL_RANK":  # doctor's Accelerator() has no cpu=True: Accelerate reads WORLD_SIZE on that path only
+        proc = run([str(BIN / "palm-rlhf-skill"), "doctor", "--json"], empty_dir, env=env)
+        check = next(c for c in json.loads(proc.stdout)["checks"] if c["name"] == "accelerate")
+        assert check["status"] == "fail" and check["fix"].startswith(f"{variable}='garbage': "), check
+
+
 @pytest.mark.parametrize("variable,value", [("ACCELERATE_USE_CPU", "banana"), ("ACCELERATE_MIXED_PRECISION", "fp8")])
 def test_an_accelerate_variable_it_refuses_is_an_environment_error(empty_dir, variable, value):
     """Fresh processes: Accelerate reads these variables only while no AcceleratorState exists."""

@@ -237,6 +237,50 @@ def test_uninstall_refuses_a_folder_that_is_not_this_skill(project, capsys):
     assert (foreign / "SKILL.md").exists()
 
 
+def test_uninstall_keeps_an_edited_copy_without_force(project, capsys):
+    """install protects a copy that differs from the package's; uninstall does too: exit 1, one
+    line naming --force, the copy kept; --force removes it."""
+    assert inst.main(["--target", "claude"]) == 0
+    dest = project / ".claude" / "skills" / NAME
+    (dest / "SKILL.md").write_text((dest / "SKILL.md").read_text(encoding="utf-8") + "my note\n", encoding="utf-8")
+    capsys.readouterr()
+    assert inst.uninstall_main(["--target", "claude"]) == 1
+    line = one_error_line(capsys.readouterr().err)
+    assert "differs from this package's copy (1 changed, 0 missing, 0 extra file(s))" in line and "--force" in line
+    assert "my note" in (dest / "SKILL.md").read_text(encoding="utf-8")
+    assert inst.uninstall_main(["--target", "claude", "--force"]) == 0
+    assert list(project.iterdir()) == []
+
+
+def test_a_relative_path_is_from_the_current_directory_and_not_with_user_scope(project, home, capsys):
+    """`install --target ./x --scope user` went to ~/x without a word: a relative PATH is taken from
+    the current directory, so --scope user with one is a usage error naming ~/x."""
+    assert inst.main(["--target", "./x", "--scope", "user"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "--scope user with the relative path ./x" in line and "~/x" in line
+    assert list(home.iterdir()) == [] and list(project.iterdir()) == []
+    assert inst.main(["--target", "./x", "--scope", "project"]) == 0 and (project / "x" / NAME).is_dir()
+    assert inst.main(["--target", "~/x", "--scope", "user"]) == 0 and (home / "x" / NAME).is_dir()
+    capsys.readouterr()
+    assert inst.list_main(["--target", "./x"]) == 0  # one place, not one per scope
+    assert capsys.readouterr().out.split() == ["up-to-date", "./x", "project", str(project / "x" / NAME)]
+
+
+def test_list_and_install_agree_on_a_symlinked_identical_copy(project, tmp_path, capsys):
+    """A skills folder whose palm-rlhf-pytorch entry links to an identical copy: `list` said
+    up-to-date while install refused it as a different copy (0 changed, 0 missing, 0 extra)."""
+    assert inst.main(["--target", str(tmp_path / "real")]) == 0
+    (project / "skills").mkdir()
+    (project / "skills" / NAME).symlink_to(tmp_path / "real" / NAME)
+    capsys.readouterr()
+    assert inst.list_main(["--target", "./skills"]) == 0
+    assert capsys.readouterr().out.split()[0] == "up-to-date"
+    assert inst.main(["--target", "./skills"]) == 0
+    assert "already up to date" in capsys.readouterr().out
+    assert inst.uninstall_main(["--target", "./skills"]) == 0  # removes the link, not what it points to
+    assert not (project / "skills" / NAME).is_symlink() and (tmp_path / "real" / NAME / "SKILL.md").is_file()
+
+
 def test_list_reports_each_location(project, home, capsys):
     assert inst.main(["--target", "claude"]) == 0
     assert inst.main(["--target", "agents", "--scope", "user"]) == 0
@@ -281,6 +325,18 @@ def test_console_script_install_then_copy_runs_without_this_package(empty_dir, h
     runtime = proc.stderr.strip().splitlines()[-1]
     assert runtime == f"RUNTIME {dest / 'scripts' / 'skill_runtime.py'}"  # the copy's, not the repo's
     assert sorted(p.name for p in empty_dir.iterdir()) == [".claude"]
+
+    # the README's one exception: the copy's check_skill.py also needs skills-ref, and says so (exit 3)
+    check = dest / "scripts" / "check_skill.py"
+    probe = ("import runpy, sys\n"
+             "sys.modules['palm_rlhf_skill'] = sys.modules['skills_ref'] = None\n"
+             f"sys.argv = [{str(check)!r}]\n"
+             f"runpy.run_path({str(check)!r}, run_name='__main__')\n")
+    proc = run([sys.executable, "-I", "-c", probe], empty_dir)
+    assert proc.returncode == 3 and "skills-ref is not installed: pip install 'skills-ref" in proc.stderr, proc.stderr[-2000:]
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    assert ("except `scripts/check_skill.py` (what `palm-rlhf-skill check` runs), which also needs `skills-ref` "
+            "(without it: exit 3") in readme
 
 
 @pytest.mark.parametrize("command", ["install", "uninstall", "list"])

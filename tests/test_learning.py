@@ -100,9 +100,9 @@ def test_plain_output_names_the_failing_trainer_and_ends_with_the_verdict(smoke,
     assert "held-out reward" in head and any(c in head for c in smoke.SPARKS)
     failing = out.index(next(line for line in out if "FAIL reward_rose: 0/1 seeds improved" in line and "0: " in line))
     assert out[failing + 1].strip() == "read: sub-skills/policy-optimization/references/workflows.md#learning-check"
-    assert out[-1] == ("tiny-rlhf-smoke: FAILED: the learning check failed for grpo on the CPU (exit 1) (expected: "
-                       "the frozen control must fail); next: read "
-                       "sub-skills/policy-optimization/references/workflows.md#learning-check")
+    assert out[-1] == ("tiny-rlhf-smoke: FAILED: the learning check failed for grpo on the CPU (exit 1), the expected "
+                       "result of the frozen control (every learning rate 0, so no reward can rise: this shows the "
+                       f"check can fail); next: run the check itself, {smoke.rt.command('tiny-rlhf-smoke', '--learn --trainer grpo')}")
 
 
 def test_a_library_error_is_a_failed_check_not_a_crash(smoke, capsys, monkeypatch, empty_dir):

@@ -9,6 +9,7 @@ import ast
 import contextlib
 import io
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -76,11 +77,6 @@ def test_lists_say_how_many_they_leave_out():
 
 # --- stdout, stderr and the last line ------------------------------------------------------------
 
-def progress_lines(stderr: str) -> list[str]:
-    """The progress lines as a terminal shows them: the last redraw of each line."""
-    return [line.split("\r")[-1] for line in stderr.split("\n") if line.strip()]
-
-
 def test_redirected_report_keeps_the_verdict_and_progress_stays_on_stderr(empty_dir, tmp_path):
     """`tiny-rlhf-smoke > report.txt`: the file holds the report, ending with the verdict and the
     next command; stderr holds only progress lines, one per stage with its elapsed time."""
@@ -95,11 +91,68 @@ def test_redirected_report_keeps_the_verdict_and_progress_stays_on_stderr(empty_
                          "next: tiny-rlhf-smoke --trainer ppo")
     assert lines[0].startswith("ppo (palm_rlhf_pytorch.RLHFTrainer): all 4 checks passed")
     assert not any(line.lstrip().startswith(("ok ", "FAIL")) for line in lines)  # passing checks only counted
-    shown = progress_lines(stderr)
+    assert "\r" not in stderr  # not a terminal: plain lines, no redraws (README: one line per stage)
+    shown = stderr.splitlines()
     assert [line.split(": [")[0] for line in shown] == ["tiny-rlhf-smoke: import torch, palm-rlhf-pytorch and accelerate",
                                                         "tiny-rlhf-smoke: ppo: build the models and the trainer"]
     assert all(re.search(r"\[\d\d:\d\d\]$", line) for line in shown), shown
     assert list(empty_dir.iterdir()) == []
+
+
+SMOKE_COMMANDS = [["tiny-rlhf-smoke", "--construct-only"], ["tiny-palm-smoke"], ["tiny-reward-smoke"]]
+
+
+@pytest.mark.parametrize("argv", SMOKE_COMMANDS, ids=lambda a: a[0])
+@pytest.mark.parametrize("stderr", ["full", "closed"])
+def test_a_failing_stderr_never_changes_the_report_or_its_exit_code(empty_dir, tmp_path, argv, stderr):
+    """`helper 2>/dev/full` (ENOSPC) and `helper 2>&-` (no stderr): progress is best effort, so the
+    report still goes to stdout with the exit code of a run whose stderr works."""
+    report = tmp_path / "report.txt"
+    with report.open("w") as out, open("/dev/full", "w") as full:
+        proc = subprocess.run([str(BIN / argv[0]), *argv[1:], "--device", "cpu"], cwd=empty_dir, stdout=out,
+                              stderr=full if stderr == "full" else None, timeout=300,
+                              preexec_fn=(lambda: os.close(2)) if stderr == "closed" else None)
+    lines = report.read_text(encoding="utf-8").splitlines()
+    assert proc.returncode == 0 and lines and "OK" in lines[-1], lines[-3:]
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+class FullDisk(FakeTerminal):
+    writes = 0
+
+    def write(self, text: str) -> int:
+        FullDisk.writes += 1
+        raise OSError(28, "No space left on device")
+
+
+def test_progress_redraws_only_at_a_terminal_and_stops_after_a_failed_write():
+    terminal, log = FakeTerminal(), io.StringIO()
+    for stream in (terminal, log):
+        progress = rt.Progress("p", True, stream)
+        with progress.stage("update", total=2, unit="rollouts") as bar:
+            bar.update(2)
+            bar.set_postfix_str("step 1/1")
+    assert "\r" in terminal.getvalue()
+    assert log.getvalue() == "p: update: 2/2 rollouts [00:00, step 1/1]\n"  # the terminal's last redraw, plain
+    assert terminal.getvalue().rstrip().split("\r")[-1].rstrip() == log.getvalue().strip()
+    progress = rt.Progress("p", True, FullDisk())
+    for _ in range(3):
+        with progress.stage("stage") as bar:
+            bar.set_postfix_str("x")
+        progress.note("a note")
+    assert FullDisk.writes == 1 and progress.stream.failed  # one failed write, then silence
+
+
+def test_tqdm_disable_hides_the_progress_lines(empty_dir):
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import skill_runtime as rt\n"
+            "with rt.Progress('p', True).stage('stage'): pass")
+    shown = [run([sys.executable, "-c", code, str(REPO / "scripts")], empty_dir, env=env).stderr
+             for env in ({}, {"TQDM_DISABLE": "1"})]
+    assert shown == ["p: stage: [00:00]\n", ""]
 
 
 def test_json_is_one_object_and_progress_only_when_asked(smoke, capsys, monkeypatch, empty_dir):
@@ -112,6 +165,16 @@ def test_json_is_one_object_and_progress_only_when_asked(smoke, capsys, monkeypa
     assert "tiny-rlhf-smoke: ppo: build the models and the trainer" in err
     assert smoke.main(["--json", "--device", "cpu", "--construct-only"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_reports_md_says_when_json_prints_an_object_and_when_nothing(empty_dir):
+    """reports.md said `--json` always prints one object; an error (exit 2, 3) prints none."""
+    text = " ".join((REPO / "references" / "reports.md").read_text(encoding="utf-8").split())
+    assert ("With `--json` a helper that reaches a verdict (exit 0 or 1; the bench's inconclusive 75 too) prints "
+            "exactly one JSON object on stdout") in text
+    assert "on a usage or environment error (exit 2) or a missing dependency (exit 3) stdout stays empty" in text
+    proc = run([sys.executable, str(SMOKE), "--json", "--rollouts", "0"], empty_dir)
+    assert proc.returncode == 2 and proc.stdout == "" and len(proc.stderr.splitlines()) == 1
 
 
 def test_a_failing_check_names_its_section_and_the_verdict_is_last(smoke, capsys, monkeypatch, empty_dir):
@@ -332,6 +395,8 @@ def test_a_module_run_by_path_says_it_is_one(empty_dir, module, argv):
     from conftest import usage_error_without_torch
     line = usage_error_without_torch(module, argv, empty_dir)
     assert line.startswith(f"{module.name}: error: a module, not a command: ")
+    if module.name == "skill_runtime.py":  # a copy of the tree has no console scripts: the by-path form
+        assert line.endswith(f"e.g. python {SMOKE} --help"), line
     scripts = [*REPO.glob("scripts/*.py"), *REPO.glob("sub-skills/*/scripts/*.py")]
     silent = [p.name for p in scripts if 'if __name__ == "__main__"' not in p.read_text(encoding="utf-8")]
     assert silent == []  # no script of the tree does nothing when run

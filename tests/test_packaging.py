@@ -63,6 +63,12 @@ def test_version_is_in_one_place_and_shown(built, empty_dir):
     assert proc.returncode == 0 and proc.stdout.strip() == f"palm-rlhf-skill {__version__}"
 
 
+def test_the_cli_module_runs_under_python_m(empty_dir):
+    """`python -m palm_rlhf_skill.cli doctor` printed nothing: the module had no __main__ guard."""
+    proc = run([sys.executable, "-m", "palm_rlhf_skill.cli", "--version"], empty_dir)
+    assert proc.returncode == 0 and proc.stdout.strip() == f"palm-rlhf-skill {__version__}", proc.stderr
+
+
 def test_installed_package_finds_its_tree_with_importlib_resources():
     root = cli.skill_root()
     # the installed wheel's copy when built, else the source checkout's root

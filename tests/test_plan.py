@@ -108,6 +108,18 @@ def test_structural_errors_are_one_line_before_torch(empty_dir, body, argv, key)
     assert list(empty_dir.iterdir()) == []
 
 
+@pytest.mark.parametrize("config", ["/dev/zero", "big.toml"])
+def test_a_config_over_the_cap_is_refused_without_reading_it_all(empty_dir, config):
+    """`--config /dev/zero` read until the process was killed: at most 1 MiB + 1 byte is read, from
+    a device or a regular file alike, and the refusal names the cap."""
+    if config == "big.toml":
+        path = empty_dir.parent / config
+        path.write_text("# padding\n" * (2**20 // 10 + 1), encoding="utf-8")
+        config = str(path)
+    line = usage_error_without_torch(PLAN, ["--config", config], empty_dir)
+    assert f"config {config}: larger than 1 MiB" in line, line
+
+
 @pytest.mark.parametrize("section, key, value, expected", [
     ("palm", "dims", "8", "[palm] dims: not an argument of the installed PaLM.__init__"),
     ("train", "update_timesteps", '"16"', "[train] update_timesteps: expected integer, got string"),

@@ -107,3 +107,7 @@ def dispatch(argv: list[str]) -> int:
         return run_script(target, f"palm-rlhf-skill {argv[0]}", argv[1:])
     module, _, function = target.partition(":")
     return getattr(importlib.import_module(module), function or "main")(argv[1:])
+
+
+if __name__ == "__main__":  # python -m palm_rlhf_skill.cli COMMAND ...
+    sys.exit(main())

@@ -244,6 +244,11 @@ def accelerate_check(torch_info: dict[str, Any], shadowed: set[str]) -> tuple[di
     """What the trainers' ``Accelerator()`` gets in a plain ``python`` process (it reads
     ACCELERATE_USE_CPU and ACCELERATE_MIXED_PRECISION), and what ``accelerate launch`` would start.
 
+    ACCELERATE_MIXED_PRECISION is shown when set, and a warning when it is not a value of
+    Accelerate's ``PrecisionType`` (no, fp8, fp16, bf16): AcceleratorState takes the variable as
+    it is (accelerate/state.py, ``parse_choice_from_env``, no check), so ``BF16`` or a typo runs
+    in full precision.
+
     ``accelerate launch`` without a config file starts one process per CUDA device (MULTI_GPU)
     when more than one is visible, else one process (accelerate/commands/launch.py,
     ``_validate_launch_command``). The Accelerator is built by ``rt.probe_accelerator``, the same
@@ -260,7 +265,7 @@ def accelerate_check(torch_info: dict[str, Any], shadowed: set[str]) -> tuple[di
     state, error = rt.probe_accelerator({})
     if error:
         return info, _check("accelerate", "fail", f"Accelerator() fails here: {error}",
-                            f"{rt.accelerate_variables()}: {rt.ACCELERATE_FIX}")
+                            f"{rt.accelerate_variables()}: {rt.accelerate_fix()}")
     info.update(state)
     launch: dict[str, Any] = {"config_file": None}
     try:
@@ -277,10 +282,20 @@ def accelerate_check(torch_info: dict[str, Any], shadowed: set[str]) -> tuple[di
         return info, _check("accelerate", "fail", f"accelerate's config file is unreadable: {_one_line(err)}",
                             f"fix it with `accelerate config`, or remove {default_config_file}")
     info["launch"] = launch
+    precision = info["ACCELERATE_MIXED_PRECISION"]
     detail = (f"a plain `python` run: {processes(info['distributed_type'], info['num_processes'], info['device'])}"
-              "; `accelerate launch`: "
+              + (f", ACCELERATE_MIXED_PRECISION={precision!r}" if precision is not None else "")
+              + "; `accelerate launch`: "
               f"{processes(launch['distributed_type'], launch['num_processes'])}"
               + (f" (config {launch['config_file']})" if launch["config_file"] else " (no config file)"))
+    with rt.capture_library_output():
+        from accelerate.utils import PrecisionType
+    accepted = [p.value for p in PrecisionType]
+    if precision is not None and precision not in accepted:
+        return info, _check("accelerate", "warn", detail + f"; Accelerate takes ACCELERATE_MIXED_PRECISION="
+                            f"{precision!r} without a word and trains in full precision (its accepted values: "
+                            f"{', '.join(accepted)}, lower case)",
+                            f"set ACCELERATE_MIXED_PRECISION to one of {', '.join(accepted)}, or unset it")
     visible = torch_info.get("device_count", 0)
     if launch["distributed_type"] == "MULTI_GPU" and visible < (launch["num_processes"] or 0):
         return info, _check("accelerate", "warn", detail + f"; its config asks for {launch['num_processes']} "
@@ -295,6 +310,7 @@ def accelerate_check(torch_info: dict[str, Any], shadowed: set[str]) -> tuple[di
 
 
 TQDM_DOC = "sub-skills/policy-optimization/references/troubleshooting.md#tqdm-disable"
+TPO_BUFFER_DOC = "sub-skills/policy-optimization/references/troubleshooting.md#tpo-replay-buffer-dir"
 
 
 def tqdm_check(shadowed: set[str]) -> tuple[dict[str, Any], dict[str, str]]:
@@ -337,7 +353,9 @@ available_memory_mib = rt.available_memory_mib  # one reader of MemAvailable, sh
 
 
 def resources_checks() -> tuple[dict[str, Any], list[dict[str, str]]]:
-    """Available memory and free disk in the working and the temporary directory, in MiB."""
+    """Available memory and free disk in the working and the temporary directory, in MiB, and
+    whether each is writable. A short or read-only working directory is its own fix: TPO's train()
+    writes ``./tpo_memmap_replay_buffer`` there (palm_rlhf_pytorch/tpo.py), whatever TMPDIR says."""
     memory = available_memory_mib()
     places = {"cwd": os.getcwd(), "tmp": tempfile.gettempdir()}
     disk = {key: {"path": path, "free_mib": _mib(shutil.disk_usage(path).free)} for key, path in places.items()}
@@ -350,11 +368,18 @@ def resources_checks() -> tuple[dict[str, Any], list[dict[str, str]]]:
                      "close other programs or use a machine with more memory")
     else:
         mem = _check("memory", "ok", f"{memory} MiB available (floor {MIN_MEMORY_MIB} MiB)")
-    low = [f"{d['path']} has {d['free_mib']} MiB free" for d in disk.values() if d["free_mib"] < MIN_DISK_MIB]
+    for d in disk.values():
+        d["writable"] = os.access(d["path"], os.W_OK)
+    short = {key: d for key, d in disk.items() if d["free_mib"] < MIN_DISK_MIB or not d["writable"]}
     detail = ", ".join(f"{key} {d['free_mib']} MiB free ({d['path']})" for key, d in disk.items())
-    if low:
-        dsk = _check("disk", "fail", "; ".join(low) + f", below {MIN_DISK_MIB} MiB",
-                     "free disk space, or point TMPDIR at a larger disk")
+    if short:
+        problems = [f"{key} {d['path']} " + (f"has {d['free_mib']} MiB free, below {MIN_DISK_MIB} MiB"
+                                              if d["free_mib"] < MIN_DISK_MIB else "is read-only")
+                    for key, d in short.items()]
+        fixes = {"cwd": "run from a directory on a larger, writable disk (or free space there): TPO's train() "
+                        f"writes ./tpo_memmap_replay_buffer into the working directory ({TPO_BUFFER_DOC})",
+                 "tmp": "free disk space in the temporary directory, or point TMPDIR at a larger disk"}
+        dsk = _check("disk", "fail", "; ".join(problems), "; ".join(fixes[key] for key in short))
     else:
         dsk = _check("disk", "ok", f"{detail} (floor {MIN_DISK_MIB} MiB)")
     return info, [mem, dsk]

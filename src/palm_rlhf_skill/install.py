@@ -8,8 +8,9 @@ folder named after the skill as the Agent Skills spec requires. Skills directori
     agents   .agents/skills   (the cross-client location other agents read)
     PATH     that directory   (a value with a path separator, or starting with '.' or '~')
 
-``--scope project`` (default) puts it under the current directory, ``--scope user`` under the home
-directory; a relative PATH is taken from the same base. The copy is self-sufficient: its scripts
+``--scope project`` (default) puts claude and agents under the current directory, ``--scope user``
+under the home directory. A PATH is taken as written: a relative one from the current directory
+(``--scope user`` with one is a usage error: write ``~/PATH``), ``~`` expanded. The copy is self-sufficient: its scripts
 import ``scripts/skill_runtime.py`` by path and need only palm-rlhf-pytorch, not this package.
 Nothing here imports torch.
 """
@@ -35,12 +36,13 @@ TARGETS = {"claude": Path(".claude") / "skills", "agents": Path(".agents") / "sk
 SCOPES = ("project", "user")
 
 EXIT_DONE = 0      # installed, replaced, already identical, removed, nothing to remove, listed
-EXIT_REFUSED = 1   # a different copy is in the way (install), or the folder is not this skill (uninstall)
+EXIT_REFUSED = 1   # a different copy is in the way (install) or there (uninstall), or the folder is not this skill
 EXIT_USAGE = 2     # bad arguments, unknown target, or a destination that cannot be written
 
 TARGET_HELP = ("claude (.claude/skills), agents (.agents/skills), or a skills directory PATH "
                "(contains a path separator or starts with '.' or '~'); default: claude")
-SCOPE_HELP = "base of the skills directory: project = current directory (default), user = home"
+SCOPE_HELP = ("base of the claude and agents skills directories: project = current directory (default), "
+              "user = home; a relative PATH is always from the current directory")
 
 
 def skill_name(tree: Path) -> str:
@@ -62,21 +64,27 @@ def skill_name(tree: Path) -> str:
 def skills_dir(target: str, scope: str) -> Path:
     """The skills directory for ``--target`` and ``--scope`` (absolute; not created).
 
-    Raises SkillError(exit 2) for a target that is neither claude, agents nor a path, and when
-    the user scope is asked for but no home directory is known.
+    A PATH is taken as written (relative: from the current directory; ``~`` expanded).
+    Raises SkillError(exit 2) for a target that is neither claude, agents nor a path, for the user
+    scope with a relative PATH (which of the two bases was meant is unclear), and when the user
+    scope is asked for but no home directory is known.
     """
+    separators = [sep for sep in (os.sep, os.altsep) if sep]
+    is_path = target not in TARGETS and (any(sep in target for sep in separators) or target.startswith((".", "~")))
+    if is_path and scope == "user" and not Path(target).expanduser().is_absolute():
+        raise rt.SkillError(f"--scope user with the relative path {target}: a PATH is taken from the current "
+                            f"directory; write ~/{target.removeprefix('./')} for one under your home, or drop --scope")
     try:
         base = Path.home() if scope == "user" else Path.cwd()
     except (RuntimeError, KeyError):
         raise rt.SkillError("--scope user: no home directory (set HOME)") from None
     if scope == "user" and not base.is_dir():
         raise rt.SkillError(f"--scope user: home directory {base} does not exist (set HOME)")
-    separators = [sep for sep in (os.sep, os.altsep) if sep]
     if target in TARGETS:
         path = base / TARGETS[target]
-    elif any(sep in target for sep in separators) or target.startswith((".", "~")):
+    elif is_path:
         path = Path(target).expanduser()
-        path = path if path.is_absolute() else base / path
+        path = path if path.is_absolute() else Path.cwd() / path
     else:
         raise rt.SkillError(f"unknown target {target!r}: use claude, agents, or a skills "
                             f"directory path such as ./{target}")
@@ -182,7 +190,7 @@ def install(target: str, scope: str, force: bool) -> tuple[str, Path, int]:
             attempt += 1
             exists = dest.exists() or dest.is_symlink()
             if exists:
-                if dest.is_dir() and not dest.is_symlink() and tree_files(dest) == wanted:
+                if status(dest, wanted) == "up-to-date":  # what `list` says: a symlink to one too
                     return "up-to-date", dest, len(wanted)
                 if not is_copy(dest, name):
                     raise not_a_copy(dest, name)
@@ -213,9 +221,12 @@ def install(target: str, scope: str, force: bool) -> tuple[str, Path, int]:
             shutil.rmtree(staging, ignore_errors=True)
 
 
-def uninstall(target: str, scope: str) -> Path | None:
+def uninstall(target: str, scope: str, force: bool = False) -> Path | None:
     """Remove ``<skills dir>/<skill name>``; return the removed path, or None when nothing was
     there (uninstalling twice is not an error, as installing twice is not).
+
+    A copy that differs from this package's tree (edited, or another version) is removed only with
+    ``force``, as install replaces one only with it: else SkillError exit 1.
 
     For the standard targets, the ``skills`` folder and its ``.claude`` or ``.agents`` parent are
     removed too when this left them empty. Refuses (SkillError exit 1) when the folder is not a
@@ -223,7 +234,8 @@ def uninstall(target: str, scope: str) -> Path | None:
     copy is first renamed into a private folder beside it (atomic), then deleted: of concurrent
     uninstalls exactly one removes it and the others find nothing there.
     """
-    name = skill_name(skill_root())
+    source = skill_root()
+    name = skill_name(source)
     dest = skills_dir(target, scope) / name
     if not (dest.exists() or dest.is_symlink()):
         return None
@@ -231,6 +243,17 @@ def uninstall(target: str, scope: str) -> Path | None:
         if not (dest.exists() or dest.is_symlink()):  # another uninstall took it away meanwhile
             return None
         raise not_a_copy(dest, name)
+    if not force:
+        wanted = tree_files(source, SKILL_ITEMS)
+        try:
+            found = tree_files(dest)
+        except OSError:  # another uninstall renamed it away while this one read it
+            found = None
+        if not (dest.exists() or dest.is_symlink()):
+            return None
+        if found != wanted:
+            raise rt.SkillError(f"{dest} differs from this package's copy ({describe_difference(wanted, found or {})}"
+                                "): edits there would be lost; pass --force to remove it", EXIT_REFUSED)
     try:
         old = Path(tempfile.mkdtemp(prefix=f".{name}-old-", dir=dest.parent))
         try:
@@ -259,10 +282,10 @@ def status(dest: Path, wanted: dict[str, str]) -> str:
 
 def locations(target: str | None, scope: str | None) -> list[tuple[str, str, Path]]:
     """``(target, scope, skills dir)`` for ``list``: the ones asked for, by default all four
-    standard places (claude and agents, project and user)."""
+    standard places (claude and agents, project and user); a PATH target is one place."""
     targets = [target] if target else list(TARGETS)
-    scopes = [scope] if scope else list(SCOPES)
-    return [(t, s, skills_dir(t, s)) for t in targets for s in scopes]
+    return [(t, s, skills_dir(t, s)) for t in targets
+            for s in ([scope] if scope else list(SCOPES) if t in TARGETS else ["project"])]
 
 
 def _parser(command: str, description: str, epilog: str):
@@ -284,8 +307,9 @@ UNINSTALL_EPILOG = """examples:
   palm-rlhf-skill uninstall                              # ./.claude/skills/palm-rlhf-pytorch
   palm-rlhf-skill uninstall --target agents --scope user
 
-exit codes: 0 removed, or nothing was installed there; 1 the folder is not this skill; 2 usage
-error or the folder cannot be removed"""
+exit codes: 0 removed, or nothing was installed there; 1 refused: the copy differs from this
+package's (edited, or another version: pass --force), or the folder is not this skill (never
+removed); 2 usage error or the folder cannot be removed"""
 
 LIST_EPILOG = """examples:
   palm-rlhf-skill list                # claude and agents, project and user scope
@@ -308,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     def run(_: list[str] | None) -> int:
         outcome, dest, count = install(args.target, args.scope, args.force)
         if outcome == "up-to-date":
-            print(f"{dest}: already up to date ({count} files); nothing to do")
+            link = f", a link to {dest.resolve()}" if dest.is_symlink() else ""
+            print(f"{dest}: already up to date ({count} files{link}); nothing to do")
         else:
             print(f"{outcome} {dest} ({count} files)")
         return EXIT_DONE
@@ -322,10 +347,12 @@ def uninstall_main(argv: list[str] | None = None) -> int:
                      UNINSTALL_EPILOG)
     parser.add_argument("--target", default="claude", help=TARGET_HELP)
     parser.add_argument("--scope", choices=SCOPES, default="project", help=SCOPE_HELP)
+    parser.add_argument("--force", action="store_true",
+                        help="remove a copy that differs from this package's (edited, or another version)")
     args = parser.parse_args(argv)
 
     def run(_: list[str] | None) -> int:
-        removed = uninstall(args.target, args.scope)
+        removed = uninstall(args.target, args.scope, args.force)
         if removed is None:
             dest = skills_dir(args.target, args.scope) / skill_name(skill_root())
             print(f"{dest}: not installed there; nothing to do")

@@ -69,6 +69,9 @@ SCALING_AXES = {
 SCALING_HEADER = ("trainer", "varied", "dim", "depth", "prompt len", "max_seq_len",
                   "update (s)", "generate (s)", "peak RSS (MiB)")
 SECTION_TITLE = "## Sizing a bigger smoke (measured)"
+MAX_REPEAT = 100  # --repeat: each round runs every case once (11 fresh processes by default)
+MAX_WARMUP = 10   # --warmup: one run warms the disk cache; more only delays the bench
+STOP_GRACE_S = 10.0     # an interrupted bench: seconds a child gets to stop on SIGTERM
 ESTIMATE_NOTE_S = 30.0  # an estimate line before a bench predicted to take longer
 TABLE_WIDTH = 100       # the plain report's lines have at most this many columns
 
@@ -143,12 +146,17 @@ def run_child(argv: list[str]) -> dict[str, Any]:
 
     Returns ``{wall_s, cpu_s, peak_rss_mib, exit_code, report, stderr_tail}``; ``report`` is the
     child's JSON stdout (None when it printed none). stdout/stderr go to temporary files, so a
-    chatty child can never block on a full pipe while the parent waits.
+    chatty child can never block on a full pipe while the parent waits. Interrupted or terminated
+    meanwhile, it stops the child (``rt.stop_child``) before re-raising.
     """
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.perf_counter()
         proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
-        _, status, usage = os.wait4(proc.pid, 0)
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        except BaseException:  # SIGINT / SIGTERM to the bench alone: never leave the child running
+            rt.stop_child(proc, STOP_GRACE_S)
+            raise
         wall = time.perf_counter() - start
         proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
         out.seek(0)
@@ -504,11 +512,11 @@ def build_parser() -> rt.OneLineParser:
     parser.add_argument("--trainer", action="append", choices=[*SINGLE_TRAINERS, "all"], metavar="NAME",
                         help="ppo, grpo, tpo, flowrl or all (the smoke's --trainer all); repeat to "
                              "select several (default: every one; with --scaling: ppo and grpo)")
-    parser.add_argument("--repeat", type=rt.bounded_int(1), metavar="N",
-                        help="fresh processes per case, interleaved (default: 5; with --scaling or "
-                             "--plan-accuracy: 3)")
-    parser.add_argument("--warmup", type=rt.bounded_int(0), default=1, metavar="N",
-                        help="unmeasured floor runs first, to warm the disk cache (default: 1)")
+    parser.add_argument("--repeat", type=rt.bounded_int(1, MAX_REPEAT), metavar="N",
+                        help=f"fresh processes per case, interleaved, 1 to {MAX_REPEAT} (default: 5; with "
+                             "--scaling or --plan-accuracy: 3)")
+    parser.add_argument("--warmup", type=rt.bounded_int(0, MAX_WARMUP), default=1, metavar="N",
+                        help=f"unmeasured floor runs first, to warm the disk cache, 0 to {MAX_WARMUP} (default: 1)")
     parser.add_argument("--device", default="cpu", type=rt.device_spec, help="passed to the smoke: auto, cpu, cuda, cuda:N (default: cpu)")
     parser.add_argument("--scaling", action="store_true",
                         help="measure the sizing table (PPO and GRPO train smoke) instead of the budgets")
@@ -525,8 +533,9 @@ def build_parser() -> rt.OneLineParser:
     out.add_argument("--markdown", action="store_true",
                      help="with --scaling or --plan-accuracy: print the docs section (references/sizing.md, workflows.md) "
                           "on stdout")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    rt.add_progress_option(parser)
+    noise = parser.add_mutually_exclusive_group()
+    noise.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    rt.add_progress_option(noise)
     rt.add_allow_untested_option(parser)
     return parser
 
@@ -537,10 +546,17 @@ def main(argv: list[str] | None = None) -> int:
         args.repeat = 3 if args.scaling or args.plan_accuracy else 5
     if args.scaling and args.plan_accuracy:
         raise rt.SkillError("--scaling and --plan-accuracy are separate runs: choose one")
-    if args.axis and not args.scaling or args.markdown and not (args.scaling or args.plan_accuracy):
-        raise rt.SkillError("--axis applies to --scaling; --markdown to --scaling or --plan-accuracy")
+    if args.axis and not args.scaling:
+        raise rt.SkillError("--axis applies to --scaling")
+    if args.markdown and not (args.scaling or args.plan_accuracy):
+        raise rt.SkillError("--markdown applies to --scaling or --plan-accuracy (the docs sections they print)")
     if args.plan_config and not args.plan_accuracy:
         raise rt.SkillError("--plan-config applies to --plan-accuracy")
+    plan = rt.load_by_path("plan_run", THIS.parent / "plan_run.py") if args.plan_accuracy else None  # torch-free
+    unknown = [name for name in args.plan_config or [] if name not in plan.ACCURACY_CONFIGS]
+    if unknown:
+        raise rt.SkillError(f"--plan-config {', '.join(unknown)}: not a shipped accuracy config; choose from "
+                            + ", ".join(plan.ACCURACY_CONFIGS))
     if not hasattr(os, "wait4"):
         raise rt.SkillError("the bench reads child rusage with os.wait4: Linux or macOS only")
     env = rt.check_versions(args.allow_untested)
@@ -549,7 +565,6 @@ def main(argv: list[str] | None = None) -> int:
     args.progress_bars = rt.Progress("bench-smoke", (not args.json or args.progress) and not args.quiet)
     rerun = [a for a in (sys.argv[1:] if argv is None else argv) if a not in ("--json", "--markdown")]
     if args.plan_accuracy:  # the accuracy logic lives with the planner
-        plan = rt.load_by_path("plan_run", THIS.parent / "plan_run.py")
         with rt.private_workdir():
             report, _ = plan.accuracy(sys.modules[__name__], args, env)
         report["argv"] = rerun

@@ -34,7 +34,6 @@ import os
 import random
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -253,20 +252,11 @@ def worker_env(device: str) -> dict[str, str]:
     return env
 
 
-def stop_launcher(proc: subprocess.Popen) -> tuple[str, str]:
-    """SIGTERM torchrun, on which it stops its ranks (each rank runs in a session of its own, so
-    only torchrun can reach them); SIGKILL after STOP_GRACE_S. Returns its (stdout, stderr)."""
-    proc.send_signal(signal.SIGTERM)
-    try:
-        return proc.communicate(timeout=STOP_GRACE_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.communicate()
-
-
 def run_launcher(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[int | None, str, str]:
     """Run torchrun; past LAUNCH_TIMEOUT_S, or when this process is interrupted or terminated
-    (KeyboardInterrupt, skill_runtime.Terminated: re-raised after), stop it and its ranks first.
+    (KeyboardInterrupt, skill_runtime.Terminated: re-raised after), stop it and its ranks first:
+    ``rt.stop_child``'s SIGTERM makes torchrun stop its ranks (each runs in a session of its own,
+    so only torchrun can reach them), SIGKILL after STOP_GRACE_S.
 
     Returns (exit code, or None on timeout; stdout; stderr)."""
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -275,10 +265,10 @@ def run_launcher(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[int | 
         out, err = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
         return proc.returncode, out, err
     except subprocess.TimeoutExpired:
-        out, err = stop_launcher(proc)
+        out, err = rt.stop_child(proc, STOP_GRACE_S)
         return None, out, err + f"\nstopped after {LAUNCH_TIMEOUT_S} s"
     except BaseException:  # SIGINT / SIGTERM to this process alone: never orphan torchrun's ranks
-        stop_launcher(proc)
+        rt.stop_child(proc, STOP_GRACE_S)
         raise
 
 
@@ -378,7 +368,7 @@ def launch(smoke, args, argv: list[str], env_info: dict[str, Any], progress: rt.
                 if follower:
                     follower.join()
         if args.verbose:
-            sys.stderr.write(err)
+            rt.write_stderr(err)
     report = rank0_report(out)
     tail = (out + err)[-2000:]
     if report is None:  # no rank 0 report (crash, timeout, launcher error)

@@ -98,12 +98,22 @@ class ProbeRaised(Exception):
 
 # --- configuration (no torch) ------------------------------------------------------------------
 
+MAX_CONFIG_BYTES = 2**20  # 1 MiB: a config is a few KiB; /dev/zero or a stray dump is refused
+
+
 def read_config(path: str) -> dict[str, Any]:
-    """Parse ``path``: JSON when it ends in .json, else TOML. Raises SkillError(2) when it cannot be
-    read or parsed, or is not a table of tables."""
+    """Parse ``path``: JSON when it ends in .json, else TOML. At most ``MAX_CONFIG_BYTES`` + 1 bytes
+    are read, from a regular file or anything else (a pipe, /dev/stdin, a device such as /dev/zero).
+    Raises SkillError(2) when it cannot be read, is larger than the cap, cannot be parsed, or is
+    not a table of tables."""
     file = Path(path)
     try:
-        text = file.read_text(encoding="utf-8")
+        with file.open("rb") as stream:
+            data = stream.read(MAX_CONFIG_BYTES + 1)
+        if len(data) > MAX_CONFIG_BYTES:
+            raise rt.SkillError(f"config {path}: larger than {MAX_CONFIG_BYTES // MIB} MiB, the most a config may "
+                                "be (a config is a few KiB): pass the TOML or JSON config file")
+        text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         shipped = f" (the shipped configs are in {PLANS})" if isinstance(exc, FileNotFoundError) else ""
         raise rt.SkillError(f"config {path}: cannot read it: {rt.one_line(exc)}{shipped}") from None
@@ -1493,7 +1503,7 @@ def build_parser() -> rt.OneLineParser:
                "exit codes: 0 the run fits and learns (--execute: it completed); 1 it does not fit, never "
                "learns, is too slow (--max-days) or fails; 2 usage or config error; 3 palm-rlhf-pytorch, torch or a TOML reader "
                "missing or outside the tested range")
-    parser.add_argument("--config", required=True, metavar="FILE", help="the run's TOML (or .json) configuration")
+    parser.add_argument("--config", required=True, metavar="FILE", help="the run's TOML (or .json) configuration, at most 1 MiB")
     parser.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE",
                         help="override one value, e.g. train.update_timesteps=64 (VALUE read as JSON; null unsets "
                              "the key, so the library default applies); repeatable")
