@@ -452,7 +452,7 @@ BUDGET = {
         "references/installation.md": 2250,
         "references/reports.md": 8500,
         "sub-skills/palm-modeling/references/lora-scopes.md": 1000,
-        "sub-skills/palm-modeling/references/palm-api.md": 3250,
+        "sub-skills/palm-modeling/references/palm-api.md": 3750,  # 4th knowledge test: size, qk_scale, flash GPUs, label leak (~3670)
         "sub-skills/policy-optimization/references/api-reference.md": 5500,
         "sub-skills/policy-optimization/references/distributed.md": 4750,
         "sub-skills/policy-optimization/references/multi-node.md": 1500,

@@ -5,6 +5,7 @@ centering, PPO's ``value_clip`` units. Each failure names the section to update.
 from __future__ import annotations
 
 import inspect
+import re
 
 import pytest
 import torch
@@ -95,3 +96,40 @@ def test_reward_model_needs_a_2d_prompt_mask():
     with pytest.raises(EinopsError):
         model(seq, prompt_mask=torch.arange(10) < 4)
     assert model(seq, prompt_mask=(torch.arange(10) < 4).expand(3, -1)).shape == (3,)
+
+
+@pytest.mark.parametrize("name", ["ppo", "grpo", "tpo", "flowrl"])
+def test_log_with_alone_logs_nothing(name, capsys):
+    """#logging-per-update-statistics: a tracker in accelerate_kwargs(log_with=...) is never started
+    or called (no init_trackers, no log), though learn() runs and prints its losses; the lines come
+    from Accelerator.print (local main process only) of the unreduced loss.item()."""
+    import accelerate.state
+    from accelerate.tracking import GeneralTracker
+    calls = []
+
+    class Recorder(GeneralTracker):
+        name, requires_logging_directory, main_process_only = "recorder", False, False
+
+        def __init__(self):
+            super().__init__()
+
+        @property
+        def tracker(self):
+            return self
+
+        def store_init_configuration(self, values):
+            calls.append(("config", values))
+
+        def log(self, values, step=None, **kwargs):
+            calls.append(("log", values))
+
+    palm = tiny_palm()
+    trainer = make(name, palm=palm, reward_model=RewardModel(palm, num_binned_output=0), minibatch_size=2,
+                   accelerate_kwargs=dict(log_with=Recorder()))
+    trainer.train(num_episodes=1, max_timesteps=2, update_timesteps=2, max_seq_len=8)
+    assert "_loss: " in capsys.readouterr().out                        # learn() ran and printed
+    assert calls == [] and trainer.accelerate.trackers == [], fix("logging-per-update-statistics", f"{calls}")
+    learn = inspect.getsource(type(trainer).learn)
+    assert "self.print(f'" in learn and not re.search(r"accelerate\.(gather|reduce)|all_reduce|all_gather", learn), fix(
+        "logging-per-update-statistics", "the printed loss is now gathered across ranks")
+    assert "is_local_main_process" in inspect.getsource(accelerate.state.PartialState.print)

@@ -378,6 +378,9 @@ def test_implicit_prm_negative_ids():
     seq[:, -1] = -1
     with trap_raises("implicit-prm-negative-ids", RuntimeError, "out of bounds"):
         prm(seq)
+    seq[:, 3] = -1                                  # an input id too: the embedding fails first
+    with trap_raises("implicit-prm-negative-ids", IndexError, "out of range"):
+        prm(seq)
 
 
 @covers("ppo-per-token-values", "ppo")

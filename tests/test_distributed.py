@@ -1109,3 +1109,31 @@ def test_what_torchrun_makes_of_a_ranks_usage_error(empty_dir):
     proc = run([*torchrun, str(SMOKE), "--nproc", "3"], empty_dir, timeout=300)
     assert proc.returncode == 2 and "ambiguous option: --nproc could match --nproc-per-node" in proc.stderr
     assert list(empty_dir.iterdir()) == []
+
+
+def test_doc_save_state_keeps_flowrl_partition_and_rng(tmp_path, monkeypatch):
+    """distributed.md#checkpoints: accelerate.save_state/load_state restores FlowRL's partition
+    function (which save() drops) and the RNG states (PPO's models and optimizers: the doc block)."""
+    import torch
+    from canary import make, tiny_palm
+    monkeypatch.chdir(tmp_path)
+
+    def build():
+        torch.manual_seed(0)
+        trainer = make("flowrl", palm=tiny_palm(), minibatch_size=2)
+        trainer.print = lambda *a: None
+        return trainer
+
+    trainer = build()
+    fresh = {k: v.clone() for k, v in trainer.partition_function.state_dict().items()}
+    trainer.train(num_episodes=1, max_timesteps=2, update_timesteps=2, max_seq_len=8)
+    trained = trainer.partition_function.state_dict()
+    assert any(not torch.equal(trained[k], fresh[k]) for k in fresh)
+    trainer.accelerate.save_state("state")
+    after = torch.rand(3)
+    resumed = build()
+    resumed.accelerate.load_state("state")
+    assert torch.equal(torch.rand(3), after), "update distributed.md#checkpoints: RNG states not restored"
+    loaded = resumed.partition_function.state_dict()
+    assert all(torch.equal(loaded[k], trained[k]) for k in trained), "update distributed.md#checkpoints"
+    assert resumed.partition_function_optim.state_dict()["state"]

@@ -146,6 +146,104 @@ def test_flash_attn_matches_and_warns():
     assert any(w.category is FutureWarning and "sdp_kernel" in str(w.message) for w in caught)
 
 
+
+def palm_api(section: str, what: str) -> str:
+    return f"upstream PaLM changed: {what}. Update palm-modeling/references/palm-api.md#{section}, then this test."
+
+
+def test_flash_attn_kernels_by_gpu(monkeypatch):
+    """palm-api#constructor: with CUDA, only compute capability 8.0 gets the flash kernel (fake GPU;
+    attention.py:58-68); the cuda_config set per layer is what the flash path reads."""
+    import types
+    import torch
+    import palm_rlhf_pytorch.attention as attention
+    from palm_rlhf_pytorch import PaLM
+    Config = attention.Config
+    said = []
+    monkeypatch.setattr(attention, "print_once", said.append)  # the library prints once per process
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for (major, minor), want in {(8, 0): Config(True, False, False), (9, 0): Config(False, True, True),
+                                 (8, 6): Config(False, True, True)}.items():
+        props = types.SimpleNamespace(major=major, minor=minor)
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device, props=props: props)
+        said.clear()
+        palm = PaLM(**TINY, flash_attn=True)
+        configs = {layer.fn.attend.cuda_config for layer in palm.layers}
+        assert configs == {want}, palm_api("constructor", f"sm {major}.{minor} gets {configs}")
+        prefix = "A100 GPU detected" if (major, minor) == (8, 0) else "Non-A100 GPU detected, using math or mem"
+        assert said and said[0].startswith(prefix), palm_api("constructor", f"message {said}")
+    source = inspect.getsource(attention.Attention.flash_attn)
+    assert "config = self.cuda_config if is_cuda else self.cpu_config" in source, palm_api("constructor", "config read")
+
+
+def test_size_no_bias_beta_buffer_tied_twice():
+    """palm-api#constructor: the parameter formula (non-default ff_mult too), no Linear bias, beta a
+    buffer, a state_dict sum counting the tied embedding twice."""
+    import torch
+    from palm_rlhf_pytorch import PaLM
+    V, d, L, h, dh, m = 100, 24, 2, 3, 8, 2
+    palm = PaLM(num_tokens=V, dim=d, depth=L, heads=h, dim_head=dh, ff_mult=m)
+    n = sum(p.numel() for p in palm.parameters())
+    assert n == V * d + L * (d * (h * dh + 2 * dh + 2 * m * d) + h * dh * d + m * d * d + d) + d, palm_api("constructor", n)
+    assert all(mod.bias is None for mod in palm.modules() if isinstance(mod, torch.nn.Linear))
+    assert all("beta" in dict(mod.named_buffers()) and "beta" not in dict(mod.named_parameters())
+               for mod in palm.modules() if type(mod).__name__ == "LayerNorm")
+    buffers = sum(b.numel() for b in palm.buffers())
+    assert sum(t.numel() for t in palm.state_dict().values()) == n + V * d + buffers
+
+
+def test_qk_scale_never_read_and_the_fix():
+    """palm-api#constructor: qk_rmsnorm's qk_scale is stored, never read; logits start within about
+    dim_head**-0.5; q_scale = k_scale = sqrt(8 sqrt(dh)) multiplies them by 8 sqrt(dh)."""
+    import torch
+    from palm_rlhf_pytorch import PaLM
+    torch.manual_seed(0)
+    dh = 16
+    palm = PaLM(**{**TINY, "dim_head": dh}, qk_rmsnorm=True)
+    block = palm.layers[0].fn
+    assert block.scale == 8 and "qk_scale" not in inspect.signature(PaLM.__init__).parameters
+    x = torch.randint(1, 257, (2, 12))
+    out = palm(x)
+    block.scale = 1e6
+    assert torch.equal(palm(x), out), palm_api("constructor", "qk_scale is now used")
+    seen = []
+    forward = block.attend.forward
+    def record(q, k, v, mask=None):
+        seen.append((torch.einsum("b h i d, b j d -> b h i j", q, k) * dh ** -0.5).abs().max().item())
+        return forward(q, k, v, mask=mask)
+    block.attend.forward = record
+    palm(x)
+    with torch.no_grad():
+        block.q_scale.fill_((8 * dh ** 0.5) ** 0.5)
+        block.k_scale.fill_((8 * dh ** 0.5) ** 0.5)
+    palm(x)
+    assert seen[0] < 1.2 * dh ** -0.5, palm_api("constructor", f"initial logits up to {seen[0]}")
+    assert seen[1] / seen[0] == pytest.approx(8 * dh ** 0.5, rel=1e-4) and seen[1] <= 8
+
+
+def test_non_causal_return_loss_sees_the_label():
+    """palm-api#forward: with causal=False position t attends to its label t+1, so training on
+    uniform random tokens drives the loss below ln(63), the best a causal model can reach."""
+    import torch
+    from palm_rlhf_pytorch import PaLM
+    losses = {}
+    for causal in (True, False):
+        torch.manual_seed(0)
+        palm = PaLM(num_tokens=64, dim=32, depth=1, heads=2, dim_head=16, causal=causal)
+        x = torch.randint(1, 64, (1, 8))
+        y = x.clone()
+        y[:, 5] = y[:, 5] % 63 + 1                                   # change token 5 only
+        assert torch.equal(palm(x)[:, 4], palm(y)[:, 4]) is causal, palm_api("forward", f"causal={causal}")
+        opt = torch.optim.Adam(palm.parameters(), lr=1e-2)
+        for _ in range(40):
+            loss = palm(torch.randint(1, 64, (8, 17)), return_loss=True)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        with torch.no_grad():                                       # fresh tokens: no memorising
+            losses[causal] = palm(torch.randint(1, 64, (64, 17)), return_loss=True).item()
+    assert losses[False] < math.log(63) - 0.2 and losses[True] > math.log(63) - 0.05, palm_api("forward", losses)
+
 def test_scoped_training_also_reaches_base_weights():
     import torch
     from palm_rlhf_pytorch import PaLM
