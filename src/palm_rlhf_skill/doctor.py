@@ -92,11 +92,8 @@ def library_check(shadows: list[dict[str, str]]) -> tuple[dict[str, Any], dict[s
     """palm-rlhf-pytorch and torch through the helpers' version gate (missing, shadowed or out of
     the tested range: 3). ``shadows`` are ``rt.shadowed_modules()``; every one is named."""
     if shadows:
-        detail = "; ".join(f"{s['found']} shadows the installed {s['module']} ({s['installed']})"
-                           for s in shadows)
-        return {"shadowed": shadows}, _check("library", "missing", detail,
-                                             "rename or move each file named, or run from another "
-                                             "directory / drop it from PYTHONPATH")
+        return {"shadowed": shadows}, _check("library", "missing", "; ".join(map(rt.shadow_text, shadows)),
+                                             rt.SHADOW_FIX)
     try:
         gate = rt.check_versions(allow_untested=False)
     except rt.SkillError as err:
