@@ -108,9 +108,11 @@ def library_check(shadows: list[dict[str, str]]) -> tuple[dict[str, Any], dict[s
     return gate, _check("library", "ok", detail)
 
 
-def declared_requirements() -> dict[str, dict[str, Any]]:
-    """Requirements that palm-rlhf-pytorch and this package declare (extras left out), merged by
-    normalized name: ``{name: {"specifier": SpecifierSet, "required_by": [...]}}``."""
+def declared_requirements(own: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """Requirements that palm-rlhf-pytorch (its installed metadata) and this package declare
+    (extras left out), merged by normalized name: ``{name: {"specifier": SpecifierSet, "declared":
+    {distribution: SpecifierSet}}}``. ``own``: this package's requirement lines (default: its
+    installed metadata; tools/verify_floors.py passes pyproject.toml's)."""
     from packaging.requirements import Requirement
     from packaging.specifiers import SpecifierSet
     from packaging.utils import canonicalize_name
@@ -118,17 +120,16 @@ def declared_requirements() -> dict[str, dict[str, Any]]:
     merged: dict[str, dict[str, Any]] = {}
     for dist in (rt.load_api_record()["library"], OWN_DISTRIBUTION):
         try:
-            lines = metadata.requires(dist) or []
+            lines = own if dist == OWN_DISTRIBUTION and own is not None else metadata.requires(dist) or []
         except metadata.PackageNotFoundError:
             continue
         for line in lines:
             req = Requirement(line)
             if req.marker is not None and not req.marker.evaluate({"extra": ""}):
                 continue
-            entry = merged.setdefault(canonicalize_name(req.name),
-                                      {"specifier": SpecifierSet(), "required_by": []})
+            entry = merged.setdefault(canonicalize_name(req.name), {"specifier": SpecifierSet(), "declared": {}})
             entry["specifier"] &= req.specifier
-            entry["required_by"].append(dist)
+            entry["declared"][dist] = entry["declared"].get(dist, SpecifierSet()) & req.specifier
     return merged
 
 
@@ -159,7 +160,7 @@ def dependencies_check(record: dict[str, Any]) -> tuple[dict[str, Any], dict[str
         spec, installed = entry["specifier"], rt.installed_version(name)
         wanted = readable(spec)
         packages[name] = {"installed": installed, "required": wanted or "any",
-                          "required_by": entry["required_by"], "tested": tested.get(name)}
+                          "required_by": list(entry["declared"]), "tested": tested.get(name)}
         if installed is None:
             missing.append(f"{name}{wanted}")
         elif installed not in SpecifierSet(str(spec), prereleases=True):
