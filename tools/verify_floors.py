@@ -213,18 +213,13 @@ def trial(name: str, pins: list[str], base: Path, constraints: Path, wheel: Path
 def plan(requirements: dict[str, Any], only: list[str], tries: list[str]) -> list[tuple[str, list[str]]]:
     """``(trial name, pins)``: the baseline, each requirement's floor (torch's is the baseline's
     torch), then each ``--try`` pin."""
-    from packaging.requirements import Requirement
-    from packaging.utils import canonicalize_name
-
     trials: list[tuple[str, list[str]]] = [("newest", [])]
     for name, spec in sorted(requirements.items()):
         floor = floor_of(spec)
         if name == "torch" or floor is None or (only and name not in only):
             continue
         trials.append((f"{name} floor", [f"{name}=={floor}"]))
-    for pin in tries:
-        req = Requirement(pin)
-        trials.append((f"{canonicalize_name(req.name)} try", [pin]))
+    trials += [(f"{canonical(pin)} try", [pin]) for pin in tries]
     return trials
 
 
