@@ -347,14 +347,11 @@ def tqdm_check(shadowed: set[str]) -> tuple[dict[str, Any], dict[str, str]]:
     return info, _check("tqdm", "ok", f"{detail} ({TQDM_DOC})", fix)
 
 
-available_memory_mib = rt.available_memory_mib  # one reader of MemAvailable, shared with --nproc
-
-
 def resources_checks() -> tuple[dict[str, Any], list[dict[str, str]]]:
     """Available memory and free disk in the working and the temporary directory, in MiB, and
     whether each is writable. A short or read-only working directory is its own fix: TPO's train()
     writes ``./tpo_memmap_replay_buffer`` there (palm_rlhf_pytorch/tpo.py), whatever TMPDIR says."""
-    memory = available_memory_mib()
+    memory = rt.available_memory_mib()  # one reader of MemAvailable, shared with --nproc
     places = {"cwd": os.getcwd(), "tmp": tempfile.gettempdir()}
     disk = {key: {"path": path, "free_mib": _mib(shutil.disk_usage(path).free)} for key, path in places.items()}
     info = {"memory_available_mib": memory, "min_memory_mib": MIN_MEMORY_MIB, "disk": disk,
