@@ -221,6 +221,14 @@ def shadowed_modules() -> list[dict[str, str]]:
     return found
 
 
+SHADOW_FIX = "rename or move it, or run from another directory / drop it from PYTHONPATH"
+
+
+def shadow_text(shadow: dict[str, str]) -> str:
+    """One ``shadowed_modules()`` entry in words: ``FOUND shadows the installed MODULE (INSTALLED)``."""
+    return f"{shadow['found']} shadows the installed {shadow['module']} ({shadow['installed']})"
+
+
 def check_versions(allow_untested: bool = False, allow_shadowed: bool | None = None) -> dict[str, Any]:
     """Check torch and palm-rlhf-pytorch against the tested ranges in ``scripts/api_record.json``
     (``supported`` and ``torch_supported``), after making sure no file shadows them.
@@ -237,10 +245,9 @@ def check_versions(allow_untested: bool = False, allow_shadowed: bool | None = N
     warnings = []
     allow_shadowed = allow_untested if allow_shadowed is None else allow_shadowed
     for s in shadowed_modules():  # before anything imports them: a shadow's code never runs
-        message = f"{s['found']} shadows the installed {s['module']} ({s['installed']})"
+        message = shadow_text(s)
         if not allow_shadowed:
-            raise SkillError(f"{message}: rename or move it, or run from another directory / drop it "
-                             "from PYTHONPATH (--allow-untested runs with it)", EXIT_DEPENDENCY)
+            raise SkillError(f"{message}: {SHADOW_FIX} (--allow-untested runs with it)", EXIT_DEPENDENCY)
         warnings.append(message)
     from packaging.specifiers import SpecifierSet
 

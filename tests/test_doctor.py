@@ -216,7 +216,7 @@ def test_dependency_outside_its_range_exits_1(capsys, monkeypatch, tmp_path):
 
 
 def test_low_memory_and_disk_exit_1(capsys, monkeypatch, tmp_path):
-    monkeypatch.setattr(doctor, "available_memory_mib", lambda: doctor.MIN_MEMORY_MIB - 1)
+    monkeypatch.setattr(doctor.rt, "available_memory_mib", lambda: doctor.MIN_MEMORY_MIB - 1)
     monkeypatch.setattr(doctor, "MIN_DISK_MIB", 10 ** 12)  # more than any disk has free
     code, report = diagnose_in_process(capsys, monkeypatch, tmp_path)
     assert code == 1
@@ -248,7 +248,7 @@ def test_available_memory_matches_proc_meminfo():
         pytest.skip("no /proc/meminfo on this system")
     line = next(l for l in meminfo.read_text().splitlines() if l.startswith("MemAvailable:"))
     expected = int(line.split()[1]) // 1024
-    assert abs(doctor.available_memory_mib() - expected) < 256  # other processes move it a little
+    assert abs(doctor.rt.available_memory_mib() - expected) < 256  # other processes move it a little
 
 
 def test_help_and_usage_errors_do_not_import_torch(empty_dir):

@@ -312,7 +312,8 @@ def parser_of(program: str, arguments: list[str]):
         cli = pytest.importorskip("palm_rlhf_skill.cli")
         sub, rest = arguments[0], arguments[1:]
         kind, target, _ = cli.SUBCOMMANDS[sub]
-        return (load_script(REPO / target, (REPO / target).stem).build_parser() if kind == "script" else None), rest
+        path = REPO / rt.HELPER_SCRIPTS[target] if kind == "script" else None
+        return (load_script(path, path.stem).build_parser() if path else None), rest
     path = next(p for p in (REPO / program, REPO / program.split("palm-rlhf-pytorch/", 1)[-1]) if p.is_file())
     return load_script(path, path.stem).build_parser(), arguments
 

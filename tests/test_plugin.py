@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import struct
 import subprocess
@@ -24,6 +23,7 @@ import pytest
 
 from conftest import REPO, run_json
 from palm_rlhf_skill import __version__
+from palm_rlhf_skill.install import skill_name
 from skill_tree import files_with_hashes, repo_skill_files
 
 CLAUDE_CODE = "@anthropic-ai/claude-code@2.1.328"
@@ -40,12 +40,8 @@ SKILLS_CLI_SKIPS_DIRS = {".git", "__pycache__", "__pypackages__"}
 SKILLS_CLI_SKIPS_FILES = {"metadata.json"}
 
 
-def root_skill_name() -> str:
-    return re.search(r"^name:\s*(\S+)", (REPO / "SKILL.md").read_text(encoding="utf-8"), re.MULTILINE).group(1)
-
-
 def test_manifests_agree_with_the_package():
-    assert PLUGIN["name"] == root_skill_name() == "palm-rlhf-pytorch"
+    assert PLUGIN["name"] == skill_name(REPO) == "palm-rlhf-pytorch"
     assert PLUGIN["version"] == __version__, "bump .claude-plugin/plugin.json with __init__.__version__"
     assert PLUGIN["description"] == PROJECT["description"]
     assert PLUGIN["license"] == PROJECT["license"]
@@ -117,7 +113,7 @@ def test_claude_plugin_validate_strict_passes_on_a_clean_copy(clean_copy, npx_en
     manifest = report["manifest"]
     assert manifest["type"] == ("marketplace" if target == "." else "plugin")
     assert manifest["errors"] == [] and manifest["warnings"] == [], manifest
-    assert report["provides"]["skills"] == [f"{PLUGIN['name']}:{root_skill_name()}"]
+    assert report["provides"]["skills"] == [f"{PLUGIN['name']}:{skill_name(REPO)}"]
     directory = report["directory"]  # the plugin directory's checks: nothing found, nothing skipped
     assert directory["findings"] == [] and directory["undecided"] == [] and directory["failure"] is None
     assert directory["incomplete"] is False, directory

@@ -45,7 +45,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -81,35 +80,21 @@ def own_requirements() -> list[str]:
     return tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["dependencies"]
 
 
-def declarations() -> dict[str, dict[str, str]]:
-    """``{canonical name: {declaring distribution: specifier}}`` from pyproject.toml's dependencies
-    (palm-rlhf-skill) and the installed palm-rlhf-pytorch's metadata, extras left out."""
-    from packaging.requirements import Requirement
-    from packaging.utils import canonicalize_name
+def declarations() -> dict[str, dict[str, Any]]:
+    """doctor's merge of the requirements (``palm_rlhf_skill.doctor.declared_requirements``), with
+    this package's read from pyproject.toml rather than its installed metadata: ``{canonical name:
+    {"specifier": SpecifierSet, "declared": {declaring distribution: SpecifierSet}}}``."""
+    from palm_rlhf_skill import doctor
 
-    try:
-        library = metadata.requires(LIBRARY) or []
-    except metadata.PackageNotFoundError:
+    if rt.installed_version(LIBRARY) is None:
         raise rt.SkillError(f"{LIBRARY} is not installed in {sys.prefix}: run this with the "
-                            "project's .venv/bin/python") from None
-    found: dict[str, dict[str, str]] = {}
-    for source, lines in ((LIBRARY, library), ("palm-rlhf-skill", own_requirements())):
-        for line in lines:
-            req = Requirement(line)
-            if req.marker is None or req.marker.evaluate({"extra": ""}):
-                found.setdefault(canonicalize_name(req.name), {})[source] = str(req.specifier)
-    return found
+                            "project's .venv/bin/python")
+    return doctor.declared_requirements(own_requirements())
 
 
 def declared_requirements() -> dict[str, Any]:
-    """``{canonical name: SpecifierSet}``: every declaration of a name intersected, as doctor does."""
-    from packaging.specifiers import SpecifierSet
-    merged: dict[str, Any] = {}
-    for name, by_source in declarations().items():
-        merged[name] = SpecifierSet()
-        for spec in by_source.values():
-            merged[name] &= SpecifierSet(spec)
-    return merged
+    """``{canonical name: SpecifierSet}``: every declaration of a name intersected."""
+    return {name: entry["specifier"] for name, entry in declarations().items()}
 
 
 def floor_of(specifier) -> str | None:
@@ -228,18 +213,13 @@ def trial(name: str, pins: list[str], base: Path, constraints: Path, wheel: Path
 def plan(requirements: dict[str, Any], only: list[str], tries: list[str]) -> list[tuple[str, list[str]]]:
     """``(trial name, pins)``: the baseline, each requirement's floor (torch's is the baseline's
     torch), then each ``--try`` pin."""
-    from packaging.requirements import Requirement
-    from packaging.utils import canonicalize_name
-
     trials: list[tuple[str, list[str]]] = [("newest", [])]
     for name, spec in sorted(requirements.items()):
         floor = floor_of(spec)
         if name == "torch" or floor is None or (only and name not in only):
             continue
         trials.append((f"{name} floor", [f"{name}=={floor}"]))
-    for pin in tries:
-        req = Requirement(pin)
-        trials.append((f"{canonicalize_name(req.name)} try", [pin]))
+    trials += [(f"{canonical(pin)} try", [pin]) for pin in tries]
     return trials
 
 
@@ -287,7 +267,7 @@ def markdown(requirements: dict[str, Any], records: list[dict[str, Any]], torch_
         else:
             rec = by_pin.get((f"{name}=={floor}",))
             result = "not run" if rec is None else outcome(rec)
-        declared = "; ".join(f"{source} `{s or 'any'}`" for source, s in by_source[name].items())
+        declared = "; ".join(f"{source} `{s or 'any'}`" for source, s in by_source[name]["declared"].items())
         lines.append(f"| {name} | {declared} | {floor or '-'} | {result} |")
     extra = [r for r in records if r["trial"].endswith(" try")]
     if extra:

@@ -15,22 +15,21 @@ from types import ModuleType
 
 from palm_rlhf_skill import __version__
 
-SMOKE_SCRIPT = "sub-skills/policy-optimization/scripts/tiny_rlhf_smoke.py"
-
-# name -> (kind, target, help). kind "script": a skill-tree script run by path;
+# name -> (kind, target, help). kind "script": target is a helper of the runtime's HELPER_SCRIPTS,
+# whose skill-tree script runs by path;
 # kind "module": a module of this package with main(argv) -> int ("module:function" names
 # another function with that signature).
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
-    "check": ("script", "scripts/check_skill.py",
+    "check": ("script", "palm-rlhf-skill check",
               "compare the skill's docs with the installed palm-rlhf-pytorch (exit 1 on drift)"),
     "install": ("module", "palm_rlhf_skill.install", "copy the skill tree into an agent's skills folder"),
     "uninstall": ("module", "palm_rlhf_skill.install:uninstall_main", "remove an installed copy"),
     "list": ("module", "palm_rlhf_skill.install:list_main", "show where copies are installed"),
     "doctor": ("module", "palm_rlhf_skill.doctor", "check that this environment can run the trainers"),
-    "bench": ("script", "sub-skills/policy-optimization/scripts/bench_smoke.py",
+    "bench": ("script", "palm-rlhf-skill bench",
               "time the smoke helper against the import floor; --scaling: the sizing table; "
               "--plan-accuracy: the planner against real runs"),
-    "plan": ("script", "sub-skills/policy-optimization/scripts/plan_run.py",
+    "plan": ("script", "palm-rlhf-skill plan",
              "before a run: predict its time, peak memory, learn() calls and dead settings from a config"),
 }
 
@@ -54,11 +53,19 @@ def load_by_path(name: str, path: Path) -> ModuleType:
     return module
 
 
-def run_script(relative: str, prog: str, argv: list[str]) -> int:
-    """Load a skill-tree script by path and run its ``main(argv)`` under the script's own
-    ``run_cli`` (one-line errors, exit codes), reporting itself as ``prog``; return the exit code."""
-    path = skill_root() / relative
-    sys.argv = [prog, *argv]  # argparse and run_cli name the program from argv[0]
+def script_path(helper: str) -> Path:
+    """The installed skill-tree file behind ``helper`` (``tiny-rlhf-smoke``, ``palm-rlhf-skill
+    check``...): the runtime's HELPER_SCRIPTS, the one map of helpers to files."""
+    from palm_rlhf_skill.runtime import skill_runtime
+    return skill_root() / skill_runtime().HELPER_SCRIPTS[helper]
+
+
+def run_script(helper: str, argv: list[str]) -> int:
+    """Load the skill-tree script behind ``helper`` by path and run its ``main(argv)`` under the
+    script's own ``run_cli`` (one-line errors, exit codes), reporting itself as ``helper``; return
+    the exit code."""
+    path = script_path(helper)
+    sys.argv = [helper, *argv]  # argparse and run_cli name the program from argv[0]
     try:
         module = load_by_path(path.stem, path)
         return module.rt.run_cli(module.main, argv)
@@ -68,17 +75,17 @@ def run_script(relative: str, prog: str, argv: list[str]) -> int:
 
 def tiny_rlhf_smoke() -> int:
     """``tiny-rlhf-smoke``: the policy-optimization smoke helper (same file as in the tree)."""
-    return run_script(SMOKE_SCRIPT, "tiny-rlhf-smoke", sys.argv[1:])
+    return run_script("tiny-rlhf-smoke", sys.argv[1:])
 
 
 def tiny_palm_smoke() -> int:
     """``tiny-palm-smoke``: the palm-modeling smoke helper (same file as in the tree)."""
-    return run_script("sub-skills/palm-modeling/scripts/tiny_palm_smoke.py", "tiny-palm-smoke", sys.argv[1:])
+    return run_script("tiny-palm-smoke", sys.argv[1:])
 
 
 def tiny_reward_smoke() -> int:
     """``tiny-reward-smoke``: the reward-modeling smoke helper (same file as in the tree)."""
-    return run_script("sub-skills/reward-modeling/scripts/tiny_reward_smoke.py", "tiny-reward-smoke", sys.argv[1:])
+    return run_script("tiny-reward-smoke", sys.argv[1:])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,7 +111,7 @@ def dispatch(argv: list[str]) -> int:
         parser.error("a COMMAND is required: " + ", ".join(SUBCOMMANDS))
     kind, target, _ = SUBCOMMANDS[argv[0]]
     if kind == "script":
-        return run_script(target, f"palm-rlhf-skill {argv[0]}", argv[1:])
+        return run_script(target, argv[1:])
     module, _, function = target.partition(":")
     return getattr(importlib.import_module(module), function or "main")(argv[1:])
 

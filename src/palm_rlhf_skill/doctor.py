@@ -92,11 +92,8 @@ def library_check(shadows: list[dict[str, str]]) -> tuple[dict[str, Any], dict[s
     """palm-rlhf-pytorch and torch through the helpers' version gate (missing, shadowed or out of
     the tested range: 3). ``shadows`` are ``rt.shadowed_modules()``; every one is named."""
     if shadows:
-        detail = "; ".join(f"{s['found']} shadows the installed {s['module']} ({s['installed']})"
-                           for s in shadows)
-        return {"shadowed": shadows}, _check("library", "missing", detail,
-                                             "rename or move each file named, or run from another "
-                                             "directory / drop it from PYTHONPATH")
+        return {"shadowed": shadows}, _check("library", "missing", "; ".join(map(rt.shadow_text, shadows)),
+                                             rt.SHADOW_FIX)
     try:
         gate = rt.check_versions(allow_untested=False)
     except rt.SkillError as err:
@@ -111,9 +108,11 @@ def library_check(shadows: list[dict[str, str]]) -> tuple[dict[str, Any], dict[s
     return gate, _check("library", "ok", detail)
 
 
-def declared_requirements() -> dict[str, dict[str, Any]]:
-    """Requirements that palm-rlhf-pytorch and this package declare (extras left out), merged by
-    normalized name: ``{name: {"specifier": SpecifierSet, "required_by": [...]}}``."""
+def declared_requirements(own: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """Requirements that palm-rlhf-pytorch (its installed metadata) and this package declare
+    (extras left out), merged by normalized name: ``{name: {"specifier": SpecifierSet, "declared":
+    {distribution: SpecifierSet}}}``. ``own``: this package's requirement lines (default: its
+    installed metadata; tools/verify_floors.py passes pyproject.toml's)."""
     from packaging.requirements import Requirement
     from packaging.specifiers import SpecifierSet
     from packaging.utils import canonicalize_name
@@ -121,17 +120,16 @@ def declared_requirements() -> dict[str, dict[str, Any]]:
     merged: dict[str, dict[str, Any]] = {}
     for dist in (rt.load_api_record()["library"], OWN_DISTRIBUTION):
         try:
-            lines = metadata.requires(dist) or []
+            lines = own if dist == OWN_DISTRIBUTION and own is not None else metadata.requires(dist) or []
         except metadata.PackageNotFoundError:
             continue
         for line in lines:
             req = Requirement(line)
             if req.marker is not None and not req.marker.evaluate({"extra": ""}):
                 continue
-            entry = merged.setdefault(canonicalize_name(req.name),
-                                      {"specifier": SpecifierSet(), "required_by": []})
+            entry = merged.setdefault(canonicalize_name(req.name), {"specifier": SpecifierSet(), "declared": {}})
             entry["specifier"] &= req.specifier
-            entry["required_by"].append(dist)
+            entry["declared"][dist] = entry["declared"].get(dist, SpecifierSet()) & req.specifier
     return merged
 
 
@@ -162,7 +160,7 @@ def dependencies_check(record: dict[str, Any]) -> tuple[dict[str, Any], dict[str
         spec, installed = entry["specifier"], rt.installed_version(name)
         wanted = readable(spec)
         packages[name] = {"installed": installed, "required": wanted or "any",
-                          "required_by": entry["required_by"], "tested": tested.get(name)}
+                          "required_by": list(entry["declared"]), "tested": tested.get(name)}
         if installed is None:
             missing.append(f"{name}{wanted}")
         elif installed not in SpecifierSet(str(spec), prereleases=True):
@@ -349,14 +347,11 @@ def tqdm_check(shadowed: set[str]) -> tuple[dict[str, Any], dict[str, str]]:
     return info, _check("tqdm", "ok", f"{detail} ({TQDM_DOC})", fix)
 
 
-available_memory_mib = rt.available_memory_mib  # one reader of MemAvailable, shared with --nproc
-
-
 def resources_checks() -> tuple[dict[str, Any], list[dict[str, str]]]:
     """Available memory and free disk in the working and the temporary directory, in MiB, and
     whether each is writable. A short or read-only working directory is its own fix: TPO's train()
     writes ``./tpo_memmap_replay_buffer`` there (palm_rlhf_pytorch/tpo.py), whatever TMPDIR says."""
-    memory = available_memory_mib()
+    memory = rt.available_memory_mib()  # one reader of MemAvailable, shared with --nproc
     places = {"cwd": os.getcwd(), "tmp": tempfile.gettempdir()}
     disk = {key: {"path": path, "free_mib": _mib(shutil.disk_usage(path).free)} for key, path in places.items()}
     info = {"memory_available_mib": memory, "min_memory_mib": MIN_MEMORY_MIB, "disk": disk,

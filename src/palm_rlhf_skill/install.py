@@ -221,9 +221,9 @@ def install(target: str, scope: str, force: bool) -> tuple[str, Path, int]:
             shutil.rmtree(staging, ignore_errors=True)
 
 
-def uninstall(target: str, scope: str, force: bool = False) -> Path | None:
-    """Remove ``<skills dir>/<skill name>``; return the removed path, or None when nothing was
-    there (uninstalling twice is not an error, as installing twice is not).
+def uninstall(target: str, scope: str, force: bool = False) -> tuple[Path, bool]:
+    """Remove ``<skills dir>/<skill name>``; return ``(that path, whether it was removed)``, False
+    when nothing was there (uninstalling twice is not an error, as installing twice is not).
 
     A copy that differs from this package's tree (edited, or another version) is removed only with
     ``force``, as install replaces one only with it: else SkillError exit 1.
@@ -238,10 +238,10 @@ def uninstall(target: str, scope: str, force: bool = False) -> Path | None:
     name = skill_name(source)
     dest = skills_dir(target, scope) / name
     if not (dest.exists() or dest.is_symlink()):
-        return None
+        return dest, False
     if not is_copy(dest, name):
         if not (dest.exists() or dest.is_symlink()):  # another uninstall took it away meanwhile
-            return None
+            return dest, False
         raise not_a_copy(dest, name)
     if not force:
         wanted = tree_files(source, SKILL_ITEMS)
@@ -250,7 +250,7 @@ def uninstall(target: str, scope: str, force: bool = False) -> Path | None:
         except OSError:  # another uninstall renamed it away while this one read it
             found = None
         if not (dest.exists() or dest.is_symlink()):
-            return None
+            return dest, False
         if found != wanted:
             raise rt.SkillError(f"{dest} differs from this package's copy ({describe_difference(wanted, found or {})}"
                                 "): edits there would be lost; pass --force to remove it", EXIT_REFUSED)
@@ -259,7 +259,7 @@ def uninstall(target: str, scope: str, force: bool = False) -> Path | None:
         try:
             os.replace(dest, old / name)  # atomic: of concurrent uninstalls, one takes it
         except FileNotFoundError:  # another uninstall took it first
-            return None
+            return dest, False
         finally:
             shutil.rmtree(old)  # with the copy it took, if it took it
     except OSError as err:
@@ -270,7 +270,7 @@ def uninstall(target: str, scope: str, force: bool = False) -> Path | None:
                 folder.rmdir()
             except OSError:  # not empty (other skills, settings), or already gone
                 break
-    return dest
+    return dest, True
 
 
 def status(dest: Path, wanted: dict[str, str]) -> str:
@@ -352,12 +352,8 @@ def uninstall_main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def run(_: list[str] | None) -> int:
-        removed = uninstall(args.target, args.scope, args.force)
-        if removed is None:
-            dest = skills_dir(args.target, args.scope) / skill_name(skill_root())
-            print(f"{dest}: not installed there; nothing to do")
-        else:
-            print(f"removed {removed}")
+        dest, removed = uninstall(args.target, args.scope, args.force)
+        print(f"removed {dest}" if removed else f"{dest}: not installed there; nothing to do")
         return EXIT_DONE
 
     return rt.run_cli(run)
