@@ -613,6 +613,33 @@ class Probe:
             del trainer.learn
             trainer.prompt_token_ids, trainer.num_prompts = saved
 
+    # stages 3a and 3b share: rollouts measured from a memory mark, then the real learn() timed ------
+    def rollouts_start(self, out: dict[str, Any]) -> None:
+        """Reset the memory peaks before the rollouts; ``out`` keeps the RSS and device bytes now."""
+        out["rss_before"], out["device_before"] = self.meter.start(), self.meter.device_now()
+
+    def rollouts_done(self, out: dict[str, Any], stored) -> None:
+        """In the learn() hook: ``out`` gets the rollouts' peak bytes above ``rollouts_start``'s mark
+        and what they stored (``stored_sizes``)."""
+        out["rollout_peak_bytes"] = self.meter.peak() - out["rss_before"]
+        out["rollout_device_peak_bytes"] = self.meter.device_peak() - out["device_before"]
+        out["stored"] = stored_sizes(stored)
+
+    def timed_learn(self, stored, sizes: dict[str, Any], count: int) -> dict[str, Any] | None:
+        """The installed ``learn()`` on the first ``count`` experiences of ``stored`` (a TPO buffer:
+        on all of it; ``sizes`` is its ``stored_sizes``): ``{items, seconds, peak_bytes,
+        device_peak_bytes}``, bytes above the memory before it; None when the deadline stopped it."""
+        items = stored if sizes["buffer"] else deque(list(stored)[:count])
+        rss0, dev0 = self.meter.start(), self.meter.device_now()
+        t0 = now(self.device)
+        try:
+            with rt.capture_library_output():
+                type(self.trainer).learn(self.trainer, items)  # the method, not train_once's stand-in
+        except ProbeTimeout:
+            return None
+        return {"items": sizes["items"] if sizes["buffer"] else len(items), "seconds": now(self.device) - t0,
+                "peak_bytes": self.meter.peak() - rss0, "device_peak_bytes": self.meter.device_peak() - dev0}
+
     # stage 1: what one rollout stores, at tiny lengths ---------------------------------------
     def stored_fields(self) -> dict[str, Any]:
         """Three rollouts of one prompt of the real padded width: 1 token with max_seq_len 2 and 3,
@@ -676,29 +703,19 @@ class Probe:
         intervals are the times between the reward model's calls (one per rollout)."""
         stamps: list[float] = []
         hook = self.reward.register_forward_hook(lambda *_: stamps.append(now(self.device)))
-        real_learn = type(self.trainer).learn.__get__(self.trainer)
         out: dict[str, Any] = {"rollouts": rollouts, "learn": []}
 
         def on_learn(stored):
-            out["rollout_peak_bytes"] = self.meter.peak() - out["rss_before"]
-            out["rollout_device_peak_bytes"] = self.meter.device_peak() - out["device_before"]
-            out.update(stored=stored_sizes(stored))
-            items = stored if out["stored"]["buffer"] else deque(list(stored)[:learn_items])
+            self.rollouts_done(out, stored)
             for _ in range(2 if learn else 0):
                 if out["learn"] and out["learn"][0]["seconds"] * 1.5 > self.remaining():
                     break
-                rss0, dev0 = self.meter.start(), self.meter.device_now()
-                t0 = now(self.device)
-                try:
-                    with rt.capture_library_output():
-                        real_learn(items)
-                except ProbeTimeout:
+                timed = self.timed_learn(stored, out["stored"], learn_items)
+                if timed is None:
                     break
-                out["learn"].append({"items": len(items) if not out["stored"]["buffer"] else out["stored"]["items"],
-                                     "seconds": now(self.device) - t0, "peak_bytes": self.meter.peak() - rss0,
-                                     "device_peak_bytes": self.meter.device_peak() - dev0})
+                out["learn"].append(timed)
 
-        out["rss_before"], out["device_before"] = self.meter.start(), self.meter.device_now()
+        self.rollouts_start(out)
         t0 = now(self.device)
         try:
             self.train_once(rollouts, self.max_seq_len, on_learn)
@@ -718,32 +735,22 @@ class Probe:
         import torch
         length = self.max_seq_len
         prompt = torch.randint(1, self.palm.num_tokens, (1, max(1, length - 1)), device=self.device)
-        real_learn = type(self.trainer).learn.__get__(self.trainer)
         out: dict[str, Any] = {"learn": []}
 
         def on_learn(stored):
             out["seconds"] = now(self.device) - t0
-            out["rollout_peak_bytes"] = self.meter.peak() - out["rss_before"]
-            out["rollout_device_peak_bytes"] = self.meter.device_peak() - out["device_before"]
-            out["stored"] = stored_sizes(stored)
+            self.rollouts_done(out, stored)
             # learn() on one experience costs about 3x this step (forward and backward of the actor,
             # for PPO the critic too, over full-length sequences); the deadline hook cannot stop it
             # between the critic's forward and the optimizer steps, so it runs only when it fits
             if not learn_ok or self.remaining() < 3 * out["seconds"]:
                 out["learn_skipped"] = "memory" if not learn_ok else "budget"
                 return
-            items = stored if out["stored"]["buffer"] else deque(list(stored)[:1])
-            rss0, dev0 = self.meter.start(), self.meter.device_now()
-            t1 = now(self.device)
-            try:
-                with rt.capture_library_output():
-                    real_learn(items)
-            except ProbeTimeout:
-                return
-            out["learn"].append({"items": 1, "seconds": now(self.device) - t1, "peak_bytes": self.meter.peak() - rss0,
-                                 "device_peak_bytes": self.meter.device_peak() - dev0})
+            timed = self.timed_learn(stored, out["stored"], 1)
+            if timed is not None:
+                out["learn"].append(timed)
 
-        out["rss_before"], out["device_before"] = self.meter.start(), self.meter.device_now()
+        self.rollouts_start(out)
         t0 = now(self.device)
         try:
             self.train_once(1, length, on_learn, prompt)
