@@ -400,10 +400,12 @@ def build_trainer(resolved: dict[str, Any], device_kwargs: dict[str, Any], devic
             palm = meta_module(palm) if meta else palm.to(device)
             reward_model = RewardModel(palm, **resolved["reward_model"])
             reward_model = reward_model if meta else reward_model.to(device)
-            with rt.capture_library_output():
-                trainer = cls(palm=palm, reward_model=reward_model, prompt_token_ids=ids if meta else ids.to(device),
-                              accelerate_kwargs={**device_kwargs, "device_placement": False} if meta
-                              else device_kwargs, **resolved["trainer"])
+            # the smoke's constructor call: output captured, the prompt ids (a buffer Accelerate
+            # does not prepare) moved to the device afterwards (meta ids stay on meta)
+            trainer = smoke.construct_trainer(TRAINERS[resolved["name"]], palm, reward_model,
+                                              {"prompt_token_ids": ids},
+                                              {**device_kwargs, "device_placement": False} if meta else device_kwargs,
+                                              "meta" if meta else device, **resolved["trainer"])
     except Exception as exc:  # noqa: BLE001 - sorted below: the process's memory, or the library's refusal
         if rt.out_of_memory(exc):
             raise rt.SkillError(f"building at the real size ran out of memory: {rt.one_line(exc)}: the run "
@@ -412,8 +414,6 @@ def build_trainer(resolved: dict[str, Any], device_kwargs: dict[str, Any], devic
             raise
         raise rt.SkillError(f"config: the installed {cls.__module__}.{cls.__name__} refused it: "
                             f"{rt.one_line(exc)}") from None
-    if not meta:  # the trainer registers the prompt ids as its own buffer, not prepared by Accelerate
-        trainer.prompt_token_ids = trainer.prompt_token_ids.to(device)
     return trainer
 
 
