@@ -477,6 +477,18 @@ def parameter_report(trainer) -> dict[str, Any]:
 
 # --- measuring (torch) -------------------------------------------------------------------------
 
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size, bytes: VmHWM of /proc/self/status (Linux; reset by
+    ``MemoryMeter.start``), else ru_maxrss (KiB on Linux, bytes on macOS: getrusage(2))."""
+    try:
+        status = Path("/proc/self/status").read_text()
+        return int(next(l for l in status.splitlines() if l.startswith("VmHWM:")).split()[1]) * 1024
+    except (OSError, StopIteration):
+        import resource
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024
+
+
 class MemoryMeter:
     """Process memory: resident set size now and its peak since ``start()``.
 
@@ -512,13 +524,7 @@ class MemoryMeter:
         return self.rss()
 
     def peak(self) -> int:
-        try:
-            status = Path("/proc/self/status").read_text()
-            return int(next(l for l in status.splitlines() if l.startswith("VmHWM:")).split()[1]) * 1024
-        except (OSError, StopIteration):
-            import resource
-            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-            return peak if sys.platform == "darwin" else peak * 1024
+        return peak_rss_bytes()
 
     def device_now(self) -> int:
         import torch
@@ -1258,7 +1264,6 @@ def execute(args, resolved: dict[str, Any], device_kwargs: dict[str, Any], devic
             progress: rt.Progress) -> dict[str, Any]:
     """Build exactly as the probe does and run ``train(**[train])`` in full (library defaults where
     [train] is silent). Reports the learn() calls seen, seconds, and the process's peak RSS (MiB)."""
-    import resource
     from accelerate.utils import set_seed
 
     set_seed(args.seed)
@@ -1277,12 +1282,11 @@ def execute(args, resolved: dict[str, Any], device_kwargs: dict[str, Any], devic
     except Exception as exc:  # the library's failure is this run's finding, not a crash
         error = rt.one_line(exc)
     train_s = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     report = {"status": "ok" if error is None else "failed", "error": error, "trainer": resolved["name"],
               "device": str(device), "learn_calls": len(calls), "items_per_learn": calls,
               "seconds": {"startup": round(startup_s, 3), "construct": round(construct_s, 3),
                           "train": round(train_s, 3), "total": round(process_seconds(), 3)},
-              "peak_rss_mib": round((peak if sys.platform == "darwin" else peak * 1024) / MIB, 1)}
+              "peak_rss_mib": round(peak_rss_bytes() / MIB, 1)}
     if device.type == "cuda":
         import torch
         report["device_peak_mib"] = round(torch.cuda.max_memory_allocated(device) / MIB, 1)
