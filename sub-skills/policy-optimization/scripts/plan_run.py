@@ -1342,9 +1342,11 @@ def accuracy(bench, args, env: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     with the predicted number of learn() calls and both median errors are within TARGETS. The
     1-minute load average is read around each pair: the machine is shared, and a pair whose load
     changed measures the machine as much as the plan. A row whose only miss is the wall error is
-    inconclusive, not failed, when its load reached the CPU count or some of its pairs were
-    within the target (``verdict``); the report's status is then inconclusive."""
+    inconclusive, not failed, when the bench's ``busy_reason`` (the rule its wall-time budgets use)
+    says the run cannot judge it: its load reached the CPU count or some of its pairs were within
+    the target (``verdict``, ``inconclusive_reason``); the report's status is then inconclusive."""
     import statistics
+    machine = bench.machine()
     names = args.plan_config or list(ACCURACY_CONFIGS)
     pairs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     progress = getattr(args, "progress_bars", None) or rt.Progress("bench-smoke", False)
@@ -1368,16 +1370,19 @@ def accuracy(bench, args, env: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         complete = all(run["run_status"] == "ok" and run["observed_learn_calls"] == run["learn_calls"] for run in runs)
         row["ok"] = complete and all(abs(row[key]) <= limit for key, limit in TARGETS.items())
         only_wall = complete and abs(row["peak_error"]) <= TARGETS["peak_error"]
-        busy = (max(row["load_average"]) >= bench.machine()["cpu_count"]
-                or any(abs(e) <= TARGETS["wall_error"] for e in row["wall_errors"]))
+        sizes = [abs(e) for e in row["wall_errors"]]
+        busy = bench.busy_reason({"max": max(row["load_average"]), "cpus": machine["cpu_count"]},
+                                 {"min": min(sizes), "max": max(sizes)}, None, TARGETS["wall_error"])
         row["verdict"] = "pass" if row["ok"] else "inconclusive" if only_wall and busy else "fail"
+        if row["verdict"] == "inconclusive":
+            row["inconclusive_reason"] = busy
         rows.append(row)
     ok = all(row["ok"] for row in rows)
     verdicts = {row["verdict"] for row in rows}
     status = "failed" if "fail" in verdicts else "inconclusive" if "inconclusive" in verdicts else "ok"
     report = {"kind": "plan-accuracy", "status": status, "device": args.device,
               "repeat": args.repeat, "targets": TARGETS, "date": time.strftime("%Y-%m-%d", time.gmtime()),
-              "machine": bench.machine(), "versions": env["versions"], "warnings": env["warnings"], "rows": rows}
+              "machine": machine, "versions": env["versions"], "warnings": env["warnings"], "rows": rows}
     return report, ok
 
 
