@@ -605,6 +605,7 @@ def test_upstream_example_gets_a_verdict(empty_dir):
 def fake_bench(wall_plan, peak_plan, wall_real, peak_real, learn_calls=(2, 2)):
     class Bench:
         calls = []
+        busy_reason = staticmethod(load_script(SCRIPTS / "bench_smoke.py", "bench_smoke").busy_reason)  # the real rule
 
         @staticmethod
         def machine():

@@ -438,7 +438,7 @@ def scaling_markdown(report: dict[str, Any]) -> str:
 
 # commands --------------------------------------------------------------------------------------
 
-def run_bench(args, env: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+def run_bench(args, env: dict[str, Any]) -> dict[str, Any]:
     trainers = list(dict.fromkeys(args.trainer or [*SINGLE_TRAINERS, "all"]))
     cases = bench_cases(trainers, args.device)
     report: dict[str, Any] = {"kind": "bench", "device": args.device, "repeat": args.repeat,
@@ -455,10 +455,10 @@ def run_bench(args, env: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     report["children_ok"] = children_ok
     report["status"] = ("failed" if not children_ok or "fail" in verdicts else
                         "inconclusive" if "inconclusive" in verdicts else "ok")
-    return report, report["status"]
+    return report
 
 
-def run_scaling(args, env: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+def run_scaling(args, env: dict[str, Any]) -> dict[str, Any]:
     trainers = [t for t in dict.fromkeys(args.trainer or SCALING_TRAINERS)]
     bad = [t for t in trainers if t not in SCALING_TRAINERS]
     if bad:
@@ -485,7 +485,7 @@ def run_scaling(args, env: dict[str, Any]) -> tuple[dict[str, Any], bool]:
               "machine": machine(), "versions": env["versions"], "warnings": env["warnings"],
               "cpu_threads": threads, "base": SCALING_BASE,
               "floor": {k: summary["floor"][k] for k in METRICS}, "rows": rows}
-    return report, ok
+    return report
 
 
 def build_parser() -> rt.OneLineParser:
@@ -574,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
             rt.emit(report, args.json, plan.accuracy_summary, STATUS_EXIT[report["status"]])
         return STATUS_EXIT[report["status"]]
     with rt.private_workdir():  # children inherit it: TPO's replay buffer never lands in the caller's
-        report, _ = (run_scaling if args.scaling else run_bench)(args, env)
+        report = (run_scaling if args.scaling else run_bench)(args, env)
     report["argv"] = rerun
     if args.markdown:
         sys.stdout.write(scaling_markdown(report))

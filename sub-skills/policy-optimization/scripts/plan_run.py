@@ -400,10 +400,12 @@ def build_trainer(resolved: dict[str, Any], device_kwargs: dict[str, Any], devic
             palm = meta_module(palm) if meta else palm.to(device)
             reward_model = RewardModel(palm, **resolved["reward_model"])
             reward_model = reward_model if meta else reward_model.to(device)
-            with rt.capture_library_output():
-                trainer = cls(palm=palm, reward_model=reward_model, prompt_token_ids=ids if meta else ids.to(device),
-                              accelerate_kwargs={**device_kwargs, "device_placement": False} if meta
-                              else device_kwargs, **resolved["trainer"])
+            # the smoke's constructor call: output captured, the prompt ids (a buffer Accelerate
+            # does not prepare) moved to the device afterwards (meta ids stay on meta)
+            trainer = smoke.construct_trainer(TRAINERS[resolved["name"]], palm, reward_model,
+                                              {"prompt_token_ids": ids},
+                                              {**device_kwargs, "device_placement": False} if meta else device_kwargs,
+                                              "meta" if meta else device, **resolved["trainer"])
     except Exception as exc:  # noqa: BLE001 - sorted below: the process's memory, or the library's refusal
         if rt.out_of_memory(exc):
             raise rt.SkillError(f"building at the real size ran out of memory: {rt.one_line(exc)}: the run "
@@ -412,8 +414,6 @@ def build_trainer(resolved: dict[str, Any], device_kwargs: dict[str, Any], devic
             raise
         raise rt.SkillError(f"config: the installed {cls.__module__}.{cls.__name__} refused it: "
                             f"{rt.one_line(exc)}") from None
-    if not meta:  # the trainer registers the prompt ids as its own buffer, not prepared by Accelerate
-        trainer.prompt_token_ids = trainer.prompt_token_ids.to(device)
     return trainer
 
 
@@ -477,6 +477,18 @@ def parameter_report(trainer) -> dict[str, Any]:
 
 # --- measuring (torch) -------------------------------------------------------------------------
 
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size, bytes: VmHWM of /proc/self/status (Linux; reset by
+    ``MemoryMeter.start``), else ru_maxrss (KiB on Linux, bytes on macOS: getrusage(2))."""
+    try:
+        status = Path("/proc/self/status").read_text()
+        return int(next(l for l in status.splitlines() if l.startswith("VmHWM:")).split()[1]) * 1024
+    except (OSError, StopIteration):
+        import resource
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024
+
+
 class MemoryMeter:
     """Process memory: resident set size now and its peak since ``start()``.
 
@@ -512,13 +524,7 @@ class MemoryMeter:
         return self.rss()
 
     def peak(self) -> int:
-        try:
-            status = Path("/proc/self/status").read_text()
-            return int(next(l for l in status.splitlines() if l.startswith("VmHWM:")).split()[1]) * 1024
-        except (OSError, StopIteration):
-            import resource
-            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-            return peak if sys.platform == "darwin" else peak * 1024
+        return peak_rss_bytes()
 
     def device_now(self) -> int:
         import torch
@@ -613,6 +619,33 @@ class Probe:
             del trainer.learn
             trainer.prompt_token_ids, trainer.num_prompts = saved
 
+    # stages 3a and 3b share: rollouts measured from a memory mark, then the real learn() timed ------
+    def rollouts_start(self, out: dict[str, Any]) -> None:
+        """Reset the memory peaks before the rollouts; ``out`` keeps the RSS and device bytes now."""
+        out["rss_before"], out["device_before"] = self.meter.start(), self.meter.device_now()
+
+    def rollouts_done(self, out: dict[str, Any], stored) -> None:
+        """In the learn() hook: ``out`` gets the rollouts' peak bytes above ``rollouts_start``'s mark
+        and what they stored (``stored_sizes``)."""
+        out["rollout_peak_bytes"] = self.meter.peak() - out["rss_before"]
+        out["rollout_device_peak_bytes"] = self.meter.device_peak() - out["device_before"]
+        out["stored"] = stored_sizes(stored)
+
+    def timed_learn(self, stored, sizes: dict[str, Any], count: int) -> dict[str, Any] | None:
+        """The installed ``learn()`` on the first ``count`` experiences of ``stored`` (a TPO buffer:
+        on all of it; ``sizes`` is its ``stored_sizes``): ``{items, seconds, peak_bytes,
+        device_peak_bytes}``, bytes above the memory before it; None when the deadline stopped it."""
+        items = stored if sizes["buffer"] else deque(list(stored)[:count])
+        rss0, dev0 = self.meter.start(), self.meter.device_now()
+        t0 = now(self.device)
+        try:
+            with rt.capture_library_output():
+                type(self.trainer).learn(self.trainer, items)  # the method, not train_once's stand-in
+        except ProbeTimeout:
+            return None
+        return {"items": sizes["items"] if sizes["buffer"] else len(items), "seconds": now(self.device) - t0,
+                "peak_bytes": self.meter.peak() - rss0, "device_peak_bytes": self.meter.device_peak() - dev0}
+
     # stage 1: what one rollout stores, at tiny lengths ---------------------------------------
     def stored_fields(self) -> dict[str, Any]:
         """Three rollouts of one prompt of the real padded width: 1 token with max_seq_len 2 and 3,
@@ -676,29 +709,19 @@ class Probe:
         intervals are the times between the reward model's calls (one per rollout)."""
         stamps: list[float] = []
         hook = self.reward.register_forward_hook(lambda *_: stamps.append(now(self.device)))
-        real_learn = type(self.trainer).learn.__get__(self.trainer)
         out: dict[str, Any] = {"rollouts": rollouts, "learn": []}
 
         def on_learn(stored):
-            out["rollout_peak_bytes"] = self.meter.peak() - out["rss_before"]
-            out["rollout_device_peak_bytes"] = self.meter.device_peak() - out["device_before"]
-            out.update(stored=stored_sizes(stored))
-            items = stored if out["stored"]["buffer"] else deque(list(stored)[:learn_items])
+            self.rollouts_done(out, stored)
             for _ in range(2 if learn else 0):
                 if out["learn"] and out["learn"][0]["seconds"] * 1.5 > self.remaining():
                     break
-                rss0, dev0 = self.meter.start(), self.meter.device_now()
-                t0 = now(self.device)
-                try:
-                    with rt.capture_library_output():
-                        real_learn(items)
-                except ProbeTimeout:
+                timed = self.timed_learn(stored, out["stored"], learn_items)
+                if timed is None:
                     break
-                out["learn"].append({"items": len(items) if not out["stored"]["buffer"] else out["stored"]["items"],
-                                     "seconds": now(self.device) - t0, "peak_bytes": self.meter.peak() - rss0,
-                                     "device_peak_bytes": self.meter.device_peak() - dev0})
+                out["learn"].append(timed)
 
-        out["rss_before"], out["device_before"] = self.meter.start(), self.meter.device_now()
+        self.rollouts_start(out)
         t0 = now(self.device)
         try:
             self.train_once(rollouts, self.max_seq_len, on_learn)
@@ -718,32 +741,22 @@ class Probe:
         import torch
         length = self.max_seq_len
         prompt = torch.randint(1, self.palm.num_tokens, (1, max(1, length - 1)), device=self.device)
-        real_learn = type(self.trainer).learn.__get__(self.trainer)
         out: dict[str, Any] = {"learn": []}
 
         def on_learn(stored):
             out["seconds"] = now(self.device) - t0
-            out["rollout_peak_bytes"] = self.meter.peak() - out["rss_before"]
-            out["rollout_device_peak_bytes"] = self.meter.device_peak() - out["device_before"]
-            out["stored"] = stored_sizes(stored)
+            self.rollouts_done(out, stored)
             # learn() on one experience costs about 3x this step (forward and backward of the actor,
             # for PPO the critic too, over full-length sequences); the deadline hook cannot stop it
             # between the critic's forward and the optimizer steps, so it runs only when it fits
             if not learn_ok or self.remaining() < 3 * out["seconds"]:
                 out["learn_skipped"] = "memory" if not learn_ok else "budget"
                 return
-            items = stored if out["stored"]["buffer"] else deque(list(stored)[:1])
-            rss0, dev0 = self.meter.start(), self.meter.device_now()
-            t1 = now(self.device)
-            try:
-                with rt.capture_library_output():
-                    real_learn(items)
-            except ProbeTimeout:
-                return
-            out["learn"].append({"items": 1, "seconds": now(self.device) - t1, "peak_bytes": self.meter.peak() - rss0,
-                                 "device_peak_bytes": self.meter.device_peak() - dev0})
+            timed = self.timed_learn(stored, out["stored"], 1)
+            if timed is not None:
+                out["learn"].append(timed)
 
-        out["rss_before"], out["device_before"] = self.meter.start(), self.meter.device_now()
+        self.rollouts_start(out)
         t0 = now(self.device)
         try:
             self.train_once(1, length, on_learn, prompt)
@@ -1251,7 +1264,6 @@ def execute(args, resolved: dict[str, Any], device_kwargs: dict[str, Any], devic
             progress: rt.Progress) -> dict[str, Any]:
     """Build exactly as the probe does and run ``train(**[train])`` in full (library defaults where
     [train] is silent). Reports the learn() calls seen, seconds, and the process's peak RSS (MiB)."""
-    import resource
     from accelerate.utils import set_seed
 
     set_seed(args.seed)
@@ -1270,12 +1282,11 @@ def execute(args, resolved: dict[str, Any], device_kwargs: dict[str, Any], devic
     except Exception as exc:  # the library's failure is this run's finding, not a crash
         error = rt.one_line(exc)
     train_s = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     report = {"status": "ok" if error is None else "failed", "error": error, "trainer": resolved["name"],
               "device": str(device), "learn_calls": len(calls), "items_per_learn": calls,
               "seconds": {"startup": round(startup_s, 3), "construct": round(construct_s, 3),
                           "train": round(train_s, 3), "total": round(process_seconds(), 3)},
-              "peak_rss_mib": round((peak if sys.platform == "darwin" else peak * 1024) / MIB, 1)}
+              "peak_rss_mib": round(peak_rss_bytes() / MIB, 1)}
     if device.type == "cuda":
         import torch
         report["device_peak_mib"] = round(torch.cuda.max_memory_allocated(device) / MIB, 1)
@@ -1331,9 +1342,11 @@ def accuracy(bench, args, env: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     with the predicted number of learn() calls and both median errors are within TARGETS. The
     1-minute load average is read around each pair: the machine is shared, and a pair whose load
     changed measures the machine as much as the plan. A row whose only miss is the wall error is
-    inconclusive, not failed, when its load reached the CPU count or some of its pairs were
-    within the target (``verdict``); the report's status is then inconclusive."""
+    inconclusive, not failed, when the bench's ``busy_reason`` (the rule its wall-time budgets use)
+    says the run cannot judge it: its load reached the CPU count or some of its pairs were within
+    the target (``verdict``, ``inconclusive_reason``); the report's status is then inconclusive."""
     import statistics
+    machine = bench.machine()
     names = args.plan_config or list(ACCURACY_CONFIGS)
     pairs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     progress = getattr(args, "progress_bars", None) or rt.Progress("bench-smoke", False)
@@ -1357,16 +1370,19 @@ def accuracy(bench, args, env: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         complete = all(run["run_status"] == "ok" and run["observed_learn_calls"] == run["learn_calls"] for run in runs)
         row["ok"] = complete and all(abs(row[key]) <= limit for key, limit in TARGETS.items())
         only_wall = complete and abs(row["peak_error"]) <= TARGETS["peak_error"]
-        busy = (max(row["load_average"]) >= bench.machine()["cpu_count"]
-                or any(abs(e) <= TARGETS["wall_error"] for e in row["wall_errors"]))
+        sizes = [abs(e) for e in row["wall_errors"]]
+        busy = bench.busy_reason({"max": max(row["load_average"]), "cpus": machine["cpu_count"]},
+                                 {"min": min(sizes), "max": max(sizes)}, None, TARGETS["wall_error"])
         row["verdict"] = "pass" if row["ok"] else "inconclusive" if only_wall and busy else "fail"
+        if row["verdict"] == "inconclusive":
+            row["inconclusive_reason"] = busy
         rows.append(row)
     ok = all(row["ok"] for row in rows)
     verdicts = {row["verdict"] for row in rows}
     status = "failed" if "fail" in verdicts else "inconclusive" if "inconclusive" in verdicts else "ok"
     report = {"kind": "plan-accuracy", "status": status, "device": args.device,
               "repeat": args.repeat, "targets": TARGETS, "date": time.strftime("%Y-%m-%d", time.gmtime()),
-              "machine": bench.machine(), "versions": env["versions"], "warnings": env["warnings"], "rows": rows}
+              "machine": machine, "versions": env["versions"], "warnings": env["warnings"], "rows": rows}
     return report, ok
 
 

@@ -95,5 +95,4 @@ def token_fraction(target_ids: Iterable[int]) -> Score:
         hits = torch.isin(x, torch.tensor(targets, device=x.device)) & response
         return hits.sum(dim=1).float() / response.sum(dim=1).clamp(min=1).float()
 
-    score.target_ids = targets  # for reports
     return score
