@@ -160,6 +160,10 @@ def launcher_world(environ: dict[str, str] | None = None) -> World | None:
 
 def check_options(args, world: World | None) -> None:
     """Usage errors of the multi-process options, before torch is imported (SkillError, exit 2)."""
+    if (world is not None or args.nproc is not None) and args.device not in ("auto", "cpu", "cuda"):
+        where = "with --nproc" if world is None else f"under {world.launcher}"
+        raise rt.SkillError(f"--device {args.device} {where}: use auto, cpu or cuda (each rank uses the GPU "
+                            "of its local rank, cuda:LOCAL_RANK)")
     if world is None:
         if args.no_ddp_fixes and args.nproc is None:
             raise rt.SkillError("--no-ddp-fixes applies to --nproc runs or to the ranks a launcher started")
@@ -170,6 +174,25 @@ def check_options(args, world: World | None) -> None:
                             "processes: drop --nproc under a launcher")
 
 
+def ddp_uses_cpu(spec: str, gpus: int, where: str) -> bool:
+    """Whether the ranks run on the CPU: ``--device cpu``, ACCELERATE_USE_CPU (Accelerate's own
+    switch, which every rank reads), or auto without CUDA; else each rank needs its own GPU (NCCL
+    refuses two ranks on one device). ``spec`` is auto, cpu or cuda (``check_options``); ``gpus`` the
+    GPUs this process needs visible: --nproc's N, or a rank's LOCAL_RANK + 1; ``where`` names the
+    mode for the error. Raises SkillError (exit 2) when fewer GPUs are visible."""
+    import torch
+    if spec == "cpu" or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
+        return True
+    if spec == "auto" and not torch.cuda.is_available():
+        return True
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count < gpus:
+        raise rt.SkillError(f"--device {spec} {where} needs {gpus} visible CUDA devices, found {count}: one "
+                            "process per GPU; " + (f"start at most {count} ranks on this machine, or " if count else "")
+                            + "use --device cpu")
+    return False
+
+
 # the --nproc shortcut -----------------------------------------------------------------------------
 
 def free_port() -> int:
@@ -177,23 +200,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def launch_device(spec: str, nproc: int) -> str:
-    """'cpu' or 'cuda' for the workers; SkillError(2) when CUDA is asked for and cannot serve N ranks.
-
-    One process per GPU (NCCL refuses two ranks on one device): N must not exceed the visible GPUs.
-    """
-    import torch
-    if spec not in ("auto", "cpu", "cuda"):
-        raise rt.SkillError(f"--device {spec} with --nproc: use auto, cpu or cuda (rank r uses cuda:r)")
-    if spec == "cpu" or (spec == "auto" and not torch.cuda.is_available()):
-        return "cpu"
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if count < nproc:
-        raise rt.SkillError(f"--device {spec} --nproc {nproc} needs {nproc} visible CUDA devices, found "
-                            f"{count}: one process per GPU; use --nproc {max(count, 1)} or --device cpu")
-    return "cuda"
 
 
 usable_cpus = rt.usable_cpus  # one reader of the affinity mask, shared with the bench
@@ -339,7 +345,7 @@ def launch(smoke, args, argv: list[str], env_info: dict[str, Any], progress: rt.
     Raises SkillError (exit 2) for CUDA that cannot serve N ranks and, without ``--oversubscribe``,
     N above the usable CPU cores or a predicted memory above the available memory."""
     timer = rt.Timer()
-    device = launch_device(args.device, args.nproc)
+    device = "cpu" if ddp_uses_cpu(args.device, args.nproc, f"--nproc {args.nproc}") else "cuda"
     resources = check_resources(args.nproc, device, smoke.palm_config(args), args.oversubscribe)
     port = free_port()
     caller = os.getcwd()
@@ -592,25 +598,6 @@ def merge(name: str, per_rank: list[dict[str, Any]], sync: dict[str, Any], state
     return result
 
 
-def rank_uses_cpu(spec: str, world: World) -> bool:
-    """Whether this rank runs on the CPU: --device cpu, ACCELERATE_USE_CPU, or auto without CUDA.
-    SkillError (exit 2) for cuda:N (rank r uses its LOCAL_RANK's GPU) or too few visible GPUs."""
-    import torch
-    if spec not in ("auto", "cpu", "cuda"):
-        raise rt.SkillError(f"--device {spec} under {world.launcher}: use auto, cpu or cuda "
-                            "(each rank uses the GPU of its LOCAL_RANK)")
-    if spec == "cpu" or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
-        return True
-    if not torch.cuda.is_available():
-        if spec == "cuda":
-            raise rt.SkillError(f"--device cuda under {world.launcher}, but CUDA is not available to torch")
-        return True
-    if world.local_rank >= torch.cuda.device_count():
-        raise rt.SkillError(f"local rank {world.local_rank} needs GPU {world.local_rank}, "
-                            f"{torch.cuda.device_count()} visible: one process per GPU")
-    return False
-
-
 @contextlib.contextmanager
 def node_workdir(state, world: World):
     """chdir into one private temporary directory per node, shared by the ranks of that node (as a
@@ -654,7 +641,7 @@ def run_rank(smoke, args, env_info: dict[str, Any], world: World) -> int:
 
     fixes = rt.load_by_path("ddp_fixes", HERE / "ddp_fixes.py")
     variants = smoke.parse_variants(args.grpo_variant)
-    cpu = rank_uses_cpu(args.device, world)
+    cpu = ddp_uses_cpu(args.device, world.local_rank + 1, f"under {world.launcher} (local rank {world.local_rank})")
     try:
         with contextlib.redirect_stdout(sys.stderr):
             state = PartialState(cpu=cpu, timeout=timedelta(seconds=args.dist_timeout))
