@@ -964,7 +964,7 @@ def test_nproc_resources_refused_unless_oversubscribe(smoke, monkeypatch):
     launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
     rt = sys.modules["skill_runtime"]
     config = smoke.palm_config(smoke.build_parser().parse_args([]))
-    cpus = launch.usable_cpus()
+    cpus = launch.rt.usable_cpus()
     with pytest.raises(rt.SkillError, match=rf"--nproc {cpus + 1} on {cpus} usable CPU cores: .* --oversubscribe"):
         launch.check_resources(cpus + 1, "cpu", config, oversubscribe=False)
     launch.check_resources(cpus + 1, "cuda", config, oversubscribe=False)  # GPUs: counted by ddp_uses_cpu
@@ -994,7 +994,7 @@ def test_single_process_sizes_beyond_memory_are_refused_before_building(empty_di
 
 def test_nproc_above_cpu_cores_is_exit_2_one_line(empty_dir):
     launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
-    cpus = launch.usable_cpus()
+    cpus = launch.rt.usable_cpus()
     if cpus >= launch.MAX_NPROC:
         pytest.skip(f"{cpus} CPUs: --nproc cannot exceed them")
     proc = run([sys.executable, str(SMOKE), "--nproc", str(cpus + 1), "--device", "cpu"], empty_dir)

@@ -202,9 +202,6 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-usable_cpus = rt.usable_cpus  # one reader of the affinity mask, shared with the bench
-
-
 def palm_weights(config: dict[str, int]) -> int:
     """Number of weights of ``PaLM(**config)`` for the smoke's config keys (num_tokens, dim, depth,
     heads, dim_head; palm.py defaults ff_mult=4, qk_rmsnorm=False): the token embedding (tied with
@@ -227,7 +224,7 @@ def check_resources(nproc: int | None, device: str, palm_config: dict[str, int],
     """Refuse (SkillError, exit 2) N CPU ranks on fewer usable cores, or N ranks whose predicted memory
     (``predicted_rank_mib`` each) exceeds MemAvailable, unless ``oversubscribe``; ``nproc`` None is
     the single-process smoke (its memory only). Returns what was compared (for the report)."""
-    cpus, available = usable_cpus(), rt.available_memory_mib()
+    cpus, available = rt.usable_cpus(), rt.available_memory_mib()
     predicted = (nproc or 1) * predicted_rank_mib(palm_config)
     facts = {"usable_cpus": cpus, "predicted_mib": predicted, "available_mib": available,
              "oversubscribe": oversubscribe}
