@@ -137,25 +137,22 @@ def launcher_world(environ: dict[str, str] | None = None) -> World | None:
         rank, size = _env_int(environ, "SLURM_PROCID"), _env_int(environ, "SLURM_NTASKS")
         local_rank = _env_int(environ, "SLURM_LOCALID", 0)
         node = environ.get("SLURM_NODEID", socket.gethostname())
-        missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not environ.get(name)]
-        if missing:
-            raise rt.SkillError(f"srun started this smoke as task {rank} of {size}, but {' and '.join(missing)} "
-                                f"{'is' if len(missing) == 1 else 'are'} not set: export MASTER_ADDR (the first "
-                                "node's host name) and MASTER_PORT (a free port) in the batch script before srun "
-                                "(see distributed.md)")
-        environ.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(local_rank))
     else:
         return None
     if not 0 <= rank < size or local_rank < 0:
         raise rt.SkillError(f"launcher variables out of range: rank {rank}, world size {size}, local rank {local_rank}")
     missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not environ.get(name)]
     if missing:  # torch's env:// rendezvous reads both; torchrun and accelerate launch always set them
-        raise rt.SkillError(f"rank {rank} of {size} ({launcher}): {' and '.join(missing)} "
-                            f"{'is' if len(missing) == 1 else 'are'} not set: export "
-                            "MASTER_ADDR (rank 0's host name) and MASTER_PORT (a free port), or start the ranks "
-                            "with torchrun (see distributed.md)")
-    master = f"{environ.get('MASTER_ADDR', '?')}:{environ.get('MASTER_PORT', '?')}"
-    return World(launcher, rank, size, local_rank, str(node), master)
+        unset = f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set: export"
+        raise rt.SkillError(
+            f"srun started this smoke as task {rank} of {size}, but {unset} MASTER_ADDR (the first node's host "
+            "name) and MASTER_PORT (a free port) in the batch script before srun (see distributed.md)"
+            if launcher == "srun" else
+            f"rank {rank} of {size} ({launcher}): {unset} MASTER_ADDR (rank 0's host name) and MASTER_PORT "
+            "(a free port), or start the ranks with torchrun (see distributed.md)")
+    if launcher == "srun":  # what torch's env:// rendezvous and Accelerate read
+        environ.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(local_rank))
+    return World(launcher, rank, size, local_rank, str(node), f"{environ['MASTER_ADDR']}:{environ['MASTER_PORT']}")
 
 
 def check_options(args, world: World | None) -> None:
