@@ -593,10 +593,10 @@ def merge(name: str, per_rank: list[dict[str, Any]], sync: dict[str, Any], state
 
 
 @contextlib.contextmanager
-def node_workdir(state, world: World):
+def node_workdir(state, world: World, keys: list[str]):
     """chdir into one private temporary directory per node, shared by the ranks of that node (as a
-    training script's working directory is), and remove it once every rank is done with it."""
-    keys = gather(world.node)
+    training script's working directory is), and remove it once every rank is done with it.
+    ``keys``: every rank's ``world.node``, gathered."""
     leader = keys.index(world.node) == state.process_index  # the node's lowest rank creates it
     paths = gather(tempfile.mkdtemp(prefix="palm-rlhf-skill-") if leader else None)
     folder = paths[keys.index(world.node)]
@@ -655,7 +655,8 @@ def run_rank(smoke, args, env_info: dict[str, Any], world: World) -> int:
     caller_before = rt.watch_directory(caller)
     results = {}
     # library and Accelerate prints go to stderr: stdout carries rank 0's report only
-    with contextlib.redirect_stdout(sys.stderr), node_workdir(state, world), \
+    nodes = gather(world.node)  # each rank's node: the node's working directory, the report's node count
+    with contextlib.redirect_stdout(sys.stderr), node_workdir(state, world, nodes), \
             rt.torch_threads(args.cpu_threads) as threads:
         args.caller_dir = caller
         if not args.no_ddp_fixes:  # where fix_tpo puts this rank's replay buffer
@@ -689,7 +690,7 @@ def run_rank(smoke, args, env_info: dict[str, Any], world: World) -> int:
     report.update(nproc=state.num_processes, distributed_type=str(state.distributed_type).split(".")[-1],
                   versions=env_info["versions"], tested=env_info["tested"], warnings=env_info["warnings"])
     report["launcher"] = {"name": world.launcher, "world_size": world.size, "master": world.master,
-                          "nodes": len(set(gather(world.node))), "ddp_fixes": not args.no_ddp_fixes,
+                          "nodes": len(set(nodes)), "ddp_fixes": not args.no_ddp_fixes,
                           "accelerate_use_cpu": cpu}
     report["timings_s"].setdefault("import", None)  # each rank imported torch before its world existed
     if stream is not None:
