@@ -373,7 +373,7 @@ def launch(smoke, args, argv: list[str], env_info: dict[str, Any], progress: rt.
     tail = (out + err)[-2000:]
     if report is None:  # no rank 0 report (crash, timeout, launcher error)
         report = {"status": "failed", "mode": smoke.mode_name(args), "trainer": args.trainer, "device": device,
-                  "seed": args.seed, "results": {}, "checks": [], "timings_s": {}}
+                  "seed": args.seed, "results": {}, "checks": [], "timings_s": {"import": None}}
         report["checks"].append({"name": "workers_finished", "passed": False,
                                  "detail": f"launcher exit {returncode}, no report; {workers_errors(out + err)} "
                                            "(more in launcher.output_tail)"})
@@ -394,9 +394,7 @@ def launch(smoke, args, argv: list[str], env_info: dict[str, Any], progress: rt.
                           "resources": resources}
     if not ok:
         report["launcher"]["output_tail"] = tail
-    report.setdefault("timings_s", {})
     report["timings_s"].update(launch=timer.stages["launch"], total=timer.total())
-    report["timings_s"].setdefault("import", None)
     return rt.emit(report, args.json, smoke.summary, rt.EXIT_OK if ok else rt.EXIT_CHECK_FAILED)
 
 
