@@ -941,6 +941,9 @@ def test_launcher_world_from_environment(env, expected):
     (["--trainer", "grpo"], {"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "9"},  # not a --dist-timeout wait
      "rank 0 of 2 (env): MASTER_ADDR is not set: export MASTER_ADDR (rank 0's host name) and MASTER_PORT"),
     (["--trainer", "grpo"], {"RANK": "two", "WORLD_SIZE": "2"}, "RANK='two' from the launcher is not an integer"),
+    (["--device", "cuda:1"], {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "9"},
+     "--device cuda:1 under env: use auto, cpu or cuda"),
+    (["--nproc", "2", "--device", "cuda:1"], {}, "--device cuda:1 with --nproc: use auto, cpu or cuda"),
 ])
 def test_launcher_usage_errors_exit_2_one_line_without_torch(empty_dir, monkeypatch, argv, env, message):
     from conftest import usage_error_without_torch
@@ -961,10 +964,10 @@ def test_nproc_resources_refused_unless_oversubscribe(smoke, monkeypatch):
     launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
     rt = sys.modules["skill_runtime"]
     config = smoke.palm_config(smoke.build_parser().parse_args([]))
-    cpus = launch.usable_cpus()
+    cpus = launch.rt.usable_cpus()
     with pytest.raises(rt.SkillError, match=rf"--nproc {cpus + 1} on {cpus} usable CPU cores: .* --oversubscribe"):
         launch.check_resources(cpus + 1, "cpu", config, oversubscribe=False)
-    launch.check_resources(cpus + 1, "cuda", config, oversubscribe=False)  # GPUs: counted by launch_device
+    launch.check_resources(cpus + 1, "cuda", config, oversubscribe=False)  # GPUs: counted by ddp_uses_cpu
     monkeypatch.setattr(rt, "available_memory_mib", lambda: 500)
     with pytest.raises(rt.SkillError, match=r"--nproc 2 needs about \d+ MiB .* 500 MiB available"):
         launch.check_resources(2, "cpu", config, oversubscribe=False)
@@ -991,7 +994,7 @@ def test_single_process_sizes_beyond_memory_are_refused_before_building(empty_di
 
 def test_nproc_above_cpu_cores_is_exit_2_one_line(empty_dir):
     launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
-    cpus = launch.usable_cpus()
+    cpus = launch.rt.usable_cpus()
     if cpus >= launch.MAX_NPROC:
         pytest.skip(f"{cpus} CPUs: --nproc cannot exceed them")
     proc = run([sys.executable, str(SMOKE), "--nproc", str(cpus + 1), "--device", "cpu"], empty_dir)

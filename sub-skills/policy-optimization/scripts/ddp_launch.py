@@ -137,29 +137,30 @@ def launcher_world(environ: dict[str, str] | None = None) -> World | None:
         rank, size = _env_int(environ, "SLURM_PROCID"), _env_int(environ, "SLURM_NTASKS")
         local_rank = _env_int(environ, "SLURM_LOCALID", 0)
         node = environ.get("SLURM_NODEID", socket.gethostname())
-        missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not environ.get(name)]
-        if missing:
-            raise rt.SkillError(f"srun started this smoke as task {rank} of {size}, but {' and '.join(missing)} "
-                                f"{'is' if len(missing) == 1 else 'are'} not set: export MASTER_ADDR (the first "
-                                "node's host name) and MASTER_PORT (a free port) in the batch script before srun "
-                                "(see distributed.md)")
-        environ.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(local_rank))
     else:
         return None
     if not 0 <= rank < size or local_rank < 0:
         raise rt.SkillError(f"launcher variables out of range: rank {rank}, world size {size}, local rank {local_rank}")
     missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not environ.get(name)]
     if missing:  # torch's env:// rendezvous reads both; torchrun and accelerate launch always set them
-        raise rt.SkillError(f"rank {rank} of {size} ({launcher}): {' and '.join(missing)} "
-                            f"{'is' if len(missing) == 1 else 'are'} not set: export "
-                            "MASTER_ADDR (rank 0's host name) and MASTER_PORT (a free port), or start the ranks "
-                            "with torchrun (see distributed.md)")
-    master = f"{environ.get('MASTER_ADDR', '?')}:{environ.get('MASTER_PORT', '?')}"
-    return World(launcher, rank, size, local_rank, str(node), master)
+        unset = f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set: export"
+        raise rt.SkillError(
+            f"srun started this smoke as task {rank} of {size}, but {unset} MASTER_ADDR (the first node's host "
+            "name) and MASTER_PORT (a free port) in the batch script before srun (see distributed.md)"
+            if launcher == "srun" else
+            f"rank {rank} of {size} ({launcher}): {unset} MASTER_ADDR (rank 0's host name) and MASTER_PORT "
+            "(a free port), or start the ranks with torchrun (see distributed.md)")
+    if launcher == "srun":  # what torch's env:// rendezvous and Accelerate read
+        environ.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(local_rank))
+    return World(launcher, rank, size, local_rank, str(node), f"{environ['MASTER_ADDR']}:{environ['MASTER_PORT']}")
 
 
 def check_options(args, world: World | None) -> None:
     """Usage errors of the multi-process options, before torch is imported (SkillError, exit 2)."""
+    if (world is not None or args.nproc is not None) and args.device not in ("auto", "cpu", "cuda"):
+        where = "with --nproc" if world is None else f"under {world.launcher}"
+        raise rt.SkillError(f"--device {args.device} {where}: use auto, cpu or cuda (each rank uses the GPU "
+                            "of its local rank, cuda:LOCAL_RANK)")
     if world is None:
         if args.no_ddp_fixes and args.nproc is None:
             raise rt.SkillError("--no-ddp-fixes applies to --nproc runs or to the ranks a launcher started")
@@ -170,6 +171,25 @@ def check_options(args, world: World | None) -> None:
                             "processes: drop --nproc under a launcher")
 
 
+def ddp_uses_cpu(spec: str, gpus: int, where: str) -> bool:
+    """Whether the ranks run on the CPU: ``--device cpu``, ACCELERATE_USE_CPU (Accelerate's own
+    switch, which every rank reads), or auto without CUDA; else each rank needs its own GPU (NCCL
+    refuses two ranks on one device). ``spec`` is auto, cpu or cuda (``check_options``); ``gpus`` the
+    GPUs this process needs visible: --nproc's N, or a rank's LOCAL_RANK + 1; ``where`` names the
+    mode for the error. Raises SkillError (exit 2) when fewer GPUs are visible."""
+    import torch
+    if spec == "cpu" or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
+        return True
+    if spec == "auto" and not torch.cuda.is_available():
+        return True
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count < gpus:
+        raise rt.SkillError(f"--device {spec} {where} needs {gpus} visible CUDA devices, found {count}: one "
+                            "process per GPU; " + (f"start at most {count} ranks on this machine, or " if count else "")
+                            + "use --device cpu")
+    return False
+
+
 # the --nproc shortcut -----------------------------------------------------------------------------
 
 def free_port() -> int:
@@ -177,26 +197,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def launch_device(spec: str, nproc: int) -> str:
-    """'cpu' or 'cuda' for the workers; SkillError(2) when CUDA is asked for and cannot serve N ranks.
-
-    One process per GPU (NCCL refuses two ranks on one device): N must not exceed the visible GPUs.
-    """
-    import torch
-    if spec not in ("auto", "cpu", "cuda"):
-        raise rt.SkillError(f"--device {spec} with --nproc: use auto, cpu or cuda (rank r uses cuda:r)")
-    if spec == "cpu" or (spec == "auto" and not torch.cuda.is_available()):
-        return "cpu"
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if count < nproc:
-        raise rt.SkillError(f"--device {spec} --nproc {nproc} needs {nproc} visible CUDA devices, found "
-                            f"{count}: one process per GPU; use --nproc {max(count, 1)} or --device cpu")
-    return "cuda"
-
-
-usable_cpus = rt.usable_cpus  # one reader of the affinity mask, shared with the bench
 
 
 def palm_weights(config: dict[str, int]) -> int:
@@ -221,7 +221,7 @@ def check_resources(nproc: int | None, device: str, palm_config: dict[str, int],
     """Refuse (SkillError, exit 2) N CPU ranks on fewer usable cores, or N ranks whose predicted memory
     (``predicted_rank_mib`` each) exceeds MemAvailable, unless ``oversubscribe``; ``nproc`` None is
     the single-process smoke (its memory only). Returns what was compared (for the report)."""
-    cpus, available = usable_cpus(), rt.available_memory_mib()
+    cpus, available = rt.usable_cpus(), rt.available_memory_mib()
     predicted = (nproc or 1) * predicted_rank_mib(palm_config)
     facts = {"usable_cpus": cpus, "predicted_mib": predicted, "available_mib": available,
              "oversubscribe": oversubscribe}
@@ -339,7 +339,7 @@ def launch(smoke, args, argv: list[str], env_info: dict[str, Any], progress: rt.
     Raises SkillError (exit 2) for CUDA that cannot serve N ranks and, without ``--oversubscribe``,
     N above the usable CPU cores or a predicted memory above the available memory."""
     timer = rt.Timer()
-    device = launch_device(args.device, args.nproc)
+    device = "cpu" if ddp_uses_cpu(args.device, args.nproc, f"--nproc {args.nproc}") else "cuda"
     resources = check_resources(args.nproc, device, smoke.palm_config(args), args.oversubscribe)
     port = free_port()
     caller = os.getcwd()
@@ -373,7 +373,7 @@ def launch(smoke, args, argv: list[str], env_info: dict[str, Any], progress: rt.
     tail = (out + err)[-2000:]
     if report is None:  # no rank 0 report (crash, timeout, launcher error)
         report = {"status": "failed", "mode": smoke.mode_name(args), "trainer": args.trainer, "device": device,
-                  "seed": args.seed, "results": {}, "checks": [], "timings_s": {}}
+                  "seed": args.seed, "results": {}, "checks": [], "timings_s": {"import": None}}
         report["checks"].append({"name": "workers_finished", "passed": False,
                                  "detail": f"launcher exit {returncode}, no report; {workers_errors(out + err)} "
                                            "(more in launcher.output_tail)"})
@@ -394,9 +394,7 @@ def launch(smoke, args, argv: list[str], env_info: dict[str, Any], progress: rt.
                           "resources": resources}
     if not ok:
         report["launcher"]["output_tail"] = tail
-    report.setdefault("timings_s", {})
     report["timings_s"].update(launch=timer.stages["launch"], total=timer.total())
-    report["timings_s"].setdefault("import", None)
     return rt.emit(report, args.json, smoke.summary, rt.EXIT_OK if ok else rt.EXIT_CHECK_FAILED)
 
 
@@ -592,30 +590,11 @@ def merge(name: str, per_rank: list[dict[str, Any]], sync: dict[str, Any], state
     return result
 
 
-def rank_uses_cpu(spec: str, world: World) -> bool:
-    """Whether this rank runs on the CPU: --device cpu, ACCELERATE_USE_CPU, or auto without CUDA.
-    SkillError (exit 2) for cuda:N (rank r uses its LOCAL_RANK's GPU) or too few visible GPUs."""
-    import torch
-    if spec not in ("auto", "cpu", "cuda"):
-        raise rt.SkillError(f"--device {spec} under {world.launcher}: use auto, cpu or cuda "
-                            "(each rank uses the GPU of its LOCAL_RANK)")
-    if spec == "cpu" or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
-        return True
-    if not torch.cuda.is_available():
-        if spec == "cuda":
-            raise rt.SkillError(f"--device cuda under {world.launcher}, but CUDA is not available to torch")
-        return True
-    if world.local_rank >= torch.cuda.device_count():
-        raise rt.SkillError(f"local rank {world.local_rank} needs GPU {world.local_rank}, "
-                            f"{torch.cuda.device_count()} visible: one process per GPU")
-    return False
-
-
 @contextlib.contextmanager
-def node_workdir(state, world: World):
+def node_workdir(state, world: World, keys: list[str]):
     """chdir into one private temporary directory per node, shared by the ranks of that node (as a
-    training script's working directory is), and remove it once every rank is done with it."""
-    keys = gather(world.node)
+    training script's working directory is), and remove it once every rank is done with it.
+    ``keys``: every rank's ``world.node``, gathered."""
     leader = keys.index(world.node) == state.process_index  # the node's lowest rank creates it
     paths = gather(tempfile.mkdtemp(prefix="palm-rlhf-skill-") if leader else None)
     folder = paths[keys.index(world.node)]
@@ -654,7 +633,7 @@ def run_rank(smoke, args, env_info: dict[str, Any], world: World) -> int:
 
     fixes = rt.load_by_path("ddp_fixes", HERE / "ddp_fixes.py")
     variants = smoke.parse_variants(args.grpo_variant)
-    cpu = rank_uses_cpu(args.device, world)
+    cpu = ddp_uses_cpu(args.device, world.local_rank + 1, f"under {world.launcher} (local rank {world.local_rank})")
     try:
         with contextlib.redirect_stdout(sys.stderr):
             state = PartialState(cpu=cpu, timeout=timedelta(seconds=args.dist_timeout))
@@ -674,7 +653,8 @@ def run_rank(smoke, args, env_info: dict[str, Any], world: World) -> int:
     caller_before = rt.watch_directory(caller)
     results = {}
     # library and Accelerate prints go to stderr: stdout carries rank 0's report only
-    with contextlib.redirect_stdout(sys.stderr), node_workdir(state, world), \
+    nodes = gather(world.node)  # each rank's node: the node's working directory, the report's node count
+    with contextlib.redirect_stdout(sys.stderr), node_workdir(state, world, nodes), \
             rt.torch_threads(args.cpu_threads) as threads:
         args.caller_dir = caller
         if not args.no_ddp_fixes:  # where fix_tpo puts this rank's replay buffer
@@ -708,7 +688,7 @@ def run_rank(smoke, args, env_info: dict[str, Any], world: World) -> int:
     report.update(nproc=state.num_processes, distributed_type=str(state.distributed_type).split(".")[-1],
                   versions=env_info["versions"], tested=env_info["tested"], warnings=env_info["warnings"])
     report["launcher"] = {"name": world.launcher, "world_size": world.size, "master": world.master,
-                          "nodes": len(set(gather(world.node))), "ddp_fixes": not args.no_ddp_fixes,
+                          "nodes": len(set(nodes)), "ddp_fixes": not args.no_ddp_fixes,
                           "accelerate_use_cpu": cpu}
     report["timings_s"].setdefault("import", None)  # each rank imported torch before its world existed
     if stream is not None:

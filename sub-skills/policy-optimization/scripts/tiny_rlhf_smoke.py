@@ -898,9 +898,8 @@ def summary(report: dict[str, Any]) -> str:
     lines += [f"warning: {w}" for w in report.get("warnings", [])]
     what = {"learn": "learning check", "train-smoke": "train smoke", "construct-only": "construct-only smoke"}[report["mode"]]
     trainers = "every trainer" if report["trainer"] == "all" else report["trainer"]
-    where = rt.device_words(report["device"]) + (f", {report['nproc']} processes" if report.get("nproc") else "")
-    if isinstance(report.get("launcher"), dict) and report["launcher"].get("nproc"):
-        where = rt.device_words(report["device"]) + f", {report['launcher']['nproc']} processes"
+    nproc = report.get("nproc") or (report.get("launcher") or {}).get("nproc")  # launcher's: no rank reported
+    where = rt.device_words(report["device"]) + (f", {nproc} processes" if nproc else "")
     control = report.get("config", {}).get("control") if report["mode"] == "learn" else None
     if report["status"] == "ok":
         lines.append(f"tiny-rlhf-smoke: OK: the {what} passed for {trainers} on {where} (exit 0)"
