@@ -43,6 +43,13 @@ def inprocess(module, capsys, monkeypatch, cwd, *argv) -> tuple[int, dict]:
     return code, json.loads(capsys.readouterr().out)
 
 
+def one_error_line(err: str) -> str:
+    """The only line of a helper's stderr (an error is one line, never a traceback)."""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
 def usage_error_without_torch(script: Path, argv: list[str], cwd: Path) -> str:
     """Run ``script *argv`` under ``-X importtime``; assert exit 2, one stderr line and no torch
     import; return that line."""

@@ -14,18 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, REPO, SMOKE, inprocess, run, run_json
+from conftest import BIN, REPO, SMOKE, inprocess, one_error_line, run, run_json
 
 
 @pytest.fixture
 def rt(smoke):
     return sys.modules["skill_runtime"]
-
-
-def only_line(err: str) -> str:
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, lines
-    return lines[0]
 
 
 # --- torch outside the tested range: exit 3 as README and --help promise ---------------------------
@@ -36,7 +30,7 @@ def test_torch_outside_tested_range_exits_3_unless_allowed(smoke, rt, monkeypatc
     monkeypatch.setattr(rt, "installed_version", lambda dist: version if dist == "torch" else real(dist))
     monkeypatch.chdir(empty_dir)
     assert rt.run_cli(smoke.main, ["--construct-only", "--device", "cpu"]) == 3
-    line = only_line(capsys.readouterr().err)
+    line = one_error_line(capsys.readouterr().err)
     record = rt.load_api_record()
     assert f"torch {version} is outside the tested range {record['torch_supported']}" in line
     assert "--allow-untested" in line and f"torch=={record['tested_with']['torch']}" in line
@@ -132,7 +126,7 @@ def test_a_shadowing_module_is_named_in_one_line_and_exits_3(empty_dir, shadow):
                 [str(BIN / "palm-rlhf-skill"), "check", "--json"]):  # check too: never compares a shadow
         proc = run(cmd, empty_dir, env={"PYTHONPATH": "."})
         assert proc.returncode == 3 and proc.stdout == "", proc.stderr[-2000:]
-        line = only_line(proc.stderr)
+        line = one_error_line(proc.stderr)
         assert f"{named} shadows the installed {shadow.split('/')[0].removesuffix('.py')} (" in line
     proc, report = run_json([str(BIN / "palm-rlhf-skill"), "doctor", "--json"], empty_dir,
                             env={"PYTHONPATH": "."})
@@ -217,7 +211,7 @@ def test_a_full_disk_under_stdout_is_one_line_and_exit_2(empty_dir, cmd, rt):
         proc = subprocess.run(cmd, cwd=empty_dir, stdout=full, stderr=subprocess.PIPE, text=True, timeout=300,
                               env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "TQDM_DISABLE": "1"})
     assert proc.returncode == rt.EXIT_USAGE, proc.stderr[-2000:]
-    assert "cannot write the report to stdout: OSError: [Errno 28]" in only_line(proc.stderr)
+    assert "cannot write the report to stdout: OSError: [Errno 28]" in one_error_line(proc.stderr)
     assert list(empty_dir.iterdir()) == []
 
 
@@ -228,7 +222,7 @@ def test_a_closed_stdout_is_refused_before_any_work(empty_dir, cmd, rt):
     proc = subprocess.run(cmd, cwd=empty_dir, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                           timeout=300, preexec_fn=lambda: os.close(1))  # the child starts with fd 1 closed (>&-)
     assert proc.returncode == rt.EXIT_USAGE, proc.stderr[-2000:]
-    assert "error: stdout is closed" in only_line(proc.stderr)
+    assert "error: stdout is closed" in one_error_line(proc.stderr)
 
 
 # --- Ctrl-C right after the report: the report's exit code, not 130 ----------------------------------
@@ -279,7 +273,7 @@ def test_a_launcher_variable_that_is_not_an_integer_is_named(empty_dir, variable
     env = {variable: "garbage"}
     proc = run([sys.executable, str(SMOKE), "--construct-only", "--json"], empty_dir, env=env)
     assert proc.returncode == 2 and proc.stdout == "", proc.stderr[-2000:]
-    line = only_line(proc.stderr)
+    line = one_error_line(proc.stderr)
     assert f"Accelerate refuses this environment ({variable}='garbage')" in line, line
     assert "launchers (torchrun, mpirun) set these to integers" in line
     if variable == "LOCAL_RANK":  # doctor's Accelerator() has no cpu=True: Accelerate reads WORLD_SIZE on that path only
@@ -295,7 +289,7 @@ def test_an_accelerate_variable_it_refuses_is_an_environment_error(empty_dir, va
     for argv in (["--construct-only", "--json"], ["--learn", "--learn-seeds", "1", "--trainer", "grpo", "--json"]):
         proc = run([sys.executable, str(SMOKE), *argv], empty_dir, env=env)
         assert proc.returncode == 2 and proc.stdout == "", proc.stderr[-2000:]
-        line = only_line(proc.stderr)
+        line = one_error_line(proc.stderr)
         assert f"Accelerate refuses this environment ({variable}={value!r})" in line and "fix or unset it" in line
     proc = run([str(BIN / "tiny-palm-smoke"), "--steps", "1", "--json"], empty_dir, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]  # it builds no Accelerator: nothing to refuse

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import skills_ref
 
-from conftest import BIN, REPO, run, run_json
+from conftest import BIN, REPO, one_error_line, run, run_json
 from palm_rlhf_skill import install as inst
 from skill_tree import files_with_hashes, repo_skill_files
 from test_trainers import assert_keys_documented
@@ -39,12 +39,6 @@ def project(empty_dir: Path, monkeypatch) -> Path:
 
 def repo_tree() -> dict[str, str]:
     return repo_skill_files()
-
-
-def one_error_line(err: str) -> str:
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, lines
-    return lines[0]
 
 
 def test_skill_name_is_the_root_frontmatter_name():
