@@ -553,19 +553,12 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def available_memory_mib() -> int | None:
-    """MemAvailable from /proc/meminfo in MiB; else free physical pages (os.sysconf); else None."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) // 1024  # kB
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20
-    except (ValueError, OSError, AttributeError):
-        return None
+def available_memory_mib() -> int:
+    """RAM a new allocation can get without swapping, MiB: psutil's ``virtual_memory().available``
+    (MemAvailable of /proc/meminfo on Linux). psutil is a requirement of Accelerate, so it is there
+    wherever the library is; the one reader for doctor, --nproc's resource check and plan."""
+    import psutil
+    return psutil.virtual_memory().available // 2**20
 
 
 PAD_ID = 0  # the library's pad id: PaLM's cross_entropy_ignore_index and the trainers' pad_value
@@ -957,10 +950,16 @@ def device_words(device: Any) -> str:
 
 
 def seconds_text(seconds: float) -> str:
-    """``4.4 s``, ``2.5 min``, ``1.2 h``."""
+    """``0.042 s``, ``4.4 s``, ``2.5 min``, ``1.2 h``, ``4,572,460 days`` (plan's runs too long to run)."""
+    if seconds < 1:
+        return f"{seconds:.3f} s"
     if seconds < 120:
         return f"{seconds:.1f} s"
-    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:,.0f} days"
 
 
 def timings_line(timings: dict[str, float | None]) -> str:

@@ -351,14 +351,12 @@ def resources_checks() -> tuple[dict[str, Any], list[dict[str, str]]]:
     """Available memory and free disk in the working and the temporary directory, in MiB, and
     whether each is writable. A short or read-only working directory is its own fix: TPO's train()
     writes ``./tpo_memmap_replay_buffer`` there (palm_rlhf_pytorch/tpo.py), whatever TMPDIR says."""
-    memory = rt.available_memory_mib()  # one reader of MemAvailable, shared with --nproc
+    memory = rt.available_memory_mib()  # one reader, shared with --nproc and plan
     places = {"cwd": os.getcwd(), "tmp": tempfile.gettempdir()}
     disk = {key: {"path": path, "free_mib": _mib(shutil.disk_usage(path).free)} for key, path in places.items()}
     info = {"memory_available_mib": memory, "min_memory_mib": MIN_MEMORY_MIB, "disk": disk,
             "min_disk_mib": MIN_DISK_MIB}
-    if memory is None:
-        mem = _check("memory", "warn", "available memory is unknown on this system", "")
-    elif memory < MIN_MEMORY_MIB:
+    if memory < MIN_MEMORY_MIB:
         mem = _check("memory", "fail", f"{memory} MiB available, below {MIN_MEMORY_MIB} MiB",
                      "close other programs or use a machine with more memory")
     else:

@@ -230,7 +230,7 @@ def check_resources(nproc: int | None, device: str, palm_config: dict[str, int],
     if nproc is not None and device == "cpu" and nproc > cpus:
         raise rt.SkillError(f"--nproc {nproc} on {cpus} usable CPU cores: more ranks than cores only slow "
                             f"each other down; use --nproc {cpus} or less, or pass --oversubscribe")
-    if available is not None and predicted > available:
+    if predicted > available:
         size = f"--dim {palm_config['dim']} --depth {palm_config['depth']}"
         if nproc is None:
             raise rt.SkillError(f"{size} needs about {predicted} MiB, {available} MiB available: use a smaller "

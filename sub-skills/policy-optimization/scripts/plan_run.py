@@ -536,11 +536,11 @@ class MemoryMeter:
 
 
 def available_memory(device, meter: MemoryMeter) -> dict[str, int]:
-    """Bytes the run may use: on CPU the RAM available now (psutil) plus this process's RSS (a
-    fresh run starts from the same imports); on CUDA the device's free memory (torch.cuda.mem_get_info)
-    plus what this process holds there, and the host RAM as on CPU (experiences live on the host)."""
-    import psutil
-    host = psutil.virtual_memory().available + meter.rss()
+    """Bytes the run may use: on CPU the RAM available now (``rt.available_memory_mib``) plus this
+    process's RSS (a fresh run starts from the same imports); on CUDA the device's free memory
+    (torch.cuda.mem_get_info) plus what this process holds there, and the host RAM as on CPU
+    (experiences live on the host)."""
+    host = rt.available_memory_mib() * 2**20 + meter.rss()
     if device.type != "cuda":
         return {"host": host}
     import torch
@@ -950,7 +950,7 @@ def verdict(fits: bool, counts: dict[str, int], warnings: list[dict[str, Any]], 
     lower bound, exceeds ``max_days`` days: --max-days), or fits; the line names the first reason
     and the predicted wall time and peak ("at least" where a part was not measured)."""
     blocking = [w for w in warnings if w["blocks_learning"]]
-    time_text = ("at least " if wall["lower_bound"] else "") + human_seconds(wall["total_s"])
+    time_text = ("at least " if wall["lower_bound"] else "") + rt.seconds_text(wall["total_s"])
     peak_text = ("" if peak_complete else "at least ") + human_bytes(peak_bytes)
     tail = f"predicted {time_text} wall, {peak_text} peak ({human_bytes(available_bytes)} available)"
     if fits is False:
@@ -967,18 +967,6 @@ def verdict(fits: bool, counts: dict[str, int], warnings: list[dict[str, Any]], 
 
 def human_bytes(n: int) -> str:
     return f"{n / 2**30:,.1f} GiB" if n >= 10 * 2**30 else f"{n / MIB:,.0f} MiB"
-
-
-def human_seconds(seconds: float) -> str:
-    if seconds < 1:
-        return f"{seconds:.3f} s"
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    if seconds < 2 * 3600:
-        return f"{seconds / 60:.1f} min"
-    if seconds < 2 * 86400:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:,.0f} days"
 
 
 # --- the plan ------------------------------------------------------------------------------------
@@ -1149,7 +1137,7 @@ def plan(args, resolved: dict[str, Any], device_kwargs: dict[str, Any], device, 
                            args.max_days)
     reasons = ([memory_text] if not fits else []) + [w["message"] for w in warnings if w["blocks_learning"]]
     if status == "too_slow":
-        reasons.append(f"predicted {human_seconds(wall['total_s'])} wall, over --max-days {args.max_days:g}: "
+        reasons.append(f"predicted {rt.seconds_text(wall['total_s'])} wall, over --max-days {args.max_days:g}: "
                        f"{counts['rollouts']:,} rollouts and {counts['learn_calls']:,} learn() calls")
     if status == "fits":
         reasons.append(f"{counts['learn_calls']} learn() calls of {counts['items_per_learn']} experiences, "
@@ -1157,7 +1145,7 @@ def plan(args, resolved: dict[str, Any], device_kwargs: dict[str, Any], device, 
                        f"{available[pool] / MIB:,.0f} MiB available")
     return {
         "status": status, "verdict": line, "reasons": reasons,
-        "predicted": {"wall_s": round(wall["total_s"], 2), "wall": human_seconds(wall["total_s"]),
+        "predicted": {"wall_s": round(wall["total_s"], 2), "wall": rt.seconds_text(wall["total_s"]),
                       "wall_lower_bound": wall["lower_bound"], "peak_mib": round(peak / MIB, 1),
                       "available_mib": round(available[pool] / MIB, 1), "memory_pool": pool, "fits": fits,
                       "basis": probe_report["regime"]},
@@ -1473,10 +1461,10 @@ def summary(report: dict[str, Any]) -> str:
                      f"[measured], {parts}")
     t = report["time"]
     unit = t["unit_s"]
-    lines.append("time: " + ", ".join(f"{k} {'-' if v is None else human_seconds(v)}" for k, v in t.items()
+    lines.append("time: " + ", ".join(f"{k} {'-' if v is None else rt.seconds_text(v)}" for k, v in t.items()
                                       if k != "unit_s")
                  + " (startup and construct measured; the rest " + ("derived" if probe["regime"] else "not measured")
-                 + "); one rollout " + (human_seconds(unit["rollout_s"]) if "rollout_s" in unit else "-")
+                 + "); one rollout " + (rt.seconds_text(unit["rollout_s"]) if "rollout_s" in unit else "-")
                  + ", learn() per experience " + (f"{unit['learn_item_s']:.4f} s" if "learn_item_s" in unit else "-")
                  + f" [{probe['regime'] or 'not measured'}]")
     lines += [f"note: {n}" for n in probe["notes"]]
