@@ -45,9 +45,10 @@ from pathlib import Path
 from typing import Any, Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import skill_runtime as rt  # noqa: E402  (shared runtime, imported by path)
+import skill_runtime  # noqa: E402
+from skill_runtime import exits, options, reporting, runner, streams, version_gate  # noqa: E402
 
-ROOT = rt.SKILL_ROOT
+ROOT = skill_runtime.SKILL_ROOT
 RECORD_FILE = "scripts/api_record.json"
 ROOT_SKILL_NAME = "palm-rlhf-pytorch"  # the root folder may be named otherwise (repo, wheel: skill/)
 # Claude Code's extension key: sub-skills are loaded by the router, never auto-invoked by the
@@ -402,8 +403,8 @@ def validate_skills(files: list[Path]) -> list[dict[str, str]]:
         from skills_ref.parser import find_skill_md, parse_frontmatter
         from skills_ref.validator import validate_metadata
     except ImportError:
-        raise rt.SkillError("skills-ref is not installed: pip install 'skills-ref>=0.1.1' "
-                            "(a dependency of palm-rlhf-skill)", rt.EXIT_DEPENDENCY)
+        raise exits.SkillError("skills-ref is not installed: pip install 'skills-ref>=0.1.1' "
+                            "(a dependency of palm-rlhf-skill)", exits.EXIT_DEPENDENCY)
     drift = []
     with tempfile.TemporaryDirectory(prefix="palm-rlhf-skill-check-") as tmp:
         for md in files:
@@ -531,7 +532,7 @@ def claude_details(root: Path = ROOT) -> dict[str, Any]:
             proc = subprocess.run([claude, "--plugin-dir", str(root), "plugin", "details", name],
                                   capture_output=True, text=True, timeout=CLAUDE_DETAILS_TIMEOUT_S, env=env)
         except (OSError, subprocess.TimeoutExpired) as err:
-            return {"unavailable": f"claude plugin details failed: {rt.one_line(err)}"}
+            return {"unavailable": f"claude plugin details failed: {exits.one_line(err)}"}
     count = r"~(\d+(?:\.\d+)?k?)"  # Claude Code rounds: "~116", "~1.8k"
     always = re.search(rf"Always-on:\s+{count} tok", proc.stdout)
     row = re.search(rf"^\s+{re.escape(name)}\s+{count}\s+{count}\s*$", proc.stdout, re.MULTILINE)
@@ -553,8 +554,8 @@ def run_checks(allow_shadowed: bool = False) -> dict[str, Any]:
     SkillError(3) when the library is missing, or when a file on the import path shadows one of
     its modules, unless ``allow_shadowed`` (``--allow-untested``: compare with that copy, e.g. a
     maintainer's edited library on PYTHONPATH, with a warning)."""
-    env = rt.check_versions(allow_untested=True, allow_shadowed=allow_shadowed)
-    record = rt.load_api_record()
+    env = version_gate.check_versions(allow_untested=True, allow_shadowed=allow_shadowed)
+    record = version_gate.load_api_record()
     files = markdown_files()
     api_drift = compare_api(record, installed_api(record))
     doc_drift = compare_docs(record, files)
@@ -596,7 +597,7 @@ def summary(report: dict[str, Any]) -> str:
                "markdown files and the context budget")
     if report["status"] == "ok":
         lines.append(f"check: OK (exit 0): the docs match the installed library ({checked}); next: "
-                     + rt.FIRST_COMMAND)
+                     + reporting.FIRST_COMMAND)
     else:
         lines.append(f"check: DRIFT (exit 1): {len(report['drift'])} difference(s), listed above ({checked}); "
                      "next: fix the docs or the record (scripts/api_record.json) where each line points")
@@ -622,7 +623,7 @@ def budget_lines(budget: dict[str, Any]) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line; parsing imports neither torch nor the library."""
-    parser = rt.OneLineParser(
+    parser = options.OneLineParser(
         prog=Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "check_skill.py",
         description="Compare this skill's documentation with the installed palm-rlhf-pytorch.",
         epilog="examples:\n  check_skill.py\n  check_skill.py --json\n  palm-rlhf-skill check --json\n"
@@ -638,35 +639,35 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--render", metavar="SYMBOL", help="print the markdown block for one record symbol")
     mode.add_argument("--write-docs", action="store_true",
                       help="rewrite the generated signature blocks in the markdown from the record")
-    rt.add_allow_untested_option(parser)  # check: range always allowed; a shadow (an edited library copy) compared
+    options.add_allow_untested_option(parser)  # check: range always allowed; a shadow (an edited library copy) compared
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the mode chosen on the command line; return the exit code (SkillError propagates)."""
     args = build_parser().parse_args(argv)
-    record = rt.load_api_record()
+    record = version_gate.load_api_record()
     if args.render:
         if args.render not in record["api"]:
-            raise rt.SkillError(f"--render {args.render!r}: not in the record; one of "
+            raise exits.SkillError(f"--render {args.render!r}: not in the record; one of "
                                 + ", ".join(record["api"]))
         sys.stdout.write(render_symbol(record, args.render))
-        return rt.EXIT_OK
+        return exits.EXIT_OK
     if args.write_docs:
-        if not (rt.SKILL_ROOT / "pyproject.toml").is_file():
-            raise rt.SkillError("--write-docs rewrites the repository's markdown: run it in a source "
-                                f"checkout, not in an installed copy ({rt.SKILL_ROOT})")
+        if not (skill_runtime.SKILL_ROOT / "pyproject.toml").is_file():
+            raise exits.SkillError("--write-docs rewrites the repository's markdown: run it in a source "
+                                f"checkout, not in an installed copy ({skill_runtime.SKILL_ROOT})")
         for path in write_docs(record, markdown_files()):
             sys.stdout.write(f"rewrote {rel(path)}\n")
-        return rt.EXIT_OK
+        return exits.EXIT_OK
     if args.dump_installed:
-        rt.check_versions(allow_untested=True, allow_shadowed=args.allow_untested)
+        version_gate.check_versions(allow_untested=True, allow_shadowed=args.allow_untested)
         sys.stdout.write(record_json({**record, "api": dump_installed(record)}))
-        return rt.EXIT_OK
-    with rt.capture_library_output():
+        return exits.EXIT_OK
+    with streams.capture_library_output():
         report = run_checks(allow_shadowed=args.allow_untested)
-    return rt.emit(report, args.json, summary, rt.EXIT_OK if report["status"] == "ok" else rt.EXIT_CHECK_FAILED)
+    return runner.emit(report, args.json, summary, exits.EXIT_OK if report["status"] == "ok" else exits.EXIT_CHECK_FAILED)
 
 
 if __name__ == "__main__":
-    sys.exit(rt.run_cli(main))
+    sys.exit(runner.run_cli(main))

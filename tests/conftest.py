@@ -16,11 +16,10 @@ BIN = Path(sys.executable).parent
 
 
 def load_script(path: Path, name: str | None = None):
-    """Import a skill-tree script by path as a module (what an in-process test calls)."""
-    spec = importlib.util.spec_from_file_location(name or path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
+    """The skill-tree module at ``path``, imported by name (its folder is one of the tree's import
+    roots: pytest's ``pythonpath`` in pyproject.toml)."""
+    module = importlib.import_module(name or path.stem)
+    assert Path(module.__file__).resolve() == path.resolve(), f"{name} imported from {module.__file__}, not {path}"
     return module
 
 

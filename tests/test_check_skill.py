@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from conftest import BIN, REPO, load_script, run, run_json
+from skill_runtime import version_gate
 
 SCRIPT = REPO / "scripts" / "check_skill.py"
 check = load_script(SCRIPT, "check_skill")
-RECORD = check.rt.load_api_record()
+RECORD = check.version_gate.load_api_record()
 
 
 def library_copy(tmp_path: Path, edit: tuple[str, str, str]) -> Path:
@@ -132,22 +133,22 @@ def test_help_and_usage_error_without_torch():
 
 
 def test_library_missing_exits_3(monkeypatch, capsys):
-    real = check.rt.installed_version
-    monkeypatch.setattr(check.rt, "installed_version", lambda d: None if d == "palm-rlhf-pytorch" else real(d))
-    assert check.rt.run_cli(check.main, []) == 3
+    real = check.version_gate.installed_version
+    monkeypatch.setattr(version_gate, "installed_version", lambda d: None if d == "palm-rlhf-pytorch" else real(d))
+    assert check.runner.run_cli(check.main, []) == 3
     assert "palm-rlhf-pytorch is not installed" in capsys.readouterr().err
 
 
 def test_untested_version_warns(monkeypatch):
-    real = check.rt.installed_version
-    monkeypatch.setattr(check.rt, "installed_version", lambda d: "0.9.1" if d == "palm-rlhf-pytorch" else real(d))
+    real = check.version_gate.installed_version
+    monkeypatch.setattr(version_gate, "installed_version", lambda d: "0.9.1" if d == "palm-rlhf-pytorch" else real(d))
     report = check.run_checks()
     assert any("outside the tested range" in w for w in report["warnings"])
 
 
 def test_skills_ref_missing_exits_3(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "skills_ref.parser", None)  # import fails as if not installed
-    assert check.rt.run_cli(check.main, []) == 3
+    assert check.runner.run_cli(check.main, []) == 3
     assert "skills-ref is not installed" in capsys.readouterr().err
 
 
@@ -192,7 +193,7 @@ def test_over_budget_is_drift_and_exit_1(monkeypatch, capsys, key, file):
     else:
         budget["reference tokens"][key] = 10
     monkeypatch.setattr(check, "BUDGET", budget)
-    assert check.rt.run_cli(check.main, []) == 1
+    assert check.runner.run_cli(check.main, []) == 1
     out, err = capsys.readouterr()
     lines = [line for line in out.splitlines() if line.startswith(f"{file}: context budget")]
     assert len(lines) >= 1 and "documented" in lines[0], out

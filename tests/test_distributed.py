@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import BIN, REPO, SMOKE, load_script, run, run_json
+from skill_runtime import exits, placement, streams, version_gate
 
 SCRIPTS = REPO / "sub-skills" / "policy-optimization" / "scripts"
 TRAINERS = ["ppo", "grpo", "tpo", "flowrl"]
@@ -607,12 +608,11 @@ def test_doc_names_exist():
 def test_workers_dying_without_report_is_a_failed_report(smoke, capsys, monkeypatch, empty_dir):
     """Every rank exits before rank 0 writes the report: one JSON report, status failed, exit 1."""
     launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
-    rt = sys.modules["skill_runtime"]
     args = smoke.build_parser().parse_args(["--nproc", "2", "--device", "cpu", "--json"])
     monkeypatch.chdir(empty_dir)
-    env = rt.check_versions()
+    env = version_gate.check_versions()
     # the workers parse the forwarded arguments again; an unknown one makes each rank exit 2
-    code = launch.launch(smoke, args, ["--device", "cpu", "--bogus-for-workers"], env, rt.Progress("t", False))
+    code = launch.launch(smoke, args, ["--device", "cpu", "--bogus-for-workers"], env, streams.Progress("t", False))
     out = capsys.readouterr().out
     report = json.loads(out)
     assert code == 1 and report["status"] == "failed" and report["results"] == {}
@@ -962,20 +962,19 @@ def test_without_nproc_drops_every_spelling():
 
 def test_nproc_resources_refused_unless_oversubscribe(smoke, monkeypatch):
     launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
-    rt = sys.modules["skill_runtime"]
     config = smoke.palm_config(smoke.build_parser().parse_args([]))
-    cpus = launch.rt.usable_cpus()
-    with pytest.raises(rt.SkillError, match=rf"--nproc {cpus + 1} on {cpus} usable CPU cores: .* --oversubscribe"):
+    cpus = launch.placement.usable_cpus()
+    with pytest.raises(exits.SkillError, match=rf"--nproc {cpus + 1} on {cpus} usable CPU cores: .* --oversubscribe"):
         launch.check_resources(cpus + 1, "cpu", config, oversubscribe=False)
     launch.check_resources(cpus + 1, "cuda", config, oversubscribe=False)  # GPUs: counted by ddp_uses_cpu
-    monkeypatch.setattr(rt, "available_memory_mib", lambda: 500)
-    with pytest.raises(rt.SkillError, match=r"--nproc 2 needs about \d+ MiB .* 500 MiB available"):
+    monkeypatch.setattr(placement, "available_memory_mib", lambda: 500)
+    with pytest.raises(exits.SkillError, match=r"--nproc 2 needs about \d+ MiB .* 500 MiB available"):
         launch.check_resources(2, "cpu", config, oversubscribe=False)
     facts = launch.check_resources(cpus + 1, "cpu", config, oversubscribe=True)
     assert facts["oversubscribe"] and facts["available_mib"] == 500 and facts["usable_cpus"] == cpus
     launch.check_resources(None, "cpu", config, oversubscribe=False)  # one process of the tiny size fits
-    monkeypatch.setattr(rt, "available_memory_mib", lambda: launch.predicted_rank_mib(config) - 1)
-    with pytest.raises(rt.SkillError, match=r"^--dim 32 --depth 1 needs about \d+ MiB, \d+ MiB available: "
+    monkeypatch.setattr(placement, "available_memory_mib", lambda: launch.predicted_rank_mib(config) - 1)
+    with pytest.raises(exits.SkillError, match=r"^--dim 32 --depth 1 needs about \d+ MiB, \d+ MiB available: "
                                             r"use a smaller --dim/--depth, or pass --oversubscribe"):
         launch.check_resources(None, "cpu", config, oversubscribe=False)  # the single-process smoke
 
@@ -994,7 +993,7 @@ def test_single_process_sizes_beyond_memory_are_refused_before_building(empty_di
 
 def test_nproc_above_cpu_cores_is_exit_2_one_line(empty_dir):
     launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
-    cpus = launch.rt.usable_cpus()
+    cpus = launch.placement.usable_cpus()
     if cpus >= launch.MAX_NPROC:
         pytest.skip(f"{cpus} CPUs: --nproc cannot exceed them")
     proc = run([sys.executable, str(SMOKE), "--nproc", str(cpus + 1), "--device", "cpu"], empty_dir)

@@ -9,6 +9,7 @@ import pytest
 from conftest import BIN, REPO, run, run_json
 from test_trainers import assert_keys_documented
 from palm_rlhf_skill import doctor
+from skill_runtime import placement, version_gate
 
 CHECKS = ["python", "library", "dependencies", "torch", "accelerate", "tqdm", "memory", "disk"]
 TOP_KEYS = {"status", "exit_code", "python", "library", "packages", "torch", "accelerate", "tqdm",
@@ -76,7 +77,7 @@ def test_doctor_without_json_writes_the_summary_to_stdout(empty_dir, home):
     lines = proc.stdout.strip().splitlines()
     assert [line.split()[1] for line in lines[:-1]] == CHECKS  # every check ok or warn: no fix lines
     assert lines[-1] == ("verdict: fit (exit 0): this environment can run the trainers; next: "
-                         + doctor.rt.FIRST_COMMAND)
+                         + doctor.reporting.FIRST_COMMAND)
     accelerate = next(line for line in lines if line.split()[1] == "accelerate")
     assert accelerate.endswith("a plain `python` run: 1 process on cpu, not distributed; "
                                "`accelerate launch`: 1 process, not distributed (no config file)")
@@ -159,9 +160,8 @@ def test_unreadable_launch_config_fails_with_one_line(capsys, monkeypatch, tmp_p
 
 
 def test_missing_library_exits_3(capsys, monkeypatch, tmp_path):
-    rt = doctor.rt
-    real = rt.installed_version
-    monkeypatch.setattr(rt, "installed_version",
+    real = version_gate.installed_version
+    monkeypatch.setattr(version_gate, "installed_version",
                         lambda dist: None if dist == "palm-rlhf-pytorch" else real(dist))
     code, report = diagnose_in_process(capsys, monkeypatch, tmp_path)
     assert code == 3 and report["status"] == "missing" and report["exit_code"] == 3
@@ -171,9 +171,8 @@ def test_missing_library_exits_3(capsys, monkeypatch, tmp_path):
 
 
 def test_untested_library_version_exits_3(capsys, monkeypatch, tmp_path):
-    rt = doctor.rt
-    real = rt.installed_version
-    monkeypatch.setattr(rt, "installed_version",
+    real = version_gate.installed_version
+    monkeypatch.setattr(version_gate, "installed_version",
                         lambda dist: "0.9.1" if dist == "palm-rlhf-pytorch" else real(dist))
     code, report = diagnose_in_process(capsys, monkeypatch, tmp_path)
     assert code == 3
@@ -182,9 +181,8 @@ def test_untested_library_version_exits_3(capsys, monkeypatch, tmp_path):
 
 
 def test_missing_dependency_exits_3(capsys, monkeypatch, tmp_path):
-    rt = doctor.rt
-    real = rt.installed_version
-    monkeypatch.setattr(rt, "installed_version", lambda dist: None if dist == "einx" else real(dist))
+    real = version_gate.installed_version
+    monkeypatch.setattr(version_gate, "installed_version", lambda dist: None if dist == "einx" else real(dist))
     code, report = diagnose_in_process(capsys, monkeypatch, tmp_path)
     assert code == 3 and report["status"] == "missing"
     deps = checks_by_name(report)["dependencies"]
@@ -194,9 +192,8 @@ def test_missing_dependency_exits_3(capsys, monkeypatch, tmp_path):
 
 
 def test_missing_torch_exits_3_and_skips_torch_checks(capsys, monkeypatch, tmp_path):
-    rt = doctor.rt
-    real = rt.installed_version
-    monkeypatch.setattr(rt, "installed_version", lambda dist: None if dist == "torch" else real(dist))
+    real = version_gate.installed_version
+    monkeypatch.setattr(version_gate, "installed_version", lambda dist: None if dist == "torch" else real(dist))
     code, report = diagnose_in_process(capsys, monkeypatch, tmp_path)
     assert code == 3
     checks = checks_by_name(report)
@@ -206,9 +203,8 @@ def test_missing_torch_exits_3_and_skips_torch_checks(capsys, monkeypatch, tmp_p
 
 
 def test_dependency_outside_its_range_exits_1(capsys, monkeypatch, tmp_path):
-    rt = doctor.rt
-    real = rt.installed_version
-    monkeypatch.setattr(rt, "installed_version", lambda dist: "0.3.0" if dist == "einx" else real(dist))
+    real = version_gate.installed_version
+    monkeypatch.setattr(version_gate, "installed_version", lambda dist: "0.3.0" if dist == "einx" else real(dist))
     code, report = diagnose_in_process(capsys, monkeypatch, tmp_path)
     assert code == 1 and report["status"] == "must-change"
     deps = checks_by_name(report)["dependencies"]
@@ -216,7 +212,7 @@ def test_dependency_outside_its_range_exits_1(capsys, monkeypatch, tmp_path):
 
 
 def test_low_memory_and_disk_exit_1(capsys, monkeypatch, tmp_path):
-    monkeypatch.setattr(doctor.rt, "available_memory_mib", lambda: doctor.MIN_MEMORY_MIB - 1)
+    monkeypatch.setattr(placement, "available_memory_mib", lambda: doctor.MIN_MEMORY_MIB - 1)
     monkeypatch.setattr(doctor, "MIN_DISK_MIB", 10 ** 12)  # more than any disk has free
     code, report = diagnose_in_process(capsys, monkeypatch, tmp_path)
     assert code == 1
@@ -248,7 +244,7 @@ def test_available_memory_matches_proc_meminfo():
         pytest.skip("no /proc/meminfo on this system")
     line = next(l for l in meminfo.read_text().splitlines() if l.startswith("MemAvailable:"))
     expected = int(line.split()[1]) // 1024
-    assert abs(doctor.rt.available_memory_mib() - expected) < 256  # other processes move it a little
+    assert abs(doctor.placement.available_memory_mib() - expected) < 256  # other processes move it a little
 
 
 def test_help_and_usage_errors_do_not_import_torch(empty_dir):

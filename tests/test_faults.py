@@ -15,33 +15,29 @@ from pathlib import Path
 import pytest
 
 from conftest import BIN, REPO, SMOKE, inprocess, one_error_line, run, run_json
-
-
-@pytest.fixture
-def rt(smoke):
-    return sys.modules["skill_runtime"]
+from skill_runtime import exits, placement, runner, version_gate, workspace
 
 
 # --- torch outside the tested range: exit 3 as README and --help promise ---------------------------
 
 @pytest.mark.parametrize("version", ["2.12.1", "2.14.0"])
-def test_torch_outside_tested_range_exits_3_unless_allowed(smoke, rt, monkeypatch, capsys, empty_dir, version):
-    real = rt.installed_version
-    monkeypatch.setattr(rt, "installed_version", lambda dist: version if dist == "torch" else real(dist))
+def test_torch_outside_tested_range_exits_3_unless_allowed(smoke, monkeypatch, capsys, empty_dir, version):
+    real = version_gate.installed_version
+    monkeypatch.setattr(version_gate, "installed_version", lambda dist: version if dist == "torch" else real(dist))
     monkeypatch.chdir(empty_dir)
-    assert rt.run_cli(smoke.main, ["--construct-only", "--device", "cpu"]) == 3
+    assert runner.run_cli(smoke.main, ["--construct-only", "--device", "cpu"]) == 3
     line = one_error_line(capsys.readouterr().err)
-    record = rt.load_api_record()
+    record = version_gate.load_api_record()
     assert f"torch {version} is outside the tested range {record['torch_supported']}" in line
     assert "--allow-untested" in line and f"torch=={record['tested_with']['torch']}" in line
     code, report = inprocess(smoke, capsys, monkeypatch, empty_dir, "--construct-only", "--allow-untested")
     assert code == 0 and any(w.startswith(f"torch {version} is outside") for w in report["warnings"])
 
 
-def test_doctor_exits_3_for_torch_outside_the_tested_range(rt, monkeypatch, capsys, empty_dir):
+def test_doctor_exits_3_for_torch_outside_the_tested_range(monkeypatch, capsys, empty_dir):
     from palm_rlhf_skill import doctor
-    real = doctor.rt.installed_version
-    monkeypatch.setattr(doctor.rt, "installed_version", lambda d: "2.14.0" if d == "torch" else real(d))
+    real = doctor.version_gate.installed_version
+    monkeypatch.setattr(version_gate, "installed_version", lambda d: "2.14.0" if d == "torch" else real(d))
     monkeypatch.chdir(empty_dir)
     assert doctor.main(["--json"]) == 3
     library = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}["library"]
@@ -54,11 +50,11 @@ INTRUDER = ("import pathlib; pathlib.Path('written-by-another-program.txt').writ
             "pathlib.Path('removed-by-another-program.txt').unlink()")
 
 
-def intrude(monkeypatch, rt, caller: Path, own_write: bool) -> None:
+def intrude(monkeypatch, caller: Path, own_write: bool) -> None:
     """While the smoke runs (inside its torch_threads block, between its before and after looks at
     the caller's directory), another program adds one file there and removes another; with
     ``own_write`` this process also writes a file there itself."""
-    real = rt.torch_threads
+    real = placement.torch_threads
 
     @contextlib.contextmanager
     def torch_threads(count):
@@ -68,14 +64,14 @@ def intrude(monkeypatch, rt, caller: Path, own_write: bool) -> None:
         with real(count) as threads:
             yield threads
 
-    monkeypatch.setattr(rt, "torch_threads", torch_threads)
+    monkeypatch.setattr(placement, "torch_threads", torch_threads)
 
 
 @pytest.mark.parametrize("script", ["rlhf", "palm"])
-def test_other_programs_writing_in_the_caller_directory_are_not_blamed(smoke, rt, monkeypatch, capsys,
+def test_other_programs_writing_in_the_caller_directory_are_not_blamed(smoke, monkeypatch, capsys,
                                                                        empty_dir, script):
     (empty_dir / "removed-by-another-program.txt").write_text("x\n", encoding="utf-8")
-    intrude(monkeypatch, rt, empty_dir, own_write=False)
+    intrude(monkeypatch, empty_dir, own_write=False)
     if script == "rlhf":
         code, report = inprocess(smoke, capsys, monkeypatch, empty_dir, "--construct-only")
     else:
@@ -88,27 +84,27 @@ def test_other_programs_writing_in_the_caller_directory_are_not_blamed(smoke, rt
     assert sorted(p.name for p in empty_dir.iterdir()) == ["written-by-another-program.txt"]
 
 
-def test_the_runs_own_write_in_the_caller_directory_still_fails(smoke, rt, monkeypatch, capsys, empty_dir):
+def test_the_runs_own_write_in_the_caller_directory_still_fails(smoke, monkeypatch, capsys, empty_dir):
     (empty_dir / "removed-by-another-program.txt").write_text("x\n", encoding="utf-8")
-    intrude(monkeypatch, rt, empty_dir, own_write=True)
+    intrude(monkeypatch, empty_dir, own_write=True)
     code, report = inprocess(smoke, capsys, monkeypatch, empty_dir, "--construct-only")
     check = {c["name"]: c for c in report["checks"]}["caller_directory_untouched"]
     assert code == 1 and not check["passed"]
     assert check["detail"] == "added: ['written-by-the-smoke.txt']"  # the other program's file is not named
 
 
-def test_a_child_that_imports_the_runtime_is_part_of_the_run(rt, empty_dir, tmp_path):
+def test_a_child_that_imports_the_runtime_is_part_of_the_run(empty_dir, tmp_path):
     """A torchrun rank is a child process that imports the runtime: its writes into the watched
     directory count (they reach the parent through PALM_RLHF_SKILL_WATCH); a child that does not
     import it is another program."""
-    child = (f"import pathlib, sys; sys.path.insert(0, {str(REPO / 'scripts')!r}); import skill_runtime\n"
+    child = (f"import pathlib, sys; sys.path.insert(0, {str(REPO / 'scripts')!r}); from skill_runtime import workspace\n"
              f"pathlib.Path({str(empty_dir / 'from-a-rank')!r}).mkdir()\n")
-    watch = rt.watch_directory(empty_dir)
+    watch = workspace.watch_directory(empty_dir)
     subprocess.run([sys.executable, "-c", child], check=True)
     subprocess.run([sys.executable, "-c", f"open({str(empty_dir / 'from-elsewhere')!r}, 'w')"], check=True)
-    check = rt.caller_directory_check(empty_dir, watch)
+    check = workspace.caller_directory_check(empty_dir, watch)
     assert not check["passed"] and check["detail"] == "added: ['from-a-rank']"
-    assert rt.WATCH_ENV not in os.environ
+    assert workspace.WATCH_ENV not in os.environ
 
 
 # --- shadowed modules: one line naming the file, exit 3; doctor names it ----------------------------
@@ -137,8 +133,8 @@ def test_a_shadowing_module_is_named_in_one_line_and_exits_3(empty_dir, shadow):
         assert checks["torch"]["status"] == "skipped"
 
 
-def test_an_editable_or_installed_module_is_not_a_shadow(rt):
-    assert rt.shadowed_modules() == []
+def test_an_editable_or_installed_module_is_not_a_shadow():
+    assert version_gate.shadowed_modules() == []
 
 
 # --- a closed stdout: every console script exits quietly --------------------------------------------
@@ -172,9 +168,9 @@ def test_every_console_script_has_a_closed_stdout_case():
                             [str(BIN / "palm-rlhf-skill"), "check", "--json"],
                             [sys.executable, str(SMOKE), "--construct-only", "--json", "--device", "cpu"]],
                          ids=lambda cmd: " ".join(Path(c).name for c in cmd[:2]))
-def test_a_closed_stdout_exits_141_without_a_traceback(empty_dir, cmd, rt):
+def test_a_closed_stdout_exits_141_without_a_traceback(empty_dir, cmd):
     proc = run_with_closed_stdout(cmd, empty_dir)
-    assert proc.returncode == rt.EXIT_PIPE_CLOSED, proc.stderr[-2000:]
+    assert proc.returncode == exits.EXIT_PIPE_CLOSED, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr[-2000:]
     assert list(empty_dir.iterdir()) == []
 
@@ -206,11 +202,11 @@ def test_ctrl_c_after_the_report_exits_with_its_code_and_no_traceback(empty_dir)
 @pytest.mark.parametrize("cmd", [[str(BIN / name), *args] for name, args in CLOSED_STDOUT_CASES.items()]
                          + [[str(BIN / "palm-rlhf-skill"), "doctor", "--json"]],
                          ids=lambda cmd: " ".join(Path(c).name for c in cmd[:2]))
-def test_a_full_disk_under_stdout_is_one_line_and_exit_2(empty_dir, cmd, rt):
+def test_a_full_disk_under_stdout_is_one_line_and_exit_2(empty_dir, cmd):
     with open("/dev/full", "w") as full:
         proc = subprocess.run(cmd, cwd=empty_dir, stdout=full, stderr=subprocess.PIPE, text=True, timeout=300,
                               env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "TQDM_DISABLE": "1"})
-    assert proc.returncode == rt.EXIT_USAGE, proc.stderr[-2000:]
+    assert proc.returncode == exits.EXIT_USAGE, proc.stderr[-2000:]
     assert "cannot write the report to stdout: OSError: [Errno 28]" in one_error_line(proc.stderr)
     assert list(empty_dir.iterdir()) == []
 
@@ -218,10 +214,10 @@ def test_a_full_disk_under_stdout_is_one_line_and_exit_2(empty_dir, cmd, rt):
 @pytest.mark.parametrize("cmd", [[str(BIN / "palm-rlhf-skill"), "list"], [str(BIN / "tiny-rlhf-smoke"), "--json"],
                                  [sys.executable, str(SMOKE), "--help"]],
                          ids=lambda cmd: " ".join(Path(c).name for c in cmd[:2]))
-def test_a_closed_stdout_is_refused_before_any_work(empty_dir, cmd, rt):
+def test_a_closed_stdout_is_refused_before_any_work(empty_dir, cmd):
     proc = subprocess.run(cmd, cwd=empty_dir, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                           timeout=300, preexec_fn=lambda: os.close(1))  # the child starts with fd 1 closed (>&-)
-    assert proc.returncode == rt.EXIT_USAGE, proc.stderr[-2000:]
+    assert proc.returncode == exits.EXIT_USAGE, proc.stderr[-2000:]
     assert "error: stdout is closed" in one_error_line(proc.stderr)
 
 
@@ -230,14 +226,14 @@ def test_a_closed_stdout_is_refused_before_any_work(empty_dir, cmd, rt):
 INTERRUPT_AFTER_REPORT = """
 import os, runpy, signal, sys
 sys.path.insert(0, sys.argv[2])
-import skill_runtime  # the module the smoke imports by the same name
+from skill_runtime import runner  # the module the smoke imports by the same name
 signal.signal(signal.SIGINT, signal.default_int_handler)
-write = skill_runtime.emit
+write = runner.emit
 def emit_then_ctrl_c(*args, **kwargs):  # the user's Ctrl-C the moment the verdict line appears
     code = write(*args, **kwargs)
     os.kill(os.getpid(), signal.SIGINT)
     return code
-skill_runtime.emit = emit_then_ctrl_c
+runner.emit = emit_then_ctrl_c
 sys.argv = [sys.argv[1], '--construct-only', '--device', 'cpu', '--trainer', sys.argv[3]]
 runpy.run_path(sys.argv[0], run_name='__main__')
 """

@@ -21,6 +21,7 @@ sys.path.insert(0, str(REPO / "tools"))
 import verify_floors  # noqa: E402
 
 from palm_rlhf_skill import doctor  # noqa: E402
+from skill_runtime import version_gate
 
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
 RECORD = json.loads((REPO / "scripts" / "api_record.json").read_text(encoding="utf-8"))
@@ -77,8 +78,8 @@ def test_doctor_checks_what_pyproject_and_the_library_declare():
 def test_a_version_below_a_verified_floor_is_not_fit(capsys, monkeypatch, tmp_path, name, below):
     """Versions the record shows failing (or not installable) are a failed doctor check, exit 1;
     before, doctor called them fit."""
-    real = doctor.rt.installed_version
-    monkeypatch.setattr(doctor.rt, "installed_version", lambda dist: below if dist == name else real(dist))
+    real = doctor.version_gate.installed_version
+    monkeypatch.setattr(version_gate, "installed_version", lambda dist: below if dist == name else real(dist))
     monkeypatch.chdir(tmp_path)
     assert doctor.main(["--json"]) == 1
     deps = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}["dependencies"]

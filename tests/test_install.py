@@ -317,7 +317,7 @@ def test_console_script_install_then_copy_runs_without_this_package(empty_dir, h
     assert proc.returncode == 0 and report["status"] == "ok", proc.stderr[-2000:]
     assert report["mode"] == "construct-only" and report["parameters"]["trainable_total"] > 0
     runtime = proc.stderr.strip().splitlines()[-1]
-    assert runtime == f"RUNTIME {dest / 'scripts' / 'skill_runtime.py'}"  # the copy's, not the repo's
+    assert runtime == f"RUNTIME {dest / 'scripts' / 'skill_runtime' / '__init__.py'}"  # the copy's, not the repo's
     assert sorted(p.name for p in empty_dir.iterdir()) == [".claude"]
 
     # the README's one exception: the copy's check_skill.py also needs skills-ref, and says so (exit 3)

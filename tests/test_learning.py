@@ -25,7 +25,7 @@ LEARNING_KEYS = {"reward_before", "reward_after", "per_seed", "curve", "threshol
 @pytest.fixture(autouse=True)
 def one_torch_thread(smoke):
     """One intra-op thread, as the helpers run: tiny models on a shared CPU are slower with more."""
-    with smoke.rt.torch_threads(1):
+    with smoke.placement.torch_threads(1):
         yield
 
 
@@ -102,7 +102,7 @@ def test_plain_output_names_the_failing_trainer_and_ends_with_the_verdict(smoke,
     assert out[failing + 1].strip() == "read: sub-skills/policy-optimization/references/workflows.md#learning-check"
     assert out[-1] == ("tiny-rlhf-smoke: FAILED: the learning check failed for grpo on the CPU (exit 1), the expected "
                        "result of the frozen control (every learning rate 0, so no reward can rise: this shows the "
-                       f"check can fail); next: run the check itself, {smoke.rt.command('tiny-rlhf-smoke', '--learn --trainer grpo')}")
+                       f"check can fail); next: run the check itself, {smoke.reporting.command('tiny-rlhf-smoke', '--learn --trainer grpo')}")
 
 
 def test_a_library_error_is_a_failed_check_not_a_crash(smoke, capsys, monkeypatch, empty_dir):

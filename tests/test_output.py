@@ -19,20 +19,21 @@ import tomllib
 import pytest
 
 from conftest import BIN, REPO, SMOKE, inprocess, load_script, run
+from skill_runtime import reporting, streams
 
 # the modules other test files loaded, when they did: one runtime per process, as in a real run
-rt = sys.modules.get("skill_runtime") or load_script(REPO / "scripts" / "skill_runtime.py", "skill_runtime")
 check = sys.modules.get("check_skill") or load_script(REPO / "scripts" / "check_skill.py", "check_skill")
 WORKFLOWS = SMOKE.parents[1] / "references" / "workflows.md"
 PALM_SMOKE = REPO / "sub-skills" / "palm-modeling" / "scripts" / "tiny_palm_smoke.py"
 REWARD_SMOKE = REPO / "sub-skills" / "reward-modeling" / "scripts" / "tiny_reward_smoke.py"
-CHECKED_SCRIPTS = [SMOKE, SMOKE.parent / "ddp_launch.py", PALM_SMOKE, REWARD_SMOKE, REPO / "scripts" / "skill_runtime.py"]
+CHECKED_SCRIPTS = [SMOKE, SMOKE.parent / "ddp_launch.py", PALM_SMOKE, REWARD_SMOKE,
+                   *sorted((REPO / "scripts" / "skill_runtime").glob("*.py"))]
 
 
 # --- the map of check names to doc sections ------------------------------------------------------
 
 def test_every_doc_section_a_check_points_to_exists():
-    for name, target in rt.CHECK_DOCS.items():
+    for name, target in reporting.CHECK_DOCS.items():
         page, _, anchor = target.partition("#")
         path = REPO / page
         assert path.is_file(), (name, target)
@@ -66,13 +67,13 @@ def emitted_check_names() -> set[str]:
 def test_every_check_a_helper_can_emit_has_a_doc_section():
     emitted = emitted_check_names()
     assert len(emitted) > 40
-    assert emitted == set(rt.CHECK_DOCS), (f"unmapped: {sorted(emitted - set(rt.CHECK_DOCS))}; "
-                                           f"mapped but never emitted: {sorted(set(rt.CHECK_DOCS) - emitted)}")
+    assert emitted == set(reporting.CHECK_DOCS), (f"unmapped: {sorted(emitted - set(reporting.CHECK_DOCS))}; "
+                                           f"mapped but never emitted: {sorted(set(reporting.CHECK_DOCS) - emitted)}")
 
 
 def test_lists_say_how_many_they_leave_out():
-    assert rt.names_text(list("abcdefgh")) == "a, b, c, d and 4 more"
-    assert rt.names_text(["a", "b"]) == "a, b" and rt.names_text([]) == "none"
+    assert reporting.names_text(list("abcdefgh")) == "a, b, c, d and 4 more"
+    assert reporting.names_text(["a", "b"]) == "a, b" and reporting.names_text([]) == "none"
 
 
 # --- stdout, stderr and the last line ------------------------------------------------------------
@@ -132,14 +133,14 @@ class FullDisk(FakeTerminal):
 def test_progress_redraws_only_at_a_terminal_and_stops_after_a_failed_write():
     terminal, log = FakeTerminal(), io.StringIO()
     for stream in (terminal, log):
-        progress = rt.Progress("p", True, stream)
+        progress = streams.Progress("p", True, stream)
         with progress.stage("update", total=2, unit="rollouts") as bar:
             bar.update(2)
             bar.set_postfix_str("step 1/1")
     assert "\r" in terminal.getvalue()
     assert log.getvalue() == "p: update: 2/2 rollouts [00:00, step 1/1]\n"  # the terminal's last redraw, plain
     assert terminal.getvalue().rstrip().split("\r")[-1].rstrip() == log.getvalue().strip()
-    progress = rt.Progress("p", True, FullDisk())
+    progress = streams.Progress("p", True, FullDisk())
     for _ in range(3):
         with progress.stage("stage") as bar:
             bar.set_postfix_str("x")
@@ -148,8 +149,8 @@ def test_progress_redraws_only_at_a_terminal_and_stops_after_a_failed_write():
 
 
 def test_tqdm_disable_hides_the_progress_lines(empty_dir):
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import skill_runtime as rt\n"
-            "with rt.Progress('p', True).stage('stage'): pass")
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from skill_runtime import streams\n"
+            "with streams.Progress('p', True).stage('stage'): pass")
     shown = [run([sys.executable, "-c", code, str(REPO / "scripts")], empty_dir, env=env).stderr
              for env in ({}, {"TQDM_DISABLE": "1"})]
     assert shown == ["p: stage: [00:00]\n", ""]
@@ -210,17 +211,17 @@ def test_palm_smoke_verdict_last_and_its_failing_check_documented(capsys, monkey
 
 def test_next_command_keeps_the_form_the_run_was_started_in(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["tiny-palm-smoke"])
-    assert rt.command("tiny-rlhf-smoke", "--trainer all") == "tiny-rlhf-smoke --trainer all"
+    assert reporting.command("tiny-rlhf-smoke", "--trainer all") == "tiny-rlhf-smoke --trainer all"
     report = {"device": "cpu", "checks": [{"name": "constructed", "passed": True, "detail": ""}],
               "timings_s": {"total": 1.0}}  # a pass ends with the natural next command
-    assert rt.checks_summary("tiny-palm-smoke", report, rt.command("tiny-reward-smoke")).splitlines()[-1] == \
+    assert reporting.checks_summary("tiny-palm-smoke", report, reporting.command("tiny-reward-smoke")).splitlines()[-1] == \
         "tiny-palm-smoke: OK (exit 0); next: tiny-reward-smoke"
     monkeypatch.setattr(sys, "argv", [str(SMOKE)])
     monkeypatch.chdir(REPO)
-    assert rt.command("palm-rlhf-skill plan", "--config x.toml") == \
+    assert reporting.command("palm-rlhf-skill plan", "--config x.toml") == \
         "python sub-skills/policy-optimization/scripts/plan_run.py --config x.toml"
-    assert set(rt.HELPER_SCRIPTS) >= {"tiny-rlhf-smoke", "tiny-palm-smoke", "tiny-reward-smoke"}
-    assert all((REPO / path).is_file() for path in rt.HELPER_SCRIPTS.values())
+    assert set(reporting.HELPER_SCRIPTS) >= {"tiny-rlhf-smoke", "tiny-palm-smoke", "tiny-reward-smoke"}
+    assert all((REPO / path).is_file() for path in reporting.HELPER_SCRIPTS.values())
 
 
 # --- the estimate before a long run ---------------------------------------------------------------
@@ -251,7 +252,7 @@ def test_learn_estimate_is_the_calibration_tables_seconds_per_seed(smoke):
 def test_estimate_line_before_a_run_over_30_s(smoke):
     def note(argv):
         stream = io.StringIO()
-        smoke.announce_estimate(smoke.build_parser().parse_args(argv), rt.Progress("tiny-rlhf-smoke", True, stream))
+        smoke.announce_estimate(smoke.build_parser().parse_args(argv), streams.Progress("tiny-rlhf-smoke", True, stream))
         return stream.getvalue()
     assert note(["--trainer", "all"]) == "" and note(["--learn", "--trainer", "grpo"]) == ""
     big = note(["--trainer", "all", "--dim", "1024", "--depth", "4", "--new-tokens", "256"])  # issue 14's run
@@ -312,7 +313,7 @@ def parser_of(program: str, arguments: list[str]):
         cli = pytest.importorskip("palm_rlhf_skill.cli")
         sub, rest = arguments[0], arguments[1:]
         kind, target, _ = cli.SUBCOMMANDS[sub]
-        path = REPO / rt.HELPER_SCRIPTS[target] if kind == "script" else None
+        path = REPO / reporting.HELPER_SCRIPTS[target] if kind == "script" else None
         return (load_script(path, path.stem).build_parser() if path else None), rest
     path = next(p for p in (REPO / program, REPO / program.split("palm-rlhf-pytorch/", 1)[-1]) if p.is_file())
     return load_script(path, path.stem).build_parser(), arguments
@@ -357,19 +358,19 @@ def test_every_documented_command_is_a_real_helper_with_real_options():
 
 def test_one_first_command_everywhere():
     """The README's main job, the root SKILL.md, every sub-skill's first step and doctor's next step
-    give the same first command (rt.FIRST_COMMAND)."""
+    give the same first command (reporting.FIRST_COMMAND)."""
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     main_job = next(line for line in readme.splitlines() if line.startswith("python3 -m venv .venv") and "pytest" not in line)
-    assert main_job.endswith("&& .venv/bin/" + rt.FIRST_COMMAND)
+    assert main_job.endswith("&& .venv/bin/" + reporting.FIRST_COMMAND)
     assert "`. .venv/bin/activate`" in readme.split(main_job, 1)[1].split("\n## ", 1)[0]  # activate once, stated once
     root = (REPO / "SKILL.md").read_text(encoding="utf-8").split("## First step", 1)[1]
-    assert f"```bash\n{rt.FIRST_COMMAND}\n```" in root
+    assert f"```bash\n{reporting.FIRST_COMMAND}\n```" in root
     for skill in check.skill_files():
         if skill.parent != REPO:
             first = skill.read_text(encoding="utf-8").split("## Start here", 1)[1].split("\n2. ", 1)[0]
-            assert f"`{rt.FIRST_COMMAND}`" in " ".join(first.split()), skill
+            assert f"`{reporting.FIRST_COMMAND}`" in " ".join(first.split()), skill
     doctor = pytest.importorskip("palm_rlhf_skill.doctor")
-    assert doctor.NEXT_STEP[0].endswith("next: " + rt.FIRST_COMMAND)
+    assert doctor.NEXT_STEP[0].endswith("next: " + reporting.FIRST_COMMAND)
 
 
 def test_readme_says_which_options_the_sibling_smokes_share():
@@ -384,7 +385,7 @@ def test_readme_says_which_options_the_sibling_smokes_share():
     assert options["tiny-palm-smoke"] - common == own == options["tiny-reward-smoke"] - common
 
 
-LIBRARY_MODULES = [REPO / "scripts" / "skill_runtime.py", SMOKE.parent / "ddp_fixes.py", SMOKE.parent / "ddp_launch.py",
+LIBRARY_MODULES = [REPO / "scripts" / "skill_runtime", SMOKE.parent / "ddp_fixes.py", SMOKE.parent / "ddp_launch.py",
                    REPO / "sub-skills" / "reward-modeling" / "scripts" / "rule_reward.py"]
 
 
@@ -396,7 +397,7 @@ def test_a_module_run_by_path_says_it_is_one(empty_dir, module, argv):
     from conftest import usage_error_without_torch
     line = usage_error_without_torch(module, argv, empty_dir)
     assert line.startswith(f"{module.name}: error: a module, not a command: ")
-    if module.name == "skill_runtime.py":  # a copy of the tree has no console scripts: the by-path form
+    if module.name == "skill_runtime":  # a copy of the tree has no console scripts: the by-path form
         assert line.endswith(f"e.g. python {SMOKE} --help"), line
     scripts = [*REPO.glob("scripts/*.py"), *REPO.glob("sub-skills/*/scripts/*.py")]
     silent = [p.name for p in scripts if 'if __name__ == "__main__"' not in p.read_text(encoding="utf-8")]

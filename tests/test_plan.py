@@ -134,7 +134,7 @@ def test_library_checked_errors_name_the_key(plan, tmp_path, section, key, value
     config = plan.read_config(str(tiny_config(tmp_path)))
     plan.apply_override(config, f"{section}.{key}={value}")
     plan.check_structure(config)
-    with pytest.raises(plan.rt.SkillError) as err:
+    with pytest.raises(plan.exits.SkillError) as err:
         plan.check_against_library(config)
     assert err.value.exit_code == 2 and expected in str(err.value) and "\n" not in str(err.value), str(err.value)
 
@@ -219,7 +219,7 @@ def tiny_trainer(plan, tmp_path, trainer):
 
 def plan_inputs(plan, path):
     res = resolved(plan, path)
-    kwargs, device = plan.rt.resolve_device("cpu")
+    kwargs, device = plan.placement.resolve_device("cpu")
     ids = plan.prompt_token_ids(res, seed=0)
     return res, kwargs, device, ids
 
@@ -466,7 +466,7 @@ def test_set_null_unsets_a_key(plan, tmp_path):
     plan.check_structure(config)
     assert config["prompts"] == {"path": str(prompts)}
     config["train"]["eos_token"] = None  # a JSON config's null: named in JSON's words
-    with pytest.raises(plan.rt.SkillError, match=r"\[train\] eos_token: expected boolean or integer or number or "
+    with pytest.raises(plan.exits.SkillError, match=r"\[train\] eos_token: expected boolean or integer or number or "
                                                  r"string, got null$"):
         plan.check_against_library(config)
 
@@ -490,7 +490,7 @@ def test_group_of_one_claims_hold_on_the_installed_library(plan, tmp_path, monke
     import math
     monkeypatch.chdir(tmp_path)
     res = resolved(plan, tiny_config(tmp_path, trainer, extra=extra))
-    kwargs, device = plan.rt.resolve_device("cpu")
+    kwargs, device = plan.placement.resolve_device("cpu")
     built = plan.build_trainer(res, kwargs, device, plan.prompt_token_ids(res, seed=0))
     probe = plan.Probe(built, res, device, plan.MemoryMeter(device), float("inf"))
     seen = []

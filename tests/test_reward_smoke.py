@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from conftest import BIN, REPO, inprocess, load_script, run, run_json, usage_error_without_torch
+from skill_runtime import runner
 
 SUBSKILL = REPO / "sub-skills" / "reward-modeling"
 REWARD_SMOKE = SUBSKILL / "scripts" / "tiny_reward_smoke.py"
@@ -92,10 +93,9 @@ def test_help_without_torch(empty_dir):
 
 
 def test_missing_responses_file_exits_2(reward_smoke, monkeypatch, capsys, tmp_path):
-    rt = sys.modules["skill_runtime"]
     monkeypatch.setattr(reward_smoke, "RESPONSES_FILE", tmp_path / "absent.txt")
     monkeypatch.chdir(tmp_path)
-    assert rt.run_cli(reward_smoke.main, ["--device", "cpu"]) == 2
+    assert runner.run_cli(reward_smoke.main, ["--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "responses file missing" in err
 
@@ -118,7 +118,7 @@ def test_reward_model_signature_as_documented():
     path = SUBSKILL / "references" / "reward-api.md"
     doc = path.read_text(encoding="utf-8")
     assert [m["symbol"] for m in check.generated_blocks(doc)] == ["palm_rlhf_pytorch.RewardModel"]
-    assert check.compare_docs(check.rt.load_api_record(), [path]) == []
+    assert check.compare_docs(check.version_gate.load_api_record(), [path]) == []
     assert list(inspect.signature(RewardModel.forward).parameters)[1:] == [
         "x", "mask", "prompt_mask", "prompt_lengths", "labels", "disable_lora"]
 

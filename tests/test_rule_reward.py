@@ -21,7 +21,7 @@ VOCAB, PROMPT_LEN, MAX_SEQ_LEN, GROUP, SAMPLES, EOS = 16, 4, 12, 4, 3, 3
 @pytest.fixture(autouse=True)
 def one_torch_thread(smoke):
     """One intra-op thread, as the helpers run: tiny models on a shared CPU are slower with more."""
-    with smoke.rt.torch_threads(1):
+    with smoke.placement.torch_threads(1):
         yield
 
 

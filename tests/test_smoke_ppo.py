@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from conftest import BIN, REPO, SMOKE, inprocess, run, run_json, usage_error_without_torch
+from skill_runtime import exits, runner, version_gate
 
 TOP_KEYS = {"status", "mode", "trainer", "device", "versions", "timings_s", "checks", "parameters",
             "generated"}
@@ -83,7 +84,7 @@ def test_prompts_file_is_utf8_with_non_ascii():
 
 
 def test_byte_tokenizer_pads_right_and_never_uses_pad_id(smoke):
-    tok = smoke.rt.ByteTokenizer()
+    tok = smoke.tokenizer.ByteTokenizer()
     ids = tok(["ab", "", "é"])
     assert ids.dtype.is_floating_point is False and tuple(ids.shape) == (2, 2)
     assert ids.tolist() == [[ord("a") + 1, ord("b") + 1], [0xC3 + 1, 0xA9 + 1]]
@@ -177,33 +178,30 @@ def test_help_does_not_import_torch(empty_dir):
 
 
 def test_missing_library_exits_3(smoke, monkeypatch, capsys):
-    rt = sys.modules["skill_runtime"]
-    monkeypatch.setattr(rt, "installed_version",
+    monkeypatch.setattr(version_gate, "installed_version",
                         lambda dist: None if dist == "palm-rlhf-pytorch" else "9.9")
-    assert rt.run_cli(smoke.main, ["--json"]) == 3
+    assert runner.run_cli(smoke.main, ["--json"]) == 3
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "pip install 'palm-rlhf-pytorch>=0.8.0,<0.9'" in err
 
 
 def test_untested_version_exits_3_unless_allowed(smoke, monkeypatch, capsys, empty_dir):
-    rt = sys.modules["skill_runtime"]
-    real = rt.installed_version
-    monkeypatch.setattr(rt, "installed_version",
+    real = version_gate.installed_version
+    monkeypatch.setattr(version_gate, "installed_version",
                         lambda dist: "0.9.1" if dist == "palm-rlhf-pytorch" else real(dist))
-    assert rt.run_cli(smoke.main, ["--construct-only"]) == 3
+    assert runner.run_cli(smoke.main, ["--construct-only"]) == 3
     assert "--allow-untested" in capsys.readouterr().err
     monkeypatch.chdir(empty_dir)
-    assert rt.run_cli(smoke.main, ["--construct-only", "--json", "--allow-untested", "--device", "cpu"]) == 0
+    assert runner.run_cli(smoke.main, ["--construct-only", "--json", "--allow-untested", "--device", "cpu"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["warnings"] and "outside the tested range" in report["warnings"][0]
 
 
 def test_documented_exit_codes_and_range_match_runtime(smoke):
-    rt = sys.modules["skill_runtime"]
     doc = (REPO / "references/installation.md").read_text(encoding="utf-8")
-    record = rt.load_api_record()
+    record = version_gate.load_api_record()
     assert f"`{record['supported']}`" in doc and record["tested_version"] in doc
-    for code in (rt.EXIT_OK, rt.EXIT_CHECK_FAILED, rt.EXIT_USAGE, rt.EXIT_DEPENDENCY):
+    for code in (exits.EXIT_OK, exits.EXIT_CHECK_FAILED, exits.EXIT_USAGE, exits.EXIT_DEPENDENCY):
         assert f"| {code} |" in doc
     pyproject = (REPO / "pyproject.toml").read_text(encoding="utf-8")
     assert f'"palm-rlhf-pytorch{record["supported"]}"' in pyproject, "pyproject range != api_record.json"
@@ -242,7 +240,7 @@ def test_damaged_prompts_file_is_a_one_line_exit_2(smoke, monkeypatch, tmp_path,
     damaged.write_bytes(content)
     monkeypatch.setattr(smoke, "PROMPTS_FILE", damaged)
     monkeypatch.chdir(empty_dir)
-    code = smoke.rt.run_cli(smoke.main, ["--prompt-style", "file", "--construct-only", "--device", "cpu"])
+    code = smoke.runner.run_cli(smoke.main, ["--prompt-style", "file", "--construct-only", "--device", "cpu"])
     out, err = capsys.readouterr()
     assert code == 2 and out == "" and len(err.splitlines()) == 1 and message in err, err
     assert list(empty_dir.iterdir()) == []

@@ -16,6 +16,7 @@ import sys
 import pytest
 
 from conftest import SMOKE, run, run_json
+from skill_runtime import exits, reporting, runner
 
 TRAINERS = ["ppo", "grpo", "tpo", "flowrl"]
 
@@ -199,13 +200,12 @@ def test_helper_refusal_builds_no_model(smoke, monkeypatch, capsys):
             super().__init__(*args, **kwargs)
 
     monkeypatch.setattr(palm_rlhf_pytorch, "PaLM", CountingPaLM)
-    rt = sys.modules["skill_runtime"]
-    assert rt.run_cli(smoke.main, ["--trainer", "grpo", "--grpo-variant", "dr-grpo,max-rl"]) == 2
+    assert runner.run_cli(smoke.main, ["--trainer", "grpo", "--grpo-variant", "dr-grpo,max-rl"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "cannot use both Dr. GRPO and MaxRL" in err
     assert built == []
     # the counter is live: an accepted variant does build a PaLM through it
-    assert rt.run_cli(smoke.main, ["--trainer", "grpo", "--construct-only", "--device", "cpu"]) == 0
+    assert runner.run_cli(smoke.main, ["--trainer", "grpo", "--construct-only", "--device", "cpu"]) == 0
     assert len(built) == 1
 
 
@@ -379,12 +379,11 @@ def test_documented_checks_per_trainer_match_real_output(reports):
     """reports.md's table of train smoke checks: the trainers column says who runs each, in order;
     every check the runs emit has a doc section in the runtime's one map (CHECK_DOCS)."""
     rows = table(REPORTS.read_text(encoding="utf-8"), "### Train smoke checks")
-    rt = sys.modules["skill_runtime"]
     for name, (_, report, _) in reports.items():
         shown = {"ppo": "PPO", "tpo": "TPO", "flowrl": "FlowRL", "grpo": "GRPO"}[name]
         expected = [code(r[0]) for r in rows if r[1] == "all" or r[1] == shown]
         assert [c["name"] for c in report["checks"]] == expected, name
-        assert {c["name"] for c in report["checks"]} <= set(rt.CHECK_DOCS), name
+        assert {c["name"] for c in report["checks"]} <= set(reporting.CHECK_DOCS), name
 
 
 def test_documented_options_match_argparse(smoke):
@@ -411,9 +410,8 @@ def test_documented_options_match_argparse(smoke):
 
 
 def test_documented_exit_codes_match_runtime():
-    rt = sys.modules["skill_runtime"]
     rows = table(WORKFLOWS.read_text(encoding="utf-8"), "### Exit codes")
-    assert [int(r[0]) for r in rows] == [rt.EXIT_OK, rt.EXIT_CHECK_FAILED, rt.EXIT_USAGE, rt.EXIT_DEPENDENCY]
+    assert [int(r[0]) for r in rows] == [exits.EXIT_OK, exits.EXIT_CHECK_FAILED, exits.EXIT_USAGE, exits.EXIT_DEPENDENCY]
 
 
 def test_documented_step_table_matches_real_runs(reports, smoke):

@@ -50,7 +50,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
-import skill_runtime as rt  # noqa: E402  (exit codes and the tested-version record)
+from skill_runtime import exits, options, runner, version_gate  # noqa: E402
 
 LIBRARY = "palm-rlhf-pytorch"
 SMOKES = (
@@ -86,8 +86,8 @@ def declarations() -> dict[str, dict[str, Any]]:
     {"specifier": SpecifierSet, "declared": {declaring distribution: SpecifierSet}}}``."""
     from palm_rlhf_skill import doctor
 
-    if rt.installed_version(LIBRARY) is None:
-        raise rt.SkillError(f"{LIBRARY} is not installed in {sys.prefix}: run this with the "
+    if version_gate.installed_version(LIBRARY) is None:
+        raise exits.SkillError(f"{LIBRARY} is not installed in {sys.prefix}: run this with the "
                             "project's .venv/bin/python")
     return doctor.declared_requirements(own_requirements())
 
@@ -139,7 +139,7 @@ def pip(venv: Path, args: list[str], constraints: Path, work: Path) -> None:
                              "--disable-pip-version-check", "-c", str(constraints), *args], work, PIP_TIMEOUT_S)
     if code != 0:
         reasons = [line.strip() for line in err.splitlines() if "requires" in line or "ERROR" in line]
-        raise rt.SkillError(f"pip install {' '.join(args)} failed: {' | '.join(reasons[-6:]) or err[-500:]}")
+        raise exits.SkillError(f"pip install {' '.join(args)} failed: {' | '.join(reasons[-6:]) or err[-500:]}")
 
 
 def make_base(work: Path, torch_req: str) -> tuple[Path, Path]:
@@ -147,7 +147,7 @@ def make_base(work: Path, torch_req: str) -> tuple[Path, Path]:
     base = work / "base"
     code, _, err, _ = run([sys.executable, "-m", "venv", str(base)], work, 300)
     if code != 0:
-        raise rt.SkillError(f"python -m venv failed: {err[-500:]}")
+        raise exits.SkillError(f"python -m venv failed: {err[-500:]}")
     loose = work / "no-constraints.txt"
     loose.write_text("", encoding="utf-8")
     pip(base, [torch_req], loose, work)
@@ -187,7 +187,7 @@ def trial(name: str, pins: list[str], base: Path, constraints: Path, wheel: Path
     try:  # the wheel without its requirements, so a --try below a declared floor still installs
         pip(venv, ["--no-deps", str(wheel)], constraints, work)
         pip(venv, [*others, *pins], constraints, work)
-    except rt.SkillError as err:
+    except exits.SkillError as err:
         record.update(passed=False, install_error=str(err), seconds=round(time.perf_counter() - started, 1))
         shutil.rmtree(venv, ignore_errors=True)
         return record
@@ -276,8 +276,8 @@ def markdown(requirements: dict[str, Any], records: list[dict[str, Any]], torch_
     return "\n".join(lines)
 
 
-def build_parser() -> rt.OneLineParser:
-    parser = rt.OneLineParser(
+def build_parser() -> options.OneLineParser:
+    parser = options.OneLineParser(
         prog="verify_floors.py",
         description="Install each declared dependency floor in a scratch venv and run the smokes.",
         epilog="examples:\n  .venv/bin/python tools/verify_floors.py --markdown\n"
@@ -299,7 +299,7 @@ def build_parser() -> rt.OneLineParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    record = rt.load_api_record()
+    record = version_gate.load_api_record()
     torch_req = args.torch or f"torch=={record['tested_with']['torch']}"
     requirements = declared_requirements()
     if args.records:
@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         torch_version = next(r["versions"]["torch"] for r in records if r.get("versions"))
         sys.stdout.write((markdown(requirements, records, torch_version) if args.markdown
                           else json.dumps(records, indent=2)) + "\n")
-        return rt.EXIT_OK if all(r["passed"] for r in records) else rt.EXIT_CHECK_FAILED
+        return exits.EXIT_OK if all(r["passed"] for r in records) else exits.EXIT_CHECK_FAILED
     trials = plan(requirements, [n.lower() for n in args.only], args.tries)
     work = Path(tempfile.mkdtemp(prefix="verify-floors-"))
     started = time.perf_counter()
@@ -320,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         code, _, err, _ = run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist),
                                str(REPO)], work, PIP_TIMEOUT_S)
         if code != 0:
-            raise rt.SkillError(f"building the palm-rlhf-skill wheel failed: {err[-500:]}")
+            raise exits.SkillError(f"building the palm-rlhf-skill wheel failed: {err[-500:]}")
         wheel = next(dist.glob("*.whl"))
         watch = sorted({*requirements, LIBRARY})
         for name, pins in trials:
@@ -341,8 +341,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(markdown(requirements, records, torch_version) + "\n")
     else:
         sys.stdout.write(json.dumps(records, indent=2) + "\n")
-    return rt.EXIT_OK if all(r["passed"] for r in records) else rt.EXIT_CHECK_FAILED
+    return exits.EXIT_OK if all(r["passed"] for r in records) else exits.EXIT_CHECK_FAILED
 
 
 if __name__ == "__main__":
-    sys.exit(rt.run_cli(main))
+    sys.exit(runner.run_cli(main))

@@ -7,11 +7,9 @@ importlib.resources), never from a copy. Nothing here imports torch.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import sys
 from importlib import resources
 from pathlib import Path
-from types import ModuleType
 
 from palm_rlhf_skill import __version__
 
@@ -43,32 +41,24 @@ def skill_root() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
-def load_by_path(name: str, path: Path) -> ModuleType:
-    """Import the file ``path`` as module ``name``, registered in sys.modules (dataclasses resolve
-    annotations through it). Raises FileNotFoundError when the file is missing."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def script_path(helper: str) -> Path:
     """The installed skill-tree file behind ``helper`` (``tiny-rlhf-smoke``, ``palm-rlhf-skill
     check``...): the runtime's HELPER_SCRIPTS, the one map of helpers to files."""
-    from palm_rlhf_skill.runtime import skill_runtime
-    return skill_root() / skill_runtime().HELPER_SCRIPTS[helper]
+    import palm_rlhf_skill.runtime  # noqa: F401  (the tree's modules on sys.path)
+    from skill_runtime import reporting
+    return skill_root() / reporting.HELPER_SCRIPTS[helper]
 
 
 def run_script(helper: str, argv: list[str]) -> int:
-    """Load the skill-tree script behind ``helper`` by path and run its ``main(argv)`` under the
-    script's own ``run_cli`` (one-line errors, exit codes), reporting itself as ``helper``; return
-    the exit code."""
+    """Import the skill-tree script behind ``helper`` (a plain import: its folder is one of the
+    tree's import roots) and run its ``main(argv)`` under the runtime's ``run_cli`` (one-line
+    errors, exit codes), reporting itself as ``helper``; return the exit code."""
     path = script_path(helper)
+    from skill_runtime import runner
     sys.argv = [helper, *argv]  # argparse and run_cli name the program from argv[0]
     try:
-        module = load_by_path(path.stem, path)
-        return module.rt.run_cli(module.main, argv)
+        module = importlib.import_module(path.stem)
+        return runner.run_cli(module.main, argv)
     except SystemExit as exc:        # argparse --help / usage errors
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
 
@@ -91,14 +81,15 @@ def tiny_reward_smoke() -> int:
 def main(argv: list[str] | None = None) -> int:
     """``palm-rlhf-skill [--version] COMMAND ...``: dispatch to a subcommand, under the runtime's
     ``run_cli`` (one-line errors, a quiet exit when stdout's reader goes away)."""
-    from palm_rlhf_skill.runtime import skill_runtime
-    return skill_runtime().run_cli(dispatch, sys.argv[1:] if argv is None else argv)
+    import palm_rlhf_skill.runtime  # noqa: F401  (the tree's modules on sys.path)
+    from skill_runtime import runner
+    return runner.run_cli(dispatch, sys.argv[1:] if argv is None else argv)
 
 
 def dispatch(argv: list[str]) -> int:
     """Parse the top-level command line and run the subcommand; return its exit code."""
-    from palm_rlhf_skill.runtime import skill_runtime
-    parser = skill_runtime().OneLineParser(
+    from skill_runtime import options
+    parser = options.OneLineParser(
         prog="palm-rlhf-skill",
         description="Skill tree and checks for palm-rlhf-pytorch.",
         epilog="exit codes: 0 ok; 1 a check failed; 2 usage error; 3 dependency missing")

@@ -4,7 +4,7 @@ Checks, each with a verdict (ok, warn, fail, missing, skipped) and how to fix it
 
     python         the interpreter against this package's Requires-Python
     library        palm-rlhf-pytorch and torch through the helpers' own version gate
-                   (scripts/skill_runtime.py check_versions, ranges in scripts/api_record.json),
+                   (scripts/skill_runtime/version_gate.py check_versions, ranges in scripts/api_record.json),
                    and every file that shadows one of their modules on the import path
     dependencies   every requirement palm-rlhf-pytorch and this package declare, installed version
                    against the declared specifier
@@ -30,9 +30,9 @@ import tempfile
 from importlib import metadata
 from typing import Any
 
-from palm_rlhf_skill.runtime import skill_runtime
 
-rt = skill_runtime()
+import palm_rlhf_skill.runtime  # noqa: F401  (puts the installed skill tree's scripts/ on sys.path)
+from skill_runtime import exits, options, placement, reporting, runner, streams, version_gate  # noqa: E402
 
 # The tiny smoke's peak resident memory, measured with /usr/bin/time -v on the 2.13.0 CPU build:
 # 346 MiB for the PPO train smoke, 350 MiB for --trainer all. The floors leave about 3x headroom.
@@ -45,7 +45,7 @@ EXIT_FIT, EXIT_MUST_CHANGE, EXIT_MISSING = 0, 1, 3
 VERDICT_EXIT = {"ok": EXIT_FIT, "warn": EXIT_FIT, "skipped": EXIT_FIT, "fail": EXIT_MUST_CHANGE,
                 "missing": EXIT_MISSING}
 STATUS_WORD = {EXIT_FIT: "fit", EXIT_MUST_CHANGE: "must-change", EXIT_MISSING: "missing"}
-NEXT_STEP = {EXIT_FIT: f"this environment can run the trainers; next: {rt.FIRST_COMMAND}",
+NEXT_STEP = {EXIT_FIT: f"this environment can run the trainers; next: {reporting.FIRST_COMMAND}",
              EXIT_MUST_CHANGE: "apply the fix under each failed check, then run doctor again",
              EXIT_MISSING: "a dependency is missing, shadowed or outside the tested range: apply the "
                            "fix above, then run doctor again"}
@@ -90,16 +90,16 @@ def python_check(record: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]
 
 def library_check(shadows: list[dict[str, str]]) -> tuple[dict[str, Any], dict[str, str]]:
     """palm-rlhf-pytorch and torch through the helpers' version gate (missing, shadowed or out of
-    the tested range: 3). ``shadows`` are ``rt.shadowed_modules()``; every one is named."""
+    the tested range: 3). ``shadows`` are ``version_gate.shadowed_modules()``; every one is named."""
     if shadows:
-        return {"shadowed": shadows}, _check("library", "missing", "; ".join(map(rt.shadow_text, shadows)),
-                                             rt.SHADOW_FIX)
+        return {"shadowed": shadows}, _check("library", "missing", "; ".join(map(version_gate.shadow_text, shadows)),
+                                             version_gate.SHADOW_FIX)
     try:
-        gate = rt.check_versions(allow_untested=False)
-    except rt.SkillError as err:
+        gate = version_gate.check_versions(allow_untested=False)
+    except exits.SkillError as err:
         message = str(err)
         fix = message.rpartition(": ")[2] or message
-        status = "missing" if err.exit_code == rt.EXIT_DEPENDENCY else "fail"
+        status = "missing" if err.exit_code == exits.EXIT_DEPENDENCY else "fail"
         return {"error": message}, _check("library", status, message.rpartition(": ")[0] or message, fix)
     versions, tested = gate["versions"], gate["tested"]
     detail = (f"palm-rlhf-pytorch {versions['palm-rlhf-pytorch']} in {tested['supported']} "
@@ -118,7 +118,7 @@ def declared_requirements(own: list[str] | None = None) -> dict[str, dict[str, A
     from packaging.utils import canonicalize_name
 
     merged: dict[str, dict[str, Any]] = {}
-    for dist in (rt.load_api_record()["library"], OWN_DISTRIBUTION):
+    for dist in (version_gate.load_api_record()["library"], OWN_DISTRIBUTION):
         try:
             lines = own if dist == OWN_DISTRIBUTION and own is not None else metadata.requires(dist) or []
         except metadata.PackageNotFoundError:
@@ -157,7 +157,7 @@ def dependencies_check(record: dict[str, Any]) -> tuple[dict[str, Any], dict[str
     for name, entry in sorted(declared_requirements().items()):
         if name == library:
             continue
-        spec, installed = entry["specifier"], rt.installed_version(name)
+        spec, installed = entry["specifier"], version_gate.installed_version(name)
         wanted = readable(spec)
         packages[name] = {"installed": installed, "required": wanted or "any",
                           "required_by": list(entry["declared"]), "tested": tested.get(name)}
@@ -187,13 +187,13 @@ def torch_check(shadowed: set[str]) -> tuple[dict[str, Any], dict[str, str]]:
     """torch's build, CUDA devices (name, compute capability, memory in MiB, native bf16) and
     whether bfloat16 math runs on the CPU. Not installed, or shadowed by another file (``shadowed``:
     module names): skipped, and the library check says why."""
-    if rt.installed_version("torch") is None:
+    if version_gate.installed_version("torch") is None:
         return {}, _check("torch", "skipped", "torch is not installed", "see the library check")
     if "torch" in shadowed:
         return {}, _check("torch", "skipped", "not imported: another file shadows torch",
                           "see the library check")
     try:
-        with rt.capture_library_output():
+        with streams.capture_library_output():
             import torch
     except Exception as err:  # a broken install: missing shared libraries, ABI mismatch
         return {"error": repr(err)}, _check("torch", "fail", f"import torch failed: {_one_line(err)}",
@@ -249,21 +249,21 @@ def accelerate_check(torch_info: dict[str, Any], shadowed: set[str]) -> tuple[di
 
     ``accelerate launch`` without a config file starts one process per CUDA device (MULTI_GPU)
     when more than one is visible, else one process (accelerate/commands/launch.py,
-    ``_validate_launch_command``). The Accelerator is built by ``rt.probe_accelerator``, the same
+    ``_validate_launch_command``). The Accelerator is built by ``placement.probe_accelerator``, the same
     probe the helpers run before any model (an ACCELERATE_* value it refuses: exit 2 there).
     """
     use_cpu = os.environ.get("ACCELERATE_USE_CPU")
     info: dict[str, Any] = {"ACCELERATE_USE_CPU": use_cpu,
                             "ACCELERATE_MIXED_PRECISION": os.environ.get("ACCELERATE_MIXED_PRECISION")}
-    if rt.installed_version("accelerate") is None or not torch_info.get("version") or "accelerate" in shadowed:
+    if version_gate.installed_version("accelerate") is None or not torch_info.get("version") or "accelerate" in shadowed:
         return info, _check("accelerate", "skipped", "accelerate or torch is not installed or not "
                             "importable", "see the library and dependencies checks")
-    with rt.capture_library_output():
+    with streams.capture_library_output():
         from accelerate.commands.config.config_args import default_config_file, load_config_from_file
-    state, error = rt.probe_accelerator({})
+    state, error = placement.probe_accelerator({})
     if error:
         return info, _check("accelerate", "fail", f"Accelerator() fails here: {error}",
-                            f"{rt.accelerate_variables()}: {rt.accelerate_fix()}")
+                            f"{placement.accelerate_variables()}: {placement.accelerate_fix()}")
     info.update(state)
     launch: dict[str, Any] = {"config_file": None}
     try:
@@ -286,7 +286,7 @@ def accelerate_check(torch_info: dict[str, Any], shadowed: set[str]) -> tuple[di
               + "; `accelerate launch`: "
               f"{processes(launch['distributed_type'], launch['num_processes'])}"
               + (f" (config {launch['config_file']})" if launch["config_file"] else " (no config file)"))
-    with rt.capture_library_output():
+    with streams.capture_library_output():
         from accelerate.utils import PrecisionType
     accepted = [p.value for p in PrecisionType]
     if precision is not None and precision not in accepted:
@@ -319,13 +319,13 @@ def tqdm_check(shadowed: set[str]) -> tuple[dict[str, Any], dict[str, str]]:
     ``disable=False`` itself and so ignores TQDM_DISABLE (``TQDM_DOC`` explains it)."""
     value = os.environ.get("TQDM_DISABLE")
     info: dict[str, Any] = {"TQDM_DISABLE": value, "generate_bars_off": None, "episodes_bar_off": None}
-    if rt.installed_version("tqdm") is None or shadowed & {"tqdm", "accelerate", "torch"}:
+    if version_gate.installed_version("tqdm") is None or shadowed & {"tqdm", "accelerate", "torch"}:
         return info, _check("tqdm", "skipped", "tqdm is not installed or not importable",
                             "see the library and dependencies checks")
     from tqdm import tqdm
     bars = [tqdm(total=1, file=io.StringIO())]
-    if rt.installed_version("accelerate") is not None:
-        with rt.capture_library_output():
+    if version_gate.installed_version("accelerate") is not None:
+        with streams.capture_library_output():
             from accelerate.utils.tqdm import tqdm as accelerate_tqdm
         bars.append(accelerate_tqdm(total=1, file=io.StringIO(), main_process_only=False))
     info["generate_bars_off"] = bool(bars[0].disable)
@@ -351,7 +351,7 @@ def resources_checks() -> tuple[dict[str, Any], list[dict[str, str]]]:
     """Available memory and free disk in the working and the temporary directory, in MiB, and
     whether each is writable. A short or read-only working directory is its own fix: TPO's train()
     writes ``./tpo_memmap_replay_buffer`` there (palm_rlhf_pytorch/tpo.py), whatever TMPDIR says."""
-    memory = rt.available_memory_mib()  # one reader, shared with --nproc and plan
+    memory = placement.available_memory_mib()  # one reader, shared with --nproc and plan
     places = {"cwd": os.getcwd(), "tmp": tempfile.gettempdir()}
     disk = {key: {"path": path, "free_mib": _mib(shutil.disk_usage(path).free)} for key, path in places.items()}
     info = {"memory_available_mib": memory, "min_memory_mib": MIN_MEMORY_MIB, "disk": disk,
@@ -380,8 +380,8 @@ def resources_checks() -> tuple[dict[str, Any], list[dict[str, str]]]:
 
 def diagnose() -> dict[str, Any]:
     """Run every check; the report that ``--json`` prints (see the module docstring)."""
-    record = rt.load_api_record()
-    shadows = rt.shadowed_modules()  # before any check imports a module that a file shadows
+    record = version_gate.load_api_record()
+    shadows = version_gate.shadowed_modules()  # before any check imports a module that a file shadows
     shadowed = {s["module"] for s in shadows}
     python_info, python = python_check(record)
     library_info, library = library_check(shadows)
@@ -413,7 +413,7 @@ def summary(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """``palm-rlhf-skill doctor [--json]``; returns the exit code (0 fit, 1 must change, 3 missing)."""
-    parser = rt.OneLineParser(
+    parser = options.OneLineParser(
         prog="palm-rlhf-skill doctor", epilog=EPILOG,
         description="Check that this environment can run the palm-rlhf-pytorch trainers: Python,\n"
                     "palm-rlhf-pytorch and its dependencies against the tested range, torch's build\n"
@@ -423,6 +423,6 @@ def main(argv: list[str] | None = None) -> int:
 
     def run(_: list[str] | None) -> int:
         report = diagnose()
-        return rt.emit(report, args.json, summary, report["exit_code"])
+        return runner.emit(report, args.json, summary, report["exit_code"])
 
-    return rt.run_cli(run)
+    return runner.run_cli(run)

@@ -11,7 +11,7 @@ folder named after the skill as the Agent Skills spec requires. Skills directori
 ``--scope project`` (default) puts claude and agents under the current directory, ``--scope user``
 under the home directory. A PATH is taken as written: a relative one from the current directory
 (``--scope user`` with one is a usage error: write ``~/PATH``), ``~`` expanded. The copy is self-sufficient: its scripts
-import ``scripts/skill_runtime.py`` by path and need only palm-rlhf-pytorch, not this package.
+import the runtime ``scripts/skill_runtime/`` and need only palm-rlhf-pytorch, not this package.
 Nothing here imports torch.
 """
 from __future__ import annotations
@@ -27,9 +27,9 @@ import tempfile
 from pathlib import Path
 
 from palm_rlhf_skill.cli import skill_root
-from palm_rlhf_skill.runtime import skill_runtime
 
-rt = skill_runtime()
+import palm_rlhf_skill.runtime  # noqa: F401  (puts the installed skill tree's scripts/ on sys.path)
+from skill_runtime import exits, options, runner  # noqa: E402
 
 SKILL_ITEMS = ("SKILL.md", "LICENSE", "references", "scripts", "sub-skills")
 TARGETS = {"claude": Path(".claude") / "skills", "agents": Path(".agents") / "skills"}
@@ -53,11 +53,11 @@ def skill_name(tree: Path) -> str:
     try:
         text = (tree / "SKILL.md").read_text(encoding="utf-8")
     except OSError as err:
-        raise rt.SkillError(f"cannot read {tree / 'SKILL.md'}: {err.strerror}") from None
+        raise exits.SkillError(f"cannot read {tree / 'SKILL.md'}: {err.strerror}") from None
     front = re.match(r"---\r?\n(.*?)\r?\n---", text, re.DOTALL)
     name = re.search(r"^name:\s*['\"]?([^'\"\s]+)", front.group(1), re.MULTILINE) if front else None
     if name is None:
-        raise rt.SkillError(f"{tree / 'SKILL.md'} has no frontmatter 'name'")
+        raise exits.SkillError(f"{tree / 'SKILL.md'} has no frontmatter 'name'")
     return name.group(1)
 
 
@@ -72,25 +72,25 @@ def skills_dir(target: str, scope: str) -> Path:
     separators = [sep for sep in (os.sep, os.altsep) if sep]
     is_path = target not in TARGETS and (any(sep in target for sep in separators) or target.startswith((".", "~")))
     if is_path and scope == "user" and not Path(target).expanduser().is_absolute():
-        raise rt.SkillError(f"--scope user with the relative path {target}: a PATH is taken from the current "
+        raise exits.SkillError(f"--scope user with the relative path {target}: a PATH is taken from the current "
                             f"directory; write ~/{target.removeprefix('./')} for one under your home, or drop --scope")
     try:
         base = Path.home() if scope == "user" else Path.cwd()
     except (RuntimeError, KeyError):
-        raise rt.SkillError("--scope user: no home directory (set HOME)") from None
+        raise exits.SkillError("--scope user: no home directory (set HOME)") from None
     if scope == "user" and not base.is_dir():
-        raise rt.SkillError(f"--scope user: home directory {base} does not exist (set HOME)")
+        raise exits.SkillError(f"--scope user: home directory {base} does not exist (set HOME)")
     if target in TARGETS:
         path = base / TARGETS[target]
     elif is_path:
         path = Path(target).expanduser()
         path = path if path.is_absolute() else Path.cwd() / path
     else:
-        raise rt.SkillError(f"unknown target {target!r}: use claude, agents, or a skills "
+        raise exits.SkillError(f"unknown target {target!r}: use claude, agents, or a skills "
                             f"directory path such as ./{target}")
     blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
     if blocker is not None:
-        raise rt.SkillError(f"{blocker} is a file, not a directory: choose a skills directory path")
+        raise exits.SkillError(f"{blocker} is a file, not a directory: choose a skills directory path")
     return path
 
 
@@ -99,14 +99,14 @@ def is_copy(dest: Path, name: str) -> bool:
     one test ``install --force`` and ``uninstall`` apply before they delete anything there."""
     try:
         return dest.is_dir() and skill_name(dest) == name
-    except rt.SkillError:  # no SKILL.md, or no name in it
+    except exits.SkillError:  # no SKILL.md, or no name in it
         return False
 
 
-def not_a_copy(dest: Path, name: str) -> rt.SkillError:
+def not_a_copy(dest: Path, name: str) -> exits.SkillError:
     """The refusal (exit 1) for a ``dest`` that is not a copy of the skill: never deleted."""
     what = "a folder whose SKILL.md does not name it" if dest.is_dir() else "a file"
-    return rt.SkillError(f"{dest} is not a copy of the {name} skill ({what}): choose another --target, or "
+    return exits.SkillError(f"{dest} is not a copy of the {name} skill ({what}): choose another --target, or "
                          "remove it by hand if you mean to", EXIT_REFUSED)
 
 
@@ -195,7 +195,7 @@ def install(target: str, scope: str, force: bool) -> tuple[str, Path, int]:
                 if not is_copy(dest, name):
                     raise not_a_copy(dest, name)
                 if not force:
-                    raise rt.SkillError(f"{dest} already holds a different copy "
+                    raise exits.SkillError(f"{dest} already holds a different copy "
                                         f"({describe_difference(wanted, tree_files(dest))}): pass --force to "
                                         "replace it", EXIT_REFUSED)
             if staging is None:
@@ -215,7 +215,7 @@ def install(target: str, scope: str, force: bool) -> tuple[str, Path, int]:
             return ("replaced" if exists else "installed"), dest, len(wanted)
     except OSError as err:
         where = err.filename or dest
-        raise rt.SkillError(f"cannot write {where}: {err.strerror or err}") from None
+        raise exits.SkillError(f"cannot write {where}: {err.strerror or err}") from None
     finally:
         if staging is not None and staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
@@ -252,7 +252,7 @@ def uninstall(target: str, scope: str, force: bool = False) -> tuple[Path, bool]
         if not (dest.exists() or dest.is_symlink()):
             return dest, False
         if found != wanted:
-            raise rt.SkillError(f"{dest} differs from this package's copy ({describe_difference(wanted, found or {})}"
+            raise exits.SkillError(f"{dest} differs from this package's copy ({describe_difference(wanted, found or {})}"
                                 "): edits there would be lost; pass --force to remove it", EXIT_REFUSED)
     try:
         old = Path(tempfile.mkdtemp(prefix=f".{name}-old-", dir=dest.parent))
@@ -263,7 +263,7 @@ def uninstall(target: str, scope: str, force: bool = False) -> tuple[Path, bool]
         finally:
             shutil.rmtree(old)  # with the copy it took, if it took it
     except OSError as err:
-        raise rt.SkillError(f"cannot remove {err.filename or dest}: {err.strerror or err}") from None
+        raise exits.SkillError(f"cannot remove {err.filename or dest}: {err.strerror or err}") from None
     if target in TARGETS:  # the .claude/skills (or .agents/skills) that install created, if now empty
         for folder in (dest.parent, dest.parent.parent):
             try:
@@ -289,7 +289,7 @@ def locations(target: str | None, scope: str | None) -> list[tuple[str, str, Pat
 
 
 def _parser(command: str, description: str, epilog: str):
-    return rt.OneLineParser(prog=f"palm-rlhf-skill {command}", description=description,
+    return options.OneLineParser(prog=f"palm-rlhf-skill {command}", description=description,
                             epilog=epilog)
 
 
@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{outcome} {dest} ({count} files)")
         return EXIT_DONE
 
-    return rt.run_cli(run)
+    return runner.run_cli(run)
 
 
 def uninstall_main(argv: list[str] | None = None) -> int:
@@ -356,7 +356,7 @@ def uninstall_main(argv: list[str] | None = None) -> int:
         print(f"removed {dest}" if removed else f"{dest}: not installed there; nothing to do")
         return EXIT_DONE
 
-    return rt.run_cli(run)
+    return runner.run_cli(run)
 
 
 def list_main(argv: list[str] | None = None) -> int:
@@ -384,4 +384,4 @@ def list_main(argv: list[str] | None = None) -> int:
                 print(f"{row['status']:<10}  {row['target']:<{width}}  {row['scope']:<7}  {row['path']}")
         return EXIT_DONE
 
-    return rt.run_cli(run)
+    return runner.run_cli(run)

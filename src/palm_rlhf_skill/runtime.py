@@ -1,24 +1,21 @@
-"""The skill tree's shared runtime (``scripts/skill_runtime.py``), imported by path.
+"""Makes the installed skill tree's modules importable for the console commands.
 
 The console subcommands use the same exit codes, one-line errors and version gate as the helper
-scripts, so they import the one file the scripts import, from the installed skill tree, rather than
-keeping a copy. Importing it does not import torch.
+scripts, so they import the tree's own runtime (``scripts/skill_runtime/``) rather than keeping a
+copy: importing this module puts the installed tree's ``scripts/`` first on ``sys.path`` and imports
+``skill_runtime``, which adds the tree's other ``scripts/`` folders (its ``IMPORT_ROOTS``). A
+``skill_runtime`` already imported in this process (a helper script run in it imported its own) is
+kept, so there is one runtime per process whichever file loaded it first. Importing this module
+does not import torch.
 """
 from __future__ import annotations
 
 import sys
-from types import ModuleType
 
-from palm_rlhf_skill.cli import load_by_path, skill_root
+from palm_rlhf_skill.cli import skill_root
 
+SCRIPTS = str(skill_root() / "scripts")
+if SCRIPTS not in sys.path:
+    sys.path.insert(0, SCRIPTS)
 
-def skill_runtime() -> ModuleType:
-    """``scripts/skill_runtime.py`` of the installed tree as module ``skill_runtime``.
-
-    A helper script run in this process already imported it under that name; that module is reused,
-    so there is one runtime per process whichever file loaded it first.
-    """
-    loaded = sys.modules.get("skill_runtime")
-    if loaded is not None:
-        return loaded
-    return load_by_path("skill_runtime", skill_root() / "scripts" / "skill_runtime.py")
+import skill_runtime  # noqa: E402,F401  (puts the tree's other scripts/ folders on sys.path)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
-import skill_runtime as rt  # noqa: E402  (shared runtime at the skill root, imported by path)
+from skill_runtime import exits, options, reporting, runner, smoke_main, streams  # noqa: E402
 
 TINY_PALM = dict(num_tokens=257, dim=32, depth=1, heads=2, dim_head=16)
 BATCH, SEQ_LEN = 4, 16     # the fixed next-token-loss batch: ids in [1, 257), so no id is ignored
@@ -41,20 +41,20 @@ SCOPE_MIN_EFFECT = 1e-3    # a perturbed scope must move some logit by more than
 CHECKPOINT = "palm.pt"     # written in the private temporary directory only
 
 
-def build_parser() -> rt.OneLineParser:
-    parser = rt.OneLineParser(
+def build_parser() -> options.OneLineParser:
+    parser = options.OneLineParser(
         description="Bounded smoke for the base PaLM of palm-rlhf-pytorch: next-token loss step, "
                     "greedy generate, LoRA scope isolation and merge, save/load round trip.",
         epilog="examples:\n"
                "  tiny-palm-smoke --json\n"
                "  tiny-palm-smoke --device cpu --seed 1\n"
-               "  tiny-palm-smoke --steps 10 --lr 1e-2\n\n" + rt.EXIT_CODES_EPILOG)
-    parser.add_argument("--steps", type=rt.bounded_int(1, rt.MAX_OPTIMIZER_STEPS), default=3, metavar="N",
+               "  tiny-palm-smoke --steps 10 --lr 1e-2\n\n" + exits.EXIT_CODES_EPILOG)
+    parser.add_argument("--steps", type=options.bounded_int(1, options.MAX_OPTIMIZER_STEPS), default=3, metavar="N",
                         help="Adam steps on the fixed next-token batch (default: 3)")
-    parser.add_argument("--lr", type=rt.finite_nonnegative_float, default=3e-3,
+    parser.add_argument("--lr", type=options.finite_nonnegative_float, default=3e-3,
                         help="Adam learning rate for the loss steps (default: 3e-3; 0 makes the "
                              "loss check fail)")
-    rt.add_common_options(parser)
+    options.add_common_options(parser)
     return parser
 
 
@@ -70,7 +70,7 @@ def fixed_batch(seed: int, device):
     return torch.randint(1, TINY_PALM["num_tokens"], (BATCH, SEQ_LEN), generator=gen).to(device)
 
 
-def check_loss_step(palm, batch, args, checks: rt.Checks) -> dict[str, Any]:
+def check_loss_step(palm, batch, args, checks: reporting.Checks) -> dict[str, Any]:
     """``args.steps`` Adam steps on ``palm(batch, return_loss=True)``; the loss must drop."""
     import torch
     palm.train()
@@ -92,7 +92,7 @@ def check_loss_step(palm, batch, args, checks: rt.Checks) -> dict[str, Any]:
     return {"steps": args.steps, "lr": args.lr, "before": before, "after": after, "per_step": losses}
 
 
-def check_generate(palm, batch, checks: rt.Checks) -> dict[str, Any]:
+def check_generate(palm, batch, checks: reporting.Checks) -> dict[str, Any]:
     """Greedy generate with a batched prompt (returns only the sampled part) and with no prompt."""
     import torch
     prompt = batch[:2, :PROMPT_LEN]
@@ -118,7 +118,7 @@ def check_generate(palm, batch, checks: rt.Checks) -> dict[str, Any]:
             "without_prompt": {"shape": list(no_prompt.shape)}, "seq_len": GEN_LEN}
 
 
-def check_lora(palm, batch, checks: rt.Checks) -> dict[str, Any]:
+def check_lora(palm, batch, checks: reporting.Checks) -> dict[str, Any]:
     """Scope isolation and merge for LoRA scope LORA_SCOPE on an eval-mode PaLM."""
     import torch
     with torch.no_grad():
@@ -151,7 +151,7 @@ def check_lora(palm, batch, checks: rt.Checks) -> dict[str, Any]:
             "scoped_max_abs_effect": effect, "merge_max_abs_diff": merge_diff, "merge_atol": MERGE_ATOL}
 
 
-def check_save_load(palm, batch, device, checks: rt.Checks) -> dict[str, Any]:
+def check_save_load(palm, batch, device, checks: reporting.Checks) -> dict[str, Any]:
     """``torch.save(palm.state_dict())`` then a fresh ``PaLM(...).load(path)``: identical logits."""
     import torch
     from palm_rlhf_pytorch import PaLM
@@ -168,14 +168,14 @@ def check_save_load(palm, batch, device, checks: rt.Checks) -> dict[str, Any]:
     return {"path": CHECKPOINT, "bytes": size, "max_abs_diff": diff}
 
 
-def run_smoke(args, device, timer: rt.Timer) -> dict[str, Any]:
+def run_smoke(args, device, timer: streams.Timer) -> dict[str, Any]:
     """All PaLM checks on one tiny model, each step timed (and shown) by ``timer``; returns the
     per-check results (JSON-ready)."""
     import torch
     from accelerate.utils import set_seed
     from palm_rlhf_pytorch import PaLM
 
-    checks, result = rt.Checks(), {}
+    checks, result = reporting.Checks(), {}
     set_seed(args.seed)
     with timer.stage("construct"):
         palm = PaLM(**TINY_PALM).to(device)
@@ -204,11 +204,11 @@ def run_smoke(args, device, timer: rt.Timer) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return rt.run_checked_smoke(args, "tiny-palm-smoke", TINY_PALM, lambda device, timer: run_smoke(args, device, timer),
-                                START, next_step=rt.command("tiny-reward-smoke"))
+    return smoke_main.run_checked_smoke(args, "tiny-palm-smoke", TINY_PALM, lambda device, timer: run_smoke(args, device, timer),
+                                START, next_step=reporting.command("tiny-reward-smoke"))
 
 
 START = time.perf_counter()
 
 if __name__ == "__main__":
-    sys.exit(rt.run_cli(main))
+    sys.exit(runner.run_cli(main))

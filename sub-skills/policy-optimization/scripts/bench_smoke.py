@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
-import skill_runtime as rt  # noqa: E402  (shared runtime at the skill root, imported by path)
+from skill_runtime import exits, options, placement, reporting, runner, streams, version_gate, workspace  # noqa: E402
 
 SMOKE = Path(__file__).resolve().parent / "tiny_rlhf_smoke.py"
 THIS = Path(__file__).resolve()
@@ -147,7 +147,7 @@ def run_child(argv: list[str]) -> dict[str, Any]:
     Returns ``{wall_s, cpu_s, peak_rss_mib, exit_code, report, stderr_tail}``; ``report`` is the
     child's JSON stdout (None when it printed none). stdout/stderr go to temporary files, so a
     chatty child can never block on a full pipe while the parent waits. Interrupted or terminated
-    meanwhile, it stops the child (``rt.stop_child``) before re-raising.
+    meanwhile, it stops the child (``runner.stop_child``) before re-raising.
     """
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.perf_counter()
@@ -155,7 +155,7 @@ def run_child(argv: list[str]) -> dict[str, Any]:
         try:
             _, status, usage = os.wait4(proc.pid, 0)
         except BaseException:  # SIGINT / SIGTERM to the bench alone: never leave the child running
-            rt.stop_child(proc, STOP_GRACE_S)
+            runner.stop_child(proc, STOP_GRACE_S)
             raise
         wall = time.perf_counter() - start
         proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
@@ -189,13 +189,13 @@ def estimate_s(cases: list[Case], repeat: int, floor_s: float | None) -> float:
     """Predicted wall seconds of ``repeat`` rounds of ``cases``: per smoke case its own estimate
     (``tiny_rlhf_smoke.estimate_s``, one source for the smoke and the bench) plus ``floor_s``, the
     import floor's measured wall time (None: imports not counted)."""
-    smoke = rt.load_by_path("tiny_rlhf_smoke", SMOKE)  # torch-free at import
+    import tiny_rlhf_smoke as smoke  # torch-free at import
     parser = smoke.build_parser()
     work = sum(0.0 if case.is_floor else smoke.estimate_s(parser.parse_args(list(case.argv[1:]))) for case in cases)
     return repeat * (work + len(cases) * (floor_s or 0.0))
 
 
-def measure(cases: list[Case], repeat: int, warmup: int, progress: rt.Progress) -> dict[str, list[dict]]:
+def measure(cases: list[Case], repeat: int, warmup: int, progress: streams.Progress) -> dict[str, list[dict]]:
     """Run every case ``repeat`` times, interleaved; ``{case key: [run per repeat]}``; each run
     also records the 1-minute load average right after it (``load_average``).
 
@@ -211,7 +211,7 @@ def measure(cases: list[Case], repeat: int, warmup: int, progress: rt.Progress) 
     total, done = repeat * len(cases), 0
     seconds = estimate_s(cases, repeat, floor_s)
     if seconds > ESTIMATE_NOTE_S:
-        progress.note(f"{total} fresh processes, about {rt.seconds_text(seconds)}"
+        progress.note(f"{total} fresh processes, about {reporting.seconds_text(seconds)}"
                       + ("" if floor_s else " plus their imports")
                       + " (the smoke's own estimate per case; a busy machine takes longer)")
     runs: dict[str, list[dict]] = {case.key: [] for case in cases}
@@ -223,8 +223,8 @@ def measure(cases: list[Case], repeat: int, warmup: int, progress: rt.Progress) 
                 run = run_child([sys.executable, *case.argv])
                 bar.set_postfix_str(f"exit {run['exit_code']}")
             run["repeat"], run["load_average"] = r, load_average()
-            if run["exit_code"] in (rt.EXIT_USAGE, rt.EXIT_DEPENDENCY):
-                raise rt.SkillError(f"{case.label}: {run['stderr_tail'][0]}", run["exit_code"])
+            if run["exit_code"] in (exits.EXIT_USAGE, exits.EXIT_DEPENDENCY):
+                raise exits.SkillError(f"{case.label}: {run['stderr_tail'][0]}", run["exit_code"])
             runs[case.key].append(run)
     return runs
 
@@ -383,12 +383,12 @@ def verdict_line(report: dict[str, Any]) -> str:
     status = report["status"]
     if status == "ok":
         return ("bench-smoke: OK (exit 0): every child passed and every measured budget held; next: "
-                + rt.command("palm-rlhf-skill bench", "--scaling --markdown") + " (the sizing table)")
+                + reporting.command("palm-rlhf-skill bench", "--scaling --markdown") + " (the sizing table)")
     if status == "inconclusive":
         names = ", ".join(b["name"] for b in report["budgets"] if b["verdict"] == "inconclusive")
-        return (f"bench-smoke: INCONCLUSIVE (exit {rt.EXIT_INCONCLUSIVE}): the machine was too busy to judge "
+        return (f"bench-smoke: INCONCLUSIVE (exit {exits.EXIT_INCONCLUSIVE}): the machine was too busy to judge "
                 f"{names}; next: rerun when the load average is below {report['machine']['cpu_count']}: "
-                + rt.command("palm-rlhf-skill bench", " ".join(report.get("argv", []))))
+                + reporting.command("palm-rlhf-skill bench", " ".join(report.get("argv", []))))
     what = "a child's check failed (CHILD FAILED above)" if not report["children_ok"] else "a budget failed"
     return f"bench-smoke: FAILED (exit 1): {what}; next: rerun that case alone (its command: --json argv)"
 
@@ -448,7 +448,7 @@ def run_bench(args, env: dict[str, Any]) -> dict[str, Any]:
     report["cases"] = summarize(cases, runs)
     loads = [run["load_average"] for case_runs in runs.values() for run in case_runs if run["load_average"] is not None]
     start = report["machine"]["load_average_1min"]
-    report["load_average"] = {"start": start, "max": max([*loads, start or 0.0]), "cpus": rt.usable_cpus()}
+    report["load_average"] = {"start": start, "max": max([*loads, start or 0.0]), "cpus": placement.usable_cpus()}
     report["budgets"] = [help_check(), *check_budgets(report["cases"], report["load_average"])]
     children_ok = all(c["ok"] for c in report["cases"].values())
     verdicts = {b["verdict"] for b in report["budgets"]}
@@ -462,7 +462,7 @@ def run_scaling(args, env: dict[str, Any]) -> dict[str, Any]:
     trainers = [t for t in dict.fromkeys(args.trainer or SCALING_TRAINERS)]
     bad = [t for t in trainers if t not in SCALING_TRAINERS]
     if bad:
-        raise rt.SkillError(f"--scaling measures {' and '.join(SCALING_TRAINERS)}, not {', '.join(bad)}")
+        raise exits.SkillError(f"--scaling measures {' and '.join(SCALING_TRAINERS)}, not {', '.join(bad)}")
     rows = scaling_points(trainers, list(dict.fromkeys(args.axis)) if args.axis else None)
     cases = {}
     for row in rows:  # the base point appears once per axis; measure it once
@@ -488,8 +488,8 @@ def run_scaling(args, env: dict[str, Any]) -> dict[str, Any]:
     return report
 
 
-def build_parser() -> rt.OneLineParser:
-    parser = rt.OneLineParser(
+def build_parser() -> options.OneLineParser:
+    parser = options.OneLineParser(
         description="Time the smoke helper as fresh processes against the floor set by importing "
                     "palm-rlhf-pytorch: wall time, CPU time and peak memory from the OS's accounting "
                     "of each child, their ratios to the floor, the smoke's stage timings, and the "
@@ -512,12 +512,12 @@ def build_parser() -> rt.OneLineParser:
     parser.add_argument("--trainer", action="append", choices=[*SINGLE_TRAINERS, "all"], metavar="NAME",
                         help="ppo, grpo, tpo, flowrl or all (the smoke's --trainer all); repeat to "
                              "select several (default: every one; with --scaling: ppo and grpo)")
-    parser.add_argument("--repeat", type=rt.bounded_int(1, MAX_REPEAT), metavar="N",
+    parser.add_argument("--repeat", type=options.bounded_int(1, MAX_REPEAT), metavar="N",
                         help=f"fresh processes per case, interleaved, 1 to {MAX_REPEAT} (default: 5; with "
                              "--scaling or --plan-accuracy: 3)")
-    parser.add_argument("--warmup", type=rt.bounded_int(0, MAX_WARMUP), default=1, metavar="N",
+    parser.add_argument("--warmup", type=options.bounded_int(0, MAX_WARMUP), default=1, metavar="N",
                         help=f"unmeasured floor runs first, to warm the disk cache, 0 to {MAX_WARMUP} (default: 1)")
-    parser.add_argument("--device", default="cpu", type=rt.device_spec, help="passed to the smoke: auto, cpu, cuda, cuda:N (default: cpu)")
+    parser.add_argument("--device", default="cpu", type=options.device_spec, help="passed to the smoke: auto, cpu, cuda, cuda:N (default: cpu)")
     parser.add_argument("--scaling", action="store_true",
                         help="measure the sizing table (PPO and GRPO train smoke) instead of the budgets")
     parser.add_argument("--plan-accuracy", action="store_true",
@@ -535,8 +535,8 @@ def build_parser() -> rt.OneLineParser:
                           "on stdout")
     noise = parser.add_mutually_exclusive_group()
     noise.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    rt.add_progress_option(noise)
-    rt.add_allow_untested_option(parser)
+    options.add_progress_option(noise)
+    options.add_allow_untested_option(parser)
     return parser
 
 
@@ -545,45 +545,45 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeat is None:
         args.repeat = 3 if args.scaling or args.plan_accuracy else 5
     if args.scaling and args.plan_accuracy:
-        raise rt.SkillError("--scaling and --plan-accuracy are separate runs: choose one")
+        raise exits.SkillError("--scaling and --plan-accuracy are separate runs: choose one")
     if args.axis and not args.scaling:
-        raise rt.SkillError("--axis applies to --scaling")
+        raise exits.SkillError("--axis applies to --scaling")
     if args.markdown and not (args.scaling or args.plan_accuracy):
-        raise rt.SkillError("--markdown applies to --scaling or --plan-accuracy (the docs sections they print)")
+        raise exits.SkillError("--markdown applies to --scaling or --plan-accuracy (the docs sections they print)")
     if args.plan_config and not args.plan_accuracy:
-        raise rt.SkillError("--plan-config applies to --plan-accuracy")
-    plan = rt.load_by_path("plan_run", THIS.parent / "plan_run.py") if args.plan_accuracy else None  # torch-free
+        raise exits.SkillError("--plan-config applies to --plan-accuracy")
+    import plan_run as plan  # torch-free at import
     unknown = [name for name in args.plan_config or [] if name not in plan.ACCURACY_CONFIGS]
     if unknown:
-        raise rt.SkillError(f"--plan-config {', '.join(unknown)}: not a shipped accuracy config; choose from "
+        raise exits.SkillError(f"--plan-config {', '.join(unknown)}: not a shipped accuracy config; choose from "
                             + ", ".join(plan.ACCURACY_CONFIGS))
     if not hasattr(os, "wait4"):
-        raise rt.SkillError("the bench reads child rusage with os.wait4: Linux or macOS only")
-    env = rt.check_versions(args.allow_untested)
+        raise exits.SkillError("the bench reads child rusage with os.wait4: Linux or macOS only")
+    env = version_gate.check_versions(args.allow_untested)
     if args.device.startswith("cuda"):  # refused here in seconds, not after the import floor's runs
-        rt.resolve_device(args.device, trainers=False)
-    args.progress_bars = rt.Progress("bench-smoke", (not args.json or args.progress) and not args.quiet)
+        placement.resolve_device(args.device, trainers=False)
+    args.progress_bars = streams.Progress("bench-smoke", (not args.json or args.progress) and not args.quiet)
     rerun = [a for a in (sys.argv[1:] if argv is None else argv) if a not in ("--json", "--markdown")]
     if args.plan_accuracy:  # the accuracy logic lives with the planner
-        with rt.private_workdir():
+        with workspace.private_workdir():
             report, _ = plan.accuracy(sys.modules[__name__], args, env)
         report["argv"] = rerun
         if args.markdown:
             sys.stdout.write(plan.accuracy_markdown(report))
         else:
-            rt.emit(report, args.json, plan.accuracy_summary, STATUS_EXIT[report["status"]])
+            runner.emit(report, args.json, plan.accuracy_summary, STATUS_EXIT[report["status"]])
         return STATUS_EXIT[report["status"]]
-    with rt.private_workdir():  # children inherit it: TPO's replay buffer never lands in the caller's
+    with workspace.private_workdir():  # children inherit it: TPO's replay buffer never lands in the caller's
         report = (run_scaling if args.scaling else run_bench)(args, env)
     report["argv"] = rerun
     if args.markdown:
         sys.stdout.write(scaling_markdown(report))
     else:
-        rt.emit(report, args.json, scaling_summary if args.scaling else bench_summary, STATUS_EXIT[report["status"]])
+        runner.emit(report, args.json, scaling_summary if args.scaling else bench_summary, STATUS_EXIT[report["status"]])
     return STATUS_EXIT[report["status"]]
 
 
-STATUS_EXIT = {"ok": rt.EXIT_OK, "failed": rt.EXIT_CHECK_FAILED, "inconclusive": rt.EXIT_INCONCLUSIVE}
+STATUS_EXIT = {"ok": exits.EXIT_OK, "failed": exits.EXIT_CHECK_FAILED, "inconclusive": exits.EXIT_INCONCLUSIVE}
 
 
 def scaling_summary(report: dict[str, Any]) -> str:
@@ -596,4 +596,4 @@ def scaling_summary(report: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(rt.run_cli(main))
+    sys.exit(runner.run_cli(main))

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
-import skill_runtime as rt  # noqa: E402  (shared runtime at the skill root, imported by path)
+from skill_runtime import exits, options, placement, runner, streams, version_gate, workspace  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 CONTROLS = ("none", "inverted", "frozen", "noise")   # the default set
@@ -42,12 +42,13 @@ RATES_HEADER = ("trainer", "control", "seeds", "reward before -> after (mean)",
 
 
 def smoke_module():
-    """tiny_rlhf_smoke.py, imported by path: its learn_seed, settings and criterion."""
-    return rt.load_by_path("tiny_rlhf_smoke", HERE / "tiny_rlhf_smoke.py")
+    """tiny_rlhf_smoke.py: its learn_seed, settings and criterion."""
+    import tiny_rlhf_smoke
+    return tiny_rlhf_smoke
 
 
-def build_parser() -> rt.OneLineParser:
-    parser = rt.OneLineParser(
+def build_parser() -> options.OneLineParser:
+    parser = options.OneLineParser(
         description="Measure the learning check of tiny-rlhf-smoke --learn over many seeds: per-seed "
                     "gain distributions and the pass rate of independent 5-seed checks, per trainer "
                     "and control.",
@@ -55,18 +56,18 @@ def build_parser() -> rt.OneLineParser:
                "  calibrate_learning.py --markdown\n"
                "  calibrate_learning.py --trainer grpo --seeds 20 --json\n"
                "  calibrate_learning.py --trainer ppo --control none --set ppo.lr=3e-3 --seeds 20\n\n"
-               + rt.EXIT_CODES_EPILOG.replace("1 a check failed", "1 a measured rate misses its target "
+               + exits.EXIT_CODES_EPILOG.replace("1 a check failed", "1 a measured rate misses its target "
                                               "(real and inverted checks below 90%, frozen above 0)"))
     parser.add_argument("--trainer", action="append", choices=["ppo", "grpo", "tpo", "flowrl"], metavar="NAME",
                         help="ppo, grpo, tpo or flowrl; repeat for several (default: all four)")
     parser.add_argument("--control", action="append", choices=CONTROLS + EXTRA_CONTROLS, metavar="NAME",
                         help="none (the real check), inverted, frozen, noise, negated (reward minus the "
                              "fraction); repeat for several (default: all but negated)")
-    parser.add_argument("--seeds", type=rt.bounded_int(1, 10_000), default=100, metavar="N",
+    parser.add_argument("--seeds", type=options.bounded_int(1, 10_000), default=100, metavar="N",
                         help="seeds per trainer and control, from --seed (default: 100 = 20 checks of 5)")
     parser.add_argument("--set", action="append", default=[], metavar="TRAINER.FIELD=VALUE",
                         help="override one field of the smoke's LEARN_SETTINGS row, e.g. ppo.lr=3e-3")
-    rt.add_common_options(parser)
+    options.add_common_options(parser)
     parser.add_argument("--markdown", action="store_true", help="print the docs' two tables on stdout")
     return parser
 
@@ -79,13 +80,13 @@ def overrides(smoke, items: list[str]) -> dict[str, Any]:
         key, _, value = item.partition("=")
         name, _, field = key.partition(".")
         if name not in settings or field not in fields or not value:
-            raise rt.SkillError(f"--set {item!r}: expected TRAINER.FIELD=VALUE with TRAINER in "
+            raise exits.SkillError(f"--set {item!r}: expected TRAINER.FIELD=VALUE with TRAINER in "
                                 f"{', '.join(settings)} and FIELD in {', '.join(fields)}")
         cast = float if fields[field] in (float, "float") else int
         try:
             settings[name] = dataclasses.replace(settings[name], **{field: cast(value)}, why="overridden")
         except ValueError:
-            raise rt.SkillError(f"--set {item!r}: {value!r} is not a number") from None
+            raise exits.SkillError(f"--set {item!r}: {value!r} is not a number") from None
     return settings
 
 
@@ -97,7 +98,7 @@ def noise_score(x, response):
 
 
 def measure(smoke, name: str, control: str, seeds: list[int], setting, device_kwargs, device,
-            progress: rt.Progress) -> dict[str, Any]:
+            progress: streams.Progress) -> dict[str, Any]:
     """Every seed of one trainer and control (one progress line counting the seeds); the per-seed
     results and the block verdicts."""
     rows = []
@@ -174,23 +175,23 @@ def markdown(report: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.markdown and args.json:
-        raise rt.SkillError("--markdown and --json are exclusive")
+        raise exits.SkillError("--markdown and --json are exclusive")
     smoke = smoke_module()
     if args.seeds < smoke.LEARN_SEEDS:
-        raise rt.SkillError(f"--seeds must be at least {smoke.LEARN_SEEDS} (one check)")
-    if args.seed + args.seeds - 1 > rt.MAX_SEED:
-        raise rt.SkillError(f"--seed {args.seed} + --seeds {args.seeds} passes the largest seed {rt.MAX_SEED}")
+        raise exits.SkillError(f"--seeds must be at least {smoke.LEARN_SEEDS} (one check)")
+    if args.seed + args.seeds - 1 > options.MAX_SEED:
+        raise exits.SkillError(f"--seed {args.seed} + --seeds {args.seeds} passes the largest seed {options.MAX_SEED}")
     settings = overrides(smoke, args.set)
-    env = rt.check_versions(args.allow_untested)
+    env = version_gate.check_versions(args.allow_untested)
     import os
-    device_kwargs, device = rt.resolve_device(args.device)
+    device_kwargs, device = placement.resolve_device(args.device)
     names = list(dict.fromkeys(args.trainer or settings))
     controls = list(dict.fromkeys(args.control or CONTROLS))
     seeds = list(range(args.seed, args.seed + args.seeds))
     load_at_start = round(os.getloadavg()[0], 2)
     results = []
-    progress = rt.Progress("calibrate-learning", not args.json or args.progress)
-    with rt.private_workdir(), rt.torch_threads(args.cpu_threads) as threads:
+    progress = streams.Progress("calibrate-learning", not args.json or args.progress)
+    with workspace.private_workdir(), placement.torch_threads(args.cpu_threads) as threads:
         for name in names:
             for control in controls:
                 results.append(measure(smoke, name, control, seeds, settings[name], device_kwargs, device,
@@ -207,13 +208,13 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(markdown(report))
     else:
         report["settings"] = {k: dataclasses.asdict(v) for k, v in settings.items()}
-        rt.emit(report, args.json, lambda r: "\n".join(rates_table(r["results"])) + "\ncalibrate-learning: "
+        runner.emit(report, args.json, lambda r: "\n".join(rates_table(r["results"])) + "\ncalibrate-learning: "
                 + ("OK (exit 0): every rate met its target; next: --markdown, then replace the tables in "
                    "workflows.md#learning-check" if r["status"] == "ok" else
                    "FAILED (exit 1): a rate missed its target (real or inverted below 90%, frozen above 0)"),
-                rt.EXIT_OK if ok else rt.EXIT_CHECK_FAILED)
-    return rt.EXIT_OK if ok else rt.EXIT_CHECK_FAILED
+                exits.EXIT_OK if ok else exits.EXIT_CHECK_FAILED)
+    return exits.EXIT_OK if ok else exits.EXIT_CHECK_FAILED
 
 
 if __name__ == "__main__":
-    sys.exit(rt.run_cli(main))
+    sys.exit(runner.run_cli(main))

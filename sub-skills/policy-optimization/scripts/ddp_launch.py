@@ -45,7 +45,7 @@ from typing import Any, Mapping
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2] / "scripts"))
-import skill_runtime as rt  # noqa: E402  (shared runtime at the skill root, imported by path)
+from skill_runtime import exits, options, placement, reporting, runner, streams, workspace  # noqa: E402
 
 CHECKPOINT_NAME = "checkpoint.pt"
 LAUNCH_TIMEOUT_S = 1800        # whole --nproc run, every trainer
@@ -69,7 +69,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
         "multi-process (DDP)", "under torchrun, accelerate launch or srun the smoke runs as one rank of "
         "their world by itself; --nproc N starts N ranks on this machine")
-    group.add_argument("--nproc", type=rt.bounded_int(1, MAX_NPROC), metavar="N",
+    group.add_argument("--nproc", type=options.bounded_int(1, MAX_NPROC), metavar="N",
                        help="launch N processes with torch.distributed.run (Accelerate MULTI_CPU or "
                             "MULTI_GPU, one GPU each), train on every rank with the DDP fixes of "
                             "ddp_fixes.py, and check the ranks stay in sync (see ddp_launch.py)")
@@ -78,7 +78,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--oversubscribe", action="store_true",
                        help="start even when the predicted memory exceeds the available memory, and with "
                             "--nproc even when N exceeds the usable CPU cores (refused by default, exit 2)")
-    group.add_argument("--dist-timeout", type=rt.bounded_int(1, 86400), default=DIST_TIMEOUT_S, metavar="S",
+    group.add_argument("--dist-timeout", type=options.bounded_int(1, 86400), default=DIST_TIMEOUT_S, metavar="S",
                        help="seconds a rank waits for the others to start and in each collective before "
                             f"it fails with one line (default: {DIST_TIMEOUT_S})")
 
@@ -103,7 +103,7 @@ def _env_int(environ: Mapping[str, str], name: str, default: int | None = None) 
     try:
         return int(value)
     except (TypeError, ValueError):
-        raise rt.SkillError(f"{name}={value!r} from the launcher is not an integer") from None
+        raise exits.SkillError(f"{name}={value!r} from the launcher is not an integer") from None
 
 
 def launcher_world(environ: dict[str, str] | None = None) -> World | None:
@@ -140,11 +140,11 @@ def launcher_world(environ: dict[str, str] | None = None) -> World | None:
     else:
         return None
     if not 0 <= rank < size or local_rank < 0:
-        raise rt.SkillError(f"launcher variables out of range: rank {rank}, world size {size}, local rank {local_rank}")
+        raise exits.SkillError(f"launcher variables out of range: rank {rank}, world size {size}, local rank {local_rank}")
     missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not environ.get(name)]
     if missing:  # torch's env:// rendezvous reads both; torchrun and accelerate launch always set them
         unset = f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set: export"
-        raise rt.SkillError(
+        raise exits.SkillError(
             f"srun started this smoke as task {rank} of {size}, but {unset} MASTER_ADDR (the first node's host "
             "name) and MASTER_PORT (a free port) in the batch script before srun (see distributed.md)"
             if launcher == "srun" else
@@ -159,15 +159,15 @@ def check_options(args, world: World | None) -> None:
     """Usage errors of the multi-process options, before torch is imported (SkillError, exit 2)."""
     if (world is not None or args.nproc is not None) and args.device not in ("auto", "cpu", "cuda"):
         where = "with --nproc" if world is None else f"under {world.launcher}"
-        raise rt.SkillError(f"--device {args.device} {where}: use auto, cpu or cuda (each rank uses the GPU "
+        raise exits.SkillError(f"--device {args.device} {where}: use auto, cpu or cuda (each rank uses the GPU "
                             "of its local rank, cuda:LOCAL_RANK)")
     if world is None:
         if args.no_ddp_fixes and args.nproc is None:
-            raise rt.SkillError("--no-ddp-fixes applies to --nproc runs or to the ranks a launcher started")
+            raise exits.SkillError("--no-ddp-fixes applies to --nproc runs or to the ranks a launcher started")
         if args.dist_timeout != DIST_TIMEOUT_S and args.nproc is None:
-            raise rt.SkillError("--dist-timeout applies to --nproc runs or to the ranks a launcher started")
+            raise exits.SkillError("--dist-timeout applies to --nproc runs or to the ranks a launcher started")
     elif args.nproc is not None and args.nproc != world.size:
-        raise rt.SkillError(f"--nproc {args.nproc}, but {world.launcher} started a world of {world.size} "
+        raise exits.SkillError(f"--nproc {args.nproc}, but {world.launcher} started a world of {world.size} "
                             "processes: drop --nproc under a launcher")
 
 
@@ -184,7 +184,7 @@ def ddp_uses_cpu(spec: str, gpus: int, where: str) -> bool:
         return True
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if count < gpus:
-        raise rt.SkillError(f"--device {spec} {where} needs {gpus} visible CUDA devices, found {count}: one "
+        raise exits.SkillError(f"--device {spec} {where} needs {gpus} visible CUDA devices, found {count}: one "
                             "process per GPU; " + (f"start at most {count} ranks on this machine, or " if count else "")
                             + "use --device cpu")
     return False
@@ -221,21 +221,21 @@ def check_resources(nproc: int | None, device: str, palm_config: dict[str, int],
     """Refuse (SkillError, exit 2) N CPU ranks on fewer usable cores, or N ranks whose predicted memory
     (``predicted_rank_mib`` each) exceeds MemAvailable, unless ``oversubscribe``; ``nproc`` None is
     the single-process smoke (its memory only). Returns what was compared (for the report)."""
-    cpus, available = rt.usable_cpus(), rt.available_memory_mib()
+    cpus, available = placement.usable_cpus(), placement.available_memory_mib()
     predicted = (nproc or 1) * predicted_rank_mib(palm_config)
     facts = {"usable_cpus": cpus, "predicted_mib": predicted, "available_mib": available,
              "oversubscribe": oversubscribe}
     if oversubscribe:
         return facts
     if nproc is not None and device == "cpu" and nproc > cpus:
-        raise rt.SkillError(f"--nproc {nproc} on {cpus} usable CPU cores: more ranks than cores only slow "
+        raise exits.SkillError(f"--nproc {nproc} on {cpus} usable CPU cores: more ranks than cores only slow "
                             f"each other down; use --nproc {cpus} or less, or pass --oversubscribe")
     if predicted > available:
         size = f"--dim {palm_config['dim']} --depth {palm_config['depth']}"
         if nproc is None:
-            raise rt.SkillError(f"{size} needs about {predicted} MiB, {available} MiB available: use a smaller "
+            raise exits.SkillError(f"{size} needs about {predicted} MiB, {available} MiB available: use a smaller "
                                 "--dim/--depth, or pass --oversubscribe to start anyway")
-        raise rt.SkillError(f"--nproc {nproc} needs about {predicted} MiB ({predicted // nproc} MiB per rank), "
+        raise exits.SkillError(f"--nproc {nproc} needs about {predicted} MiB ({predicted // nproc} MiB per rank), "
                             f"{available} MiB available: use fewer processes or a smaller --dim/--depth, "
                             "or pass --oversubscribe")
     return facts
@@ -254,8 +254,8 @@ def worker_env(device: str) -> dict[str, str]:
 
 def run_launcher(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[int | None, str, str]:
     """Run torchrun; past LAUNCH_TIMEOUT_S, or when this process is interrupted or terminated
-    (KeyboardInterrupt, skill_runtime.Terminated: re-raised after), stop it and its ranks first:
-    ``rt.stop_child``'s SIGTERM makes torchrun stop its ranks (each runs in a session of its own,
+    (KeyboardInterrupt, runner.Terminated: re-raised after), stop it and its ranks first:
+    ``runner.stop_child``'s SIGTERM makes torchrun stop its ranks (each runs in a session of its own,
     so only torchrun can reach them), SIGKILL after STOP_GRACE_S.
 
     Returns (exit code, or None on timeout; stdout; stderr)."""
@@ -265,10 +265,10 @@ def run_launcher(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[int | 
         out, err = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
         return proc.returncode, out, err
     except subprocess.TimeoutExpired:
-        out, err = rt.stop_child(proc, STOP_GRACE_S)
+        out, err = runner.stop_child(proc, STOP_GRACE_S)
         return None, out, err + f"\nstopped after {LAUNCH_TIMEOUT_S} s"
     except BaseException:  # SIGINT / SIGTERM to this process alone: never orphan torchrun's ranks
-        rt.stop_child(proc, STOP_GRACE_S)
+        runner.stop_child(proc, STOP_GRACE_S)
         raise
 
 
@@ -330,7 +330,7 @@ def follow(path: Path, stream, stop: threading.Event) -> None:
             return
 
 
-def launch(smoke, args, argv: list[str], env_info: dict[str, Any], progress: rt.Progress) -> int:
+def launch(smoke, args, argv: list[str], env_info: dict[str, Any], progress: streams.Progress) -> int:
     """Run the smoke (the loaded ``tiny_rlhf_smoke`` module, whose ``args`` and ``argv`` these are)
     as ``args.nproc`` ranks on this machine under torchrun; print one report; return the exit code.
     With ``progress`` enabled, rank 0's progress lines reach this process's stderr (through a file
@@ -338,14 +338,14 @@ def launch(smoke, args, argv: list[str], env_info: dict[str, Any], progress: rt.
 
     Raises SkillError (exit 2) for CUDA that cannot serve N ranks and, without ``--oversubscribe``,
     N above the usable CPU cores or a predicted memory above the available memory."""
-    timer = rt.Timer()
+    timer = streams.Timer()
     device = "cpu" if ddp_uses_cpu(args.device, args.nproc, f"--nproc {args.nproc}") else "cuda"
     resources = check_resources(args.nproc, device, smoke.palm_config(args), args.oversubscribe)
     port = free_port()
     caller = os.getcwd()
-    caller_before = rt.watch_directory(caller)
+    caller_before = workspace.watch_directory(caller)
     smoke.announce_estimate(args, progress, extra=" on each process")
-    with rt.private_workdir() as run_dir:
+    with workspace.private_workdir() as run_dir:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
                "--nproc_per_node", str(args.nproc), "--master_addr", "127.0.0.1",
                "--master_port", str(port), "--max_restarts", "0",
@@ -368,7 +368,7 @@ def launch(smoke, args, argv: list[str], env_info: dict[str, Any], progress: rt.
                 if follower:
                     follower.join()
         if args.verbose:
-            rt.write_stderr(err)
+            streams.write_stderr(err)
     report = rank0_report(out)
     tail = (out + err)[-2000:]
     if report is None:  # no rank 0 report (crash, timeout, launcher error)
@@ -377,10 +377,10 @@ def launch(smoke, args, argv: list[str], env_info: dict[str, Any], progress: rt.
         report["checks"].append({"name": "workers_finished", "passed": False,
                                  "detail": f"launcher exit {returncode}, no report; {workers_errors(out + err)} "
                                            "(more in launcher.output_tail)"})
-    workdir_check = rt.caller_directory_check(caller, caller_before)
+    workdir_check = workspace.caller_directory_check(caller, caller_before)
     for result in report["results"].values():  # the ranks checked the private run directory; this, yours
         result["checks"] = [c for c in result["checks"] if c["name"] != workdir_check["name"]] + [workdir_check]
-        result["status"] = rt.status_of(result["checks"])
+        result["status"] = reporting.status_of(result["checks"])
     if "checks" in report and args.trainer != "all" and report["results"]:
         report["checks"] = report["results"][args.trainer]["checks"]
     elif not report["results"]:
@@ -395,7 +395,7 @@ def launch(smoke, args, argv: list[str], env_info: dict[str, Any], progress: rt.
     if not ok:
         report["launcher"]["output_tail"] = tail
     report["timings_s"].update(launch=timer.stages["launch"], total=timer.total())
-    return rt.emit(report, args.json, smoke.summary, rt.EXIT_OK if ok else rt.EXIT_CHECK_FAILED)
+    return runner.emit(report, args.json, smoke.summary, exits.EXIT_OK if ok else exits.EXIT_CHECK_FAILED)
 
 
 # one rank ----------------------------------------------------------------------------------------
@@ -456,8 +456,8 @@ def gather(obj):
     try:
         dist.all_gather_object(out, obj)
     except Exception as exc:  # noqa: BLE001 - gloo/NCCL raise RuntimeError or DistError subclasses
-        raise rt.SkillError(f"rank {dist.get_rank()} of {dist.get_world_size()} lost the other ranks in a "
-                            f"collective: {rt.one_line(exc)}", rt.EXIT_CHECK_FAILED) from None
+        raise exits.SkillError(f"rank {dist.get_rank()} of {dist.get_world_size()} lost the other ranks in a "
+                            f"collective: {exits.one_line(exc)}", exits.EXIT_CHECK_FAILED) from None
     return out
 
 
@@ -527,7 +527,7 @@ def rank_checks(name: str, recorder: RankRecorder, smoke, fixes, state) -> dict[
         else:
             fixes.save_checkpoint(trainer, path)
     except Exception as exc:  # noqa: BLE001 - reported as the check's detail
-        error = rt.one_line(exc)
+        error = exits.one_line(exc)
     finally:
         torch.save = real_save
     state.wait_for_everyone()
@@ -542,7 +542,7 @@ def rank_checks(name: str, recorder: RankRecorder, smoke, fixes, state) -> dict[
             detail_keys = (f"{len(keys)} keys, {len(prefixed)} with 'module.' prefix, "
                            f"{'equal to' if keys_ok else 'not'} the unwrapped state_dict keys")
         except Exception as exc:  # noqa: BLE001 - e.g. a file two ranks wrote at once
-            detail_keys = f"unreadable: {rt.one_line(exc)}"
+            detail_keys = f"unreadable: {exits.one_line(exc)}"
     keys_ok, detail_keys = gather((keys_ok, detail_keys))[0]  # rank 0 read it: every rank reports the same
     if rank == 0 and path.exists():
         path.unlink()
@@ -586,7 +586,7 @@ def merge(name: str, per_rank: list[dict[str, Any]], sync: dict[str, Any], state
             if check["name"] == "rollouts_ended_at_eos":
                 check["detail"] += (f"; rollout lengths per rank {lengths}, longest {longest}"
                                     + (" (the ranks' rotary caches differ)" if len(set(longest)) > 1 else ""))
-    result["status"] = rt.status_of(result["checks"])
+    result["status"] = reporting.status_of(result["checks"])
     return result
 
 
@@ -624,22 +624,22 @@ def run_rank(smoke, args, env_info: dict[str, Any], world: World) -> int:
     main_rank = world.rank == 0  # global rank 0 reports, and shows its progress
     progress_file = os.environ.get(PROGRESS_ENV)  # --nproc: the launcher shows this file
     stream = open(progress_file, "a", encoding="utf-8") if progress_file and main_rank else None
-    progress = rt.Progress(f"tiny-rlhf-smoke rank 0 of {world.size}", main_rank and (not args.json or args.progress),
+    progress = streams.Progress(f"tiny-rlhf-smoke rank 0 of {world.size}", main_rank and (not args.json or args.progress),
                            stream)
     with progress.stage("import torch, palm-rlhf-pytorch and accelerate"):
         import torch
         from accelerate import PartialState
         from accelerate.utils import DistributedType
 
-    fixes = rt.load_by_path("ddp_fixes", HERE / "ddp_fixes.py")
+    import ddp_fixes as fixes
     variants = smoke.parse_variants(args.grpo_variant)
     cpu = ddp_uses_cpu(args.device, world.local_rank + 1, f"under {world.launcher} (local rank {world.local_rank})")
     try:
         with contextlib.redirect_stdout(sys.stderr):
             state = PartialState(cpu=cpu, timeout=timedelta(seconds=args.dist_timeout))
     except Exception as exc:  # noqa: BLE001 - e.g. DistStoreError: a rank never arrived
-        raise rt.SkillError(f"rank {world.rank} of {world.size}: no process group with the other ranks at "
-                            f"{world.master} within --dist-timeout {args.dist_timeout} s: {rt.one_line(exc)}") from None
+        raise exits.SkillError(f"rank {world.rank} of {world.size}: no process group with the other ranks at "
+                            f"{world.master} within --dist-timeout {args.dist_timeout} s: {exits.one_line(exc)}") from None
     device = state.device
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -650,12 +650,12 @@ def run_rank(smoke, args, env_info: dict[str, Any], world: World) -> int:
                   f"({world.launcher} started {world.size}), backend {state.backend}, rank 0 on {device}"}}
     names = list(smoke.TRAINERS) if args.trainer == "all" else [args.trainer]
     caller = os.getcwd()
-    caller_before = rt.watch_directory(caller)
+    caller_before = workspace.watch_directory(caller)
     results = {}
     # library and Accelerate prints go to stderr: stdout carries rank 0's report only
     nodes = gather(world.node)  # each rank's node: the node's working directory, the report's node count
     with contextlib.redirect_stdout(sys.stderr), node_workdir(state, world, nodes), \
-            rt.torch_threads(args.cpu_threads) as threads:
+            placement.torch_threads(args.cpu_threads) as threads:
         args.caller_dir = caller
         if not args.no_ddp_fixes:  # where fix_tpo puts this rank's replay buffer
             args.tpo_buffer = f"{fixes.RANK_FOLDER.format(rank=state.process_index)}/{smoke.TPO_BUFFER}"
@@ -666,7 +666,7 @@ def run_rank(smoke, args, env_info: dict[str, Any], world: World) -> int:
                                            after_build=recorder.after_build, progress=progress)
             except Exception as exc:  # noqa: BLE001 - e.g. construction failed: report, keep ranks matched
                 result = {"trainer": name, "status": "failed", "timings_s": {}, "checks": [
-                    {"name": "trainer_ran", "passed": False, "detail": rt.one_line(exc)}]}
+                    {"name": "trainer_ran", "passed": False, "detail": exits.one_line(exc)}]}
             finally:
                 recorder.restore()
             if not state.is_main_process:  # Accelerator.print (the trainers' loss prints) is main-only
@@ -674,16 +674,16 @@ def run_rank(smoke, args, env_info: dict[str, Any], world: World) -> int:
                     if check["name"] == "losses_finite" and check["detail"] == "no loss printed":
                         check.update(passed=True, detail="not printed here: the trainers print with "
                                      "Accelerator.print, main process only (rank 0 checks its losses)")
-                result["status"] = rt.status_of(result["checks"])
+                result["status"] = reporting.status_of(result["checks"])
             sync = rank_checks(name, recorder, smoke, fixes, state)
             results[name] = merge(name, gather(result), sync, state_info, args.eos_token)
     # every rank's view of its caller's directory, once the node's working directory is gone
-    untouched = gather(rt.caller_directory_check(caller, caller_before))
+    untouched = gather(workspace.caller_directory_check(caller, caller_before))
     workdir_check = {"name": untouched[0]["name"], "passed": all(c["passed"] for c in untouched),
                      "detail": "; ".join(f"rank {r}: {c['detail']}" for r, c in enumerate(untouched))}
     for result in results.values():
         result["checks"].append(workdir_check)
-        result["status"] = rt.status_of(result["checks"])
+        result["status"] = reporting.status_of(result["checks"])
     report = smoke.trainers_report(args, results, device, threads)
     report.update(nproc=state.num_processes, distributed_type=str(state.distributed_type).split(".")[-1],
                   versions=env_info["versions"], tested=env_info["tested"], warnings=env_info["warnings"])
@@ -694,9 +694,9 @@ def run_rank(smoke, args, env_info: dict[str, Any], world: World) -> int:
     if stream is not None:
         stream.close()
     if state.is_main_process:
-        rt.emit(report, args.json, smoke.summary, rt.EXIT_OK if report["status"] == "ok" else rt.EXIT_CHECK_FAILED)
+        runner.emit(report, args.json, smoke.summary, exits.EXIT_OK if report["status"] == "ok" else exits.EXIT_CHECK_FAILED)
     state.wait_for_everyone()  # rank 0 has printed before any rank exits (torchrun stops the rest then)
-    return rt.EXIT_OK if report["status"] == "ok" else rt.EXIT_CHECK_FAILED
+    return exits.EXIT_OK if report["status"] == "ok" else exits.EXIT_CHECK_FAILED
 
 
 if __name__ == "__main__":  # run by path: say what it is (one line, exit 2), do nothing else

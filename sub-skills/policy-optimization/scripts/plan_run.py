@@ -41,13 +41,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
-import skill_runtime as rt  # noqa: E402  (shared runtime at the skill root, imported by path)
+from skill_runtime import exits, options, placement, reporting, runner, streams, tokenizer, version_gate, workspace  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 PLANS = HERE.parent / "assets" / "plans"
 UPSTREAM_EXAMPLE = PLANS / "upstream-readme.toml"
 # trainer name -> module, class and optimizer: the smoke's table (stable names only)
-smoke = rt.load_by_path("tiny_rlhf_smoke", HERE / "tiny_rlhf_smoke.py")
+import tiny_rlhf_smoke as smoke  # noqa: E402
 TRAINERS, REQUIRED_STEPS = smoke.TRAINERS, smoke.REQUIRED_STEPS
 
 SECTIONS = ("palm", "reward_model", "trainer", "prompts", "train")
@@ -111,25 +111,25 @@ def read_config(path: str) -> dict[str, Any]:
         with file.open("rb") as stream:
             data = stream.read(MAX_CONFIG_BYTES + 1)
         if len(data) > MAX_CONFIG_BYTES:
-            raise rt.SkillError(f"config {path}: larger than {MAX_CONFIG_BYTES // MIB} MiB, the most a config may "
+            raise exits.SkillError(f"config {path}: larger than {MAX_CONFIG_BYTES // MIB} MiB, the most a config may "
                                 "be (a config is a few KiB): pass the TOML or JSON config file")
         text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         shipped = f" (the shipped configs are in {PLANS})" if isinstance(exc, FileNotFoundError) else ""
-        raise rt.SkillError(f"config {path}: cannot read it: {rt.one_line(exc)}{shipped}") from None
+        raise exits.SkillError(f"config {path}: cannot read it: {exits.one_line(exc)}{shipped}") from None
     if file.suffix.lower() == ".json":
         try:
             config = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise rt.SkillError(f"config {path}: not valid JSON: {exc}") from None
+            raise exits.SkillError(f"config {path}: not valid JSON: {exc}") from None
     else:
         import tomllib as toml
         try:
             config = toml.loads(text)
         except toml.TOMLDecodeError as exc:
-            raise rt.SkillError(f"config {path}: not valid TOML: {exc}") from None
+            raise exits.SkillError(f"config {path}: not valid TOML: {exc}") from None
     if not isinstance(config, dict):
-        raise rt.SkillError(f"config {path}: the top level must be a table of [palm], [trainer], ... tables")
+        raise exits.SkillError(f"config {path}: the top level must be a table of [palm], [trainer], ... tables")
     return config
 
 
@@ -140,14 +140,14 @@ def apply_override(config: dict[str, Any], text: str) -> None:
     name, sep, raw = text.partition("=")
     section, dot, key = name.strip().partition(".")
     if not sep or not dot or not key or section not in SECTIONS:
-        raise rt.SkillError(f"--set {text!r}: expected SECTION.KEY=VALUE with SECTION one of {', '.join(SECTIONS)}")
+        raise exits.SkillError(f"--set {text!r}: expected SECTION.KEY=VALUE with SECTION one of {', '.join(SECTIONS)}")
     try:
         value = json.loads(raw)
     except json.JSONDecodeError:
         value = raw.strip()
     table = config.setdefault(section, {})
     if not isinstance(table, dict):
-        raise rt.SkillError(f"config [{section}]: must be a table")
+        raise exits.SkillError(f"config [{section}]: must be a table")
     if value is None:  # null: unset it, so the library default applies (or [prompts] path replaces count)
         table.pop(key.strip(), None)
     else:
@@ -164,35 +164,35 @@ def check_structure(config: dict[str, Any]) -> None:
     Raises SkillError(2) naming the first bad section or key."""
     for name in config:
         if name not in SECTIONS:
-            raise rt.SkillError(f"config: unknown section [{name}]; the sections are {', '.join(SECTIONS)}")
+            raise exits.SkillError(f"config: unknown section [{name}]; the sections are {', '.join(SECTIONS)}")
         if not isinstance(config[name], dict):
-            raise rt.SkillError(f"config [{name}]: must be a table, got {type_name(config[name])}")
+            raise exits.SkillError(f"config [{name}]: must be a table, got {type_name(config[name])}")
     for name in REQUIRED_SECTIONS:
         if name not in config:
-            raise rt.SkillError(f"config: missing section [{name}]")
+            raise exits.SkillError(f"config: missing section [{name}]")
     trainer = config["trainer"].get("name")
     if trainer not in TRAINERS:
         got = "missing" if trainer is None else repr(trainer)
-        raise rt.SkillError(f"config [trainer] name: {got}; choose one of {', '.join(TRAINERS)}")
+        raise exits.SkillError(f"config [trainer] name: {got}; choose one of {', '.join(TRAINERS)}")
     prompts = config["prompts"]
     for key, value in prompts.items():
         if key not in PROMPT_KEYS:
-            raise rt.SkillError(f"config [prompts] {key}: unknown key; give count and length, or path")
+            raise exits.SkillError(f"config [prompts] {key}: unknown key; give count and length, or path")
         want = PROMPT_KEYS[key]
         if type(value) is not want:
-            raise rt.SkillError(f"config [prompts] {key}: expected {type_name(want())}, got {type_name(value)}")
+            raise exits.SkillError(f"config [prompts] {key}: expected {type_name(want())}, got {type_name(value)}")
         check_minimum("prompts", key, value)
     if ("path" in prompts) == ("count" in prompts or "length" in prompts):
-        raise rt.SkillError("config [prompts]: give either path, or both count and length")
+        raise exits.SkillError("config [prompts]: give either path, or both count and length")
     if "path" not in prompts and not {"count", "length"} <= set(prompts):
         missing = "count" if "count" not in prompts else "length"
-        raise rt.SkillError(f"config [prompts] {missing}: missing (count and length go together)")
+        raise exits.SkillError(f"config [prompts] {missing}: missing (count and length go together)")
 
 
 def check_minimum(section: str, key: str, value: Any) -> None:
     low = MIN_VALUE.get((section, key))
     if low is not None and isinstance(value, int) and value < low:
-        raise rt.SkillError(f"config [{section}] {key}: must be at least {low}, got {value}")
+        raise exits.SkillError(f"config [{section}] {key}: must be at least {low}, got {value}")
 
 
 def check_value(section: str, key: str, value: Any, default: Any, required: bool) -> Any:
@@ -203,7 +203,7 @@ def check_value(section: str, key: str, value: Any, default: Any, required: bool
     if required:
         expected = (int,)
     elif callable(default) and not isinstance(default, type):
-        raise rt.SkillError(f"{where}: a Python callable; it cannot be set from a config file")
+        raise exits.SkillError(f"{where}: a Python callable; it cannot be set from a config file")
     elif isinstance(default, bool):
         expected = (bool,)
     elif isinstance(default, int):
@@ -222,7 +222,7 @@ def check_value(section: str, key: str, value: Any, default: Any, required: bool
         expected = (type(default),)
     if type(value) not in expected or (isinstance(value, bool) and bool not in expected):
         want = " or ".join(type_name(t()) for t in expected)
-        raise rt.SkillError(f"{where}: expected {want}, got {type_name(value)}"
+        raise exits.SkillError(f"{where}: expected {want}, got {type_name(value)}"
                             + ("" if value is None else f" {value!r}"))
     check_minimum(section, key, value)
     return tuple(value) if isinstance(default, tuple) else value
@@ -251,16 +251,16 @@ def check_against_library(config: dict[str, Any]) -> dict[str, Any]:
         values = {}
         for key, value in given.items():
             if key in SUPPLIED and section in ("trainer", "reward_model"):
-                raise rt.SkillError(f"config [{section}] {key}: set by the planner from {SUPPLIED[key]}")
+                raise exits.SkillError(f"config [{section}] {key}: set by the planner from {SUPPLIED[key]}")
             if key not in params:
                 known = ", ".join(n for n in params if n not in SUPPLIED)
-                raise rt.SkillError(f"config [{section}] {key}: not an argument of the installed "
+                raise exits.SkillError(f"config [{section}] {key}: not an argument of the installed "
                                     f"{getattr(target, '__qualname__', section)}; known: {known}")
             param = params[key]
             values[key] = check_value(section, key, value, param.default, param.default is param.empty)
         missing = [n for n, p in params.items() if p.default is p.empty and n not in values and n not in SUPPLIED]
         if missing:
-            raise rt.SkillError(f"config [{section}] {missing[0]}: missing (required by the installed library)")
+            raise exits.SkillError(f"config [{section}] {missing[0]}: missing (required by the installed library)")
         resolved[section] = values
         effective[section] = {**{n: p.default for n, p in params.items() if p.default is not p.empty}, **values}
     resolved["name"] = config["trainer"]["name"]
@@ -327,12 +327,12 @@ def prompt_token_ids(resolved: dict[str, Any], seed: int, meta: bool = False):
     try:
         lines = Path(prompts["path"]).read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
-        raise rt.SkillError(f"config [prompts] path: cannot read it: {rt.one_line(exc)}") from None
+        raise exits.SkillError(f"config [prompts] path: cannot read it: {exits.one_line(exc)}") from None
     if not any(line.strip() for line in lines):
-        raise rt.SkillError(f"config [prompts] path: no non-empty line in {prompts['path']}")
-    tokenizer = rt.ByteTokenizer()
+        raise exits.SkillError(f"config [prompts] path: no non-empty line in {prompts['path']}")
+    tokenizer = tokenizer.ByteTokenizer()
     if num_tokens < tokenizer.vocab_size:
-        raise rt.SkillError(f"config [palm] num_tokens: byte-tokenized prompts ([prompts] path) use ids up "
+        raise exits.SkillError(f"config [palm] num_tokens: byte-tokenized prompts ([prompts] path) use ids up "
                             f"to {tokenizer.vocab_size - 1}: must be at least {tokenizer.vocab_size}")
     return tokenizer(lines)
 
@@ -407,13 +407,13 @@ def build_trainer(resolved: dict[str, Any], device_kwargs: dict[str, Any], devic
                                               {**device_kwargs, "device_placement": False} if meta else device_kwargs,
                                               "meta" if meta else device, **resolved["trainer"])
     except Exception as exc:  # noqa: BLE001 - sorted below: the process's memory, or the library's refusal
-        if rt.out_of_memory(exc):
-            raise rt.SkillError(f"building at the real size ran out of memory: {rt.one_line(exc)}: the run "
-                                "does not fit the memory this process may use", rt.EXIT_CHECK_FAILED) from None
+        if exits.out_of_memory(exc):
+            raise exits.SkillError(f"building at the real size ran out of memory: {exits.one_line(exc)}: the run "
+                                "does not fit the memory this process may use", exits.EXIT_CHECK_FAILED) from None
         if not isinstance(exc, (AssertionError, TypeError, ValueError, RuntimeError)):
             raise
-        raise rt.SkillError(f"config: the installed {cls.__module__}.{cls.__name__} refused it: "
-                            f"{rt.one_line(exc)}") from None
+        raise exits.SkillError(f"config: the installed {cls.__module__}.{cls.__name__} refused it: "
+                            f"{exits.one_line(exc)}") from None
     return trainer
 
 
@@ -536,11 +536,11 @@ class MemoryMeter:
 
 
 def available_memory(device, meter: MemoryMeter) -> dict[str, int]:
-    """Bytes the run may use: on CPU the RAM available now (``rt.available_memory_mib``) plus this
+    """Bytes the run may use: on CPU the RAM available now (``placement.available_memory_mib``) plus this
     process's RSS (a fresh run starts from the same imports); on CUDA the device's free memory
     (torch.cuda.mem_get_info) plus what this process holds there, and the host RAM as on CPU
     (experiences live on the host)."""
-    host = rt.available_memory_mib() * 2**20 + meter.rss()
+    host = placement.available_memory_mib() * 2**20 + meter.rss()
     if device.type != "cuda":
         return {"host": host}
     import torch
@@ -612,7 +612,7 @@ class Probe:
             trainer.prompt_token_ids, trainer.num_prompts = prompt, 1
         trainer.learn = on_learn  # an instance attribute shadows the method train() calls
         try:
-            with rt.capture_library_output():
+            with streams.capture_library_output():
                 trainer.train(num_episodes=1, max_timesteps=rollouts, update_timesteps=rollouts,
                               max_seq_len=max_seq_len, **self.train_kwargs)
         finally:
@@ -639,7 +639,7 @@ class Probe:
         rss0, dev0 = self.meter.start(), self.meter.device_now()
         t0 = now(self.device)
         try:
-            with rt.capture_library_output():
+            with streams.capture_library_output():
                 type(self.trainer).learn(self.trainer, items)  # the method, not train_once's stand-in
         except ProbeTimeout:
             return None
@@ -950,7 +950,7 @@ def verdict(fits: bool, counts: dict[str, int], warnings: list[dict[str, Any]], 
     lower bound, exceeds ``max_days`` days: --max-days), or fits; the line names the first reason
     and the predicted wall time and peak ("at least" where a part was not measured)."""
     blocking = [w for w in warnings if w["blocks_learning"]]
-    time_text = ("at least " if wall["lower_bound"] else "") + rt.seconds_text(wall["total_s"])
+    time_text = ("at least " if wall["lower_bound"] else "") + reporting.seconds_text(wall["total_s"])
     peak_text = ("" if peak_complete else "at least ") + human_bytes(peak_bytes)
     tail = f"predicted {time_text} wall, {peak_text} peak ({human_bytes(available_bytes)} available)"
     if fits is False:
@@ -972,7 +972,7 @@ def human_bytes(n: int) -> str:
 # --- the plan ------------------------------------------------------------------------------------
 
 def probe_at_real_size(args, resolved: dict[str, Any], device_kwargs: dict[str, Any], device,
-                       meter: MemoryMeter, available: dict[str, int], progress: rt.Progress) -> dict[str, Any]:
+                       meter: MemoryMeter, available: dict[str, int], progress: streams.Progress) -> dict[str, Any]:
     """Build the run for real (its prompt ids too) and probe it until ``--probe-seconds`` after the start of the build:
     construct (timed), the three tiny rollouts (always), one sampling step at three lengths, then
     real rollouts and learn() when a rollout fits the budget, else the last step of a rollout.
@@ -1003,15 +1003,15 @@ def probe_at_real_size(args, resolved: dict[str, Any], device_kwargs: dict[str, 
         try:
             with progress.stage(f"probe: {label}"):
                 yield
-        except rt.SkillError:
+        except exits.SkillError:
             raise
         except Exception as exc:  # noqa: BLE001 - the library's failure is the plan's finding
-            if rt.out_of_memory(exc):
-                raise rt.SkillError(f"the probe at the real size ran out of memory ({key}): {rt.one_line(exc)}: "
+            if exits.out_of_memory(exc):
+                raise exits.SkillError(f"the probe at the real size ran out of memory ({key}): {exits.one_line(exc)}: "
                                     "the run does not fit the memory this process may use",
-                                    rt.EXIT_CHECK_FAILED) from None
-            report["raised"] = {"stage": key, "error": rt.one_line(exc)}
-            report["notes"].append(f"the probe stopped: {key} raised {rt.one_line(exc)}")
+                                    exits.EXIT_CHECK_FAILED) from None
+            report["raised"] = {"stage": key, "error": exits.one_line(exc)}
+            report["notes"].append(f"the probe stopped: {key} raised {exits.one_line(exc)}")
             raise ProbeRaised() from None
         finally:
             report["stages_s"][key] = round(time.perf_counter() - t0, 3)
@@ -1029,7 +1029,7 @@ def probe_at_real_size(args, resolved: dict[str, Any], device_kwargs: dict[str, 
     try:
         # always: the smallest probe that shows what is stored. One thread: these tiny forwards gain
         # nothing from more, and a busy CPU makes many threads wait on each other for seconds
-        with stage("stored_fields", "three tiny rollouts (what one rollout stores)"), rt.torch_threads(1):
+        with stage("stored_fields", "three tiny rollouts (what one rollout stores)"), placement.torch_threads(1):
             stored = probe.stored_fields()
         # the run's memory before its rollouts: the trainer, plus what the first rollout loads for
         # good (einx and sympy tracing state); the tiny rollouts' experiences are freed
@@ -1084,7 +1084,7 @@ def probe_at_real_size(args, resolved: dict[str, Any], device_kwargs: dict[str, 
 
 
 def plan(args, resolved: dict[str, Any], device_kwargs: dict[str, Any], device, startup_s: float,
-         progress: rt.Progress) -> dict[str, Any]:
+         progress: streams.Progress) -> dict[str, Any]:
     """Meta build (counts, no memory), bounded probe at the real size when the weights and the
     prompt ids fit, prediction, warnings and verdict."""
     name, spec = resolved["name"], TRAINERS[resolved["name"]]
@@ -1137,7 +1137,7 @@ def plan(args, resolved: dict[str, Any], device_kwargs: dict[str, Any], device, 
                            args.max_days)
     reasons = ([memory_text] if not fits else []) + [w["message"] for w in warnings if w["blocks_learning"]]
     if status == "too_slow":
-        reasons.append(f"predicted {rt.seconds_text(wall['total_s'])} wall, over --max-days {args.max_days:g}: "
+        reasons.append(f"predicted {reporting.seconds_text(wall['total_s'])} wall, over --max-days {args.max_days:g}: "
                        f"{counts['rollouts']:,} rollouts and {counts['learn_calls']:,} learn() calls")
     if status == "fits":
         reasons.append(f"{counts['learn_calls']} learn() calls of {counts['items_per_learn']} experiences, "
@@ -1145,7 +1145,7 @@ def plan(args, resolved: dict[str, Any], device_kwargs: dict[str, Any], device, 
                        f"{available[pool] / MIB:,.0f} MiB available")
     return {
         "status": status, "verdict": line, "reasons": reasons,
-        "predicted": {"wall_s": round(wall["total_s"], 2), "wall": rt.seconds_text(wall["total_s"]),
+        "predicted": {"wall_s": round(wall["total_s"], 2), "wall": reporting.seconds_text(wall["total_s"]),
                       "wall_lower_bound": wall["lower_bound"], "peak_mib": round(peak / MIB, 1),
                       "available_mib": round(available[pool] / MIB, 1), "memory_pool": pool, "fits": fits,
                       "basis": probe_report["regime"]},
@@ -1249,7 +1249,7 @@ def take_last_step(out: dict[str, Any], points, prompt_lens, max_seq_len, epochs
 # --- running it for real (what the accuracy bench compares with) -----------------------------------
 
 def execute(args, resolved: dict[str, Any], device_kwargs: dict[str, Any], device, startup_s: float,
-            progress: rt.Progress) -> dict[str, Any]:
+            progress: streams.Progress) -> dict[str, Any]:
     """Build exactly as the probe does and run ``train(**[train])`` in full (library defaults where
     [train] is silent). Reports the learn() calls seen, seconds, and the process's peak RSS (MiB)."""
     from accelerate.utils import set_seed
@@ -1265,10 +1265,10 @@ def execute(args, resolved: dict[str, Any], device_kwargs: dict[str, Any], devic
     t0 = time.perf_counter()
     error = None
     try:
-        with progress.stage("train() in full"), rt.capture_library_output():
+        with progress.stage("train() in full"), streams.capture_library_output():
             trainer.train(**resolved["train"])
     except Exception as exc:  # the library's failure is this run's finding, not a crash
-        error = rt.one_line(exc)
+        error = exits.one_line(exc)
     train_s = time.perf_counter() - t0
     report = {"status": "ok" if error is None else "failed", "error": error, "trainer": resolved["name"],
               "device": str(device), "learn_calls": len(calls), "items_per_learn": calls,
@@ -1308,8 +1308,8 @@ def accuracy_pair(bench, name: str, device: str) -> dict[str, Any]:
     planned, real = bench.run_child(common), bench.run_child([*common, "--execute"])
     load.append(bench.load_average())
     for run in (planned, real):
-        if run["exit_code"] in (rt.EXIT_USAGE, rt.EXIT_DEPENDENCY) or run["report"] is None:
-            raise rt.SkillError(f"{name}: {run['stderr_tail'][0]}", run["exit_code"] or rt.EXIT_USAGE)
+        if run["exit_code"] in (exits.EXIT_USAGE, exits.EXIT_DEPENDENCY) or run["report"] is None:
+            raise exits.SkillError(f"{name}: {run['stderr_tail'][0]}", run["exit_code"] or exits.EXIT_USAGE)
     plan_report, run_report = planned["report"], real["report"]
     predicted = plan_report["predicted"]
     return {"trainer": plan_report["trainer"], "rollouts": plan_report["counts"]["rollouts"],
@@ -1337,7 +1337,7 @@ def accuracy(bench, args, env: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     machine = bench.machine()
     names = args.plan_config or list(ACCURACY_CONFIGS)
     pairs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
-    progress = getattr(args, "progress_bars", None) or rt.Progress("bench-smoke", False)
+    progress = getattr(args, "progress_bars", None) or streams.Progress("bench-smoke", False)
     total = args.repeat * len(names)
     for r in range(args.repeat):
         for i, name in enumerate(names, 1):
@@ -1412,9 +1412,9 @@ def accuracy_summary(report: dict[str, Any]) -> str:
     rows = ", ".join(r["config"] for r in report["rows"] if r["verdict"] != "pass")
     last = {"ok": "OK (exit 0): every prediction within its target; next: replace the subsection of "
                   "sub-skills/policy-optimization/references/workflows.md with --markdown's output",
-            "inconclusive": f"INCONCLUSIVE (exit {rt.EXIT_INCONCLUSIVE}): {rows}: only the wall error missed, on a "
+            "inconclusive": f"INCONCLUSIVE (exit {exits.EXIT_INCONCLUSIVE}): {rows}: only the wall error missed, on a "
                             "machine too busy to judge it; next: rerun when the load average is below the "
-                            "CPU count: " + rt.command("palm-rlhf-skill bench", " ".join(report.get("argv", []))),
+                            "CPU count: " + reporting.command("palm-rlhf-skill bench", " ".join(report.get("argv", []))),
             "failed": f"FAILED (exit 1): {rows}; next: palm-rlhf-skill plan --config assets/plans/<config> "
                       "shows what the planner predicted"}[status]
     return accuracy_markdown(report) + f"bench-smoke --plan-accuracy: {last}"
@@ -1461,10 +1461,10 @@ def summary(report: dict[str, Any]) -> str:
                      f"[measured], {parts}")
     t = report["time"]
     unit = t["unit_s"]
-    lines.append("time: " + ", ".join(f"{k} {'-' if v is None else rt.seconds_text(v)}" for k, v in t.items()
+    lines.append("time: " + ", ".join(f"{k} {'-' if v is None else reporting.seconds_text(v)}" for k, v in t.items()
                                       if k != "unit_s")
                  + " (startup and construct measured; the rest " + ("derived" if probe["regime"] else "not measured")
-                 + "); one rollout " + (rt.seconds_text(unit["rollout_s"]) if "rollout_s" in unit else "-")
+                 + "); one rollout " + (reporting.seconds_text(unit["rollout_s"]) if "rollout_s" in unit else "-")
                  + ", learn() per experience " + (f"{unit['learn_item_s']:.4f} s" if "learn_item_s" in unit else "-")
                  + f" [{probe['regime'] or 'not measured'}]")
     lines += [f"note: {n}" for n in probe["notes"]]
@@ -1481,14 +1481,14 @@ def summary(report: dict[str, Any]) -> str:
 
 def positive_float(text: str) -> float:
     """argparse ``type=`` for --max-days: a finite number above 0."""
-    value = rt.finite_nonnegative_float(text)
+    value = options.finite_nonnegative_float(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
     return value
 
 
-def build_parser() -> rt.OneLineParser:
-    parser = rt.OneLineParser(
+def build_parser() -> options.OneLineParser:
+    parser = options.OneLineParser(
         description="Plan a palm-rlhf-pytorch run before starting it: parameter and rollout counts, "
                     "learn() calls and dropped leftovers, memory held before each learn() and the "
                     "predicted peak against the device, wall time from a bounded probe at the real "
@@ -1511,24 +1511,24 @@ def build_parser() -> rt.OneLineParser:
     parser.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE",
                         help="override one value, e.g. train.update_timesteps=64 (VALUE read as JSON; null unsets "
                              "the key, so the library default applies); repeatable")
-    parser.add_argument("--device", default="auto", type=rt.device_spec,
+    parser.add_argument("--device", default="auto", type=options.device_spec,
                         help="auto (CUDA when available, else CPU), cpu, cuda or cuda:N (default: auto)")
-    parser.add_argument("--probe-seconds", type=rt.finite_nonnegative_float, default=60.0, metavar="S",
+    parser.add_argument("--probe-seconds", type=options.finite_nonnegative_float, default=60.0, metavar="S",
                         help="wall-clock budget of the probe after the model is built and its three tiny "
                              "rollouts have run (default: 60)")
-    parser.add_argument("--seed", type=rt.bounded_int(0, rt.MAX_SEED), default=0,
+    parser.add_argument("--seed", type=options.bounded_int(0, options.MAX_SEED), default=0,
                         help="seed for prompts, weights and sampling (default: 0)")
     parser.add_argument("--max-days", type=positive_float, default=MAX_DAYS, metavar="D",
                         help=f"a run predicted to take longer is too slow: verdict too_slow, exit 1 (default: "
                              f"{MAX_DAYS:g} days, longer than a run anyone plans on one device)")
-    parser.add_argument("--cpu-threads", type=rt.bounded_int(1, os.cpu_count() or 1), metavar="N",
+    parser.add_argument("--cpu-threads", type=options.bounded_int(1, os.cpu_count() or 1), metavar="N",
                         help="torch intra-op threads for the probe (and --execute); give the run's own "
                              "count (default: torch's default)")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    rt.add_progress_option(parser)
+    options.add_progress_option(parser)
     parser.add_argument("--execute", action="store_true",
                         help="skip the plan: build the run and train it in full, report seconds and peak RSS")
-    rt.add_allow_untested_option(parser)
+    options.add_allow_untested_option(parser)
     return parser
 
 
@@ -1540,22 +1540,22 @@ def main(argv: list[str] | None = None) -> int:
     check_structure(config)
     if "path" in config["prompts"]:  # relative to the config file, read before leaving the caller's directory
         config["prompts"]["path"] = str((Path(args.config).parent / config["prompts"]["path"]).resolve())
-    env = rt.check_versions(args.allow_untested)
+    env = version_gate.check_versions(args.allow_untested)
     import torch  # the run's imports, timed as part of its startup
     import palm_rlhf_pytorch  # noqa: F401
     import accelerate  # noqa: F401
     startup_s = process_seconds()
     resolved = check_against_library(config)
-    device_kwargs, device = rt.resolve_device(args.device)
-    progress = rt.Progress("plan-run", args.progress or not args.json)
-    threads = rt.torch_threads(args.cpu_threads) if args.cpu_threads else contextlib.nullcontext(torch.get_num_threads())
-    with rt.private_workdir(), threads as count:
+    device_kwargs, device = placement.resolve_device(args.device)
+    progress = streams.Progress("plan-run", args.progress or not args.json)
+    threads = placement.torch_threads(args.cpu_threads) if args.cpu_threads else contextlib.nullcontext(torch.get_num_threads())
+    with workspace.private_workdir(), threads as count:
         report = (execute if args.execute else plan)(args, resolved, device_kwargs, device, startup_s, progress)
     report.update(seed=args.seed, cpu_threads=count, versions=env["versions"], version_warnings=env["warnings"],
                   config={k: resolved[k] for k in SECTIONS if k in resolved},
                   effective=resolved["effective"])
-    return rt.emit(report, args.json, summary, rt.EXIT_OK if report["status"] in ("fits", "ok") else rt.EXIT_CHECK_FAILED)
+    return runner.emit(report, args.json, summary, exits.EXIT_OK if report["status"] in ("fits", "ok") else exits.EXIT_CHECK_FAILED)
 
 
 if __name__ == "__main__":
-    sys.exit(rt.run_cli(main))
+    sys.exit(runner.run_cli(main))

@@ -32,14 +32,14 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
-import skill_runtime as rt  # noqa: E402  (shared runtime at the skill root, imported by path)
+from skill_runtime import exits, options, placement, reporting, runner, snapshots, streams, tokenizer, version_gate, workspace  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 PROMPTS_FILE = HERE.parent / "assets" / "prompts.txt"
-# the TPO replay-buffer folder name: one fact, kept with the DDP fixes (torch-free at import)
-TPO_BUFFER = rt.load_by_path("ddp_fixes", HERE / "ddp_fixes.py").TPO_BUFFER
-# multi-process mode: a launcher's rank, --nproc and their options (torch-free at import)
-ddp_launch = rt.load_by_path("ddp_launch", HERE / "ddp_launch.py")
+import ddp_fixes  # noqa: E402  (torch-free at import)
+import ddp_launch  # noqa: E402  (multi-process mode: a launcher's rank, --nproc and their options; torch-free at import)
+
+TPO_BUFFER = ddp_fixes.TPO_BUFFER  # the TPO replay-buffer folder name: one fact, kept with the DDP fixes
 
 # Tiny model: big enough to exercise every code path, small enough for a laptop CPU.
 TINY_PALM = dict(num_tokens=257, dim=32, depth=1, heads=2, dim_head=16)
@@ -187,8 +187,8 @@ LEARN_SETTINGS = {  # alternatives measured on seeds 0-9: calibrate_learning.py 
 }
 
 
-def build_parser() -> rt.OneLineParser:
-    parser = rt.OneLineParser(
+def build_parser() -> options.OneLineParser:
+    parser = options.OneLineParser(
         description="Bounded RLHF smoke for palm-rlhf-pytorch: build a tiny PaLM policy, a scalar "
                     "reward model and a trainer, run one update that must move every trainable "
                     "weight, one generate call, and check the results. --learn instead checks that "
@@ -205,13 +205,13 @@ def build_parser() -> rt.OneLineParser:
                "  tiny-rlhf-smoke --dim 128 --depth 2 --prompt-len 16 --new-tokens 32\n"
                "  tiny-rlhf-smoke --learn --trainer all --json\n"
                "  tiny-rlhf-smoke --learn --trainer ppo --learn-control frozen   # must exit 1\n\n"
-               + rt.EXIT_CODES_EPILOG)
+               + exits.EXIT_CODES_EPILOG)
     parser.add_argument("--trainer", choices=[*TRAINERS, "all"], default="ppo",
                         help="ppo (root RLHFTrainer), grpo, tpo, flowrl, or all four (default: ppo)")
     parser.add_argument("--grpo-variant", action="append", metavar="NAME",
                         help="GRPO advantage/objective variant: " + ", ".join(GRPO_VARIANTS)
                              + "; repeat or comma-separate to combine (default: default)")
-    rt.add_common_options(parser)
+    options.add_common_options(parser)
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--construct-only", action="store_true",
                       help="stop after building the models and trainer")
@@ -225,30 +225,30 @@ def build_parser() -> rt.OneLineParser:
     parser.add_argument("--learn-control", choices=LEARN_CONTROLS,
                         help="with --learn: frozen (learning rates 0: the check must fail, exit 1) or "
                              "inverted (reward 1 - target fraction: passes only if the target falls)")
-    parser.add_argument("--learn-seeds", type=rt.bounded_int(1, MAX_LEARN_SEEDS), metavar="N",
+    parser.add_argument("--learn-seeds", type=options.bounded_int(1, MAX_LEARN_SEEDS), metavar="N",
                         help="with --learn: seeds per trainer, --seed to --seed + N - 1; with fewer than the "
                              "calibrated count, the median gain is one or two seeds' gain, and a seed just under "
                              f"its threshold fails the check (default: {LEARN_SEEDS})")
     parser.add_argument("--prompt-style", choices=["token-ids", "text", "file"], default="token-ids",
                         help="token-ids: padded prompt_token_ids; text: prompts= with a byte-level "
                              "tokenizer; file: prompts_path= to the shipped prompts file")
-    parser.add_argument("--rollouts", type=rt.bounded_int(1, MAX_ROLLOUTS), metavar="N",
+    parser.add_argument("--rollouts", type=options.bounded_int(1, MAX_ROLLOUTS), metavar="N",
                         help="rollouts before the single learn() (default: computed so every "
                              "trainable tensor moves; fewer makes the weight checks fail)")
-    parser.add_argument("--eos-token", type=rt.bounded_int(1, TINY_PALM["num_tokens"] - 1), metavar="ID",
+    parser.add_argument("--eos-token", type=options.bounded_int(1, TINY_PALM["num_tokens"] - 1), metavar="ID",
                         help="pass eos_token=ID to train() and generate(); the tiny policy's logit for ID "
                              f"is raised by {EOS_LOGIT_BIAS} so rollouts end at eos at varying lengths "
                              "(0 is the pad id; no prompt may contain ID)")
     ddp_launch.add_options(parser)
     size = parser.add_argument_group("model size (to size a bigger smoke; defaults: the tiny config)")
-    size.add_argument("--dim", type=rt.bounded_int(MIN_DIM, MAX_DIM), default=TINY_PALM["dim"], metavar="N",
+    size.add_argument("--dim", type=options.bounded_int(MIN_DIM, MAX_DIM), default=TINY_PALM["dim"], metavar="N",
                       help=f"PaLM model dimension (default: {TINY_PALM['dim']})")
-    size.add_argument("--depth", type=rt.bounded_int(1, MAX_DEPTH), default=TINY_PALM["depth"], metavar="N",
+    size.add_argument("--depth", type=options.bounded_int(1, MAX_DEPTH), default=TINY_PALM["depth"], metavar="N",
                       help=f"PaLM layers (default: {TINY_PALM['depth']})")
-    size.add_argument("--prompt-len", type=rt.bounded_int(1, MAX_TOKENS), metavar="N",
+    size.add_argument("--prompt-len", type=options.bounded_int(1, MAX_TOKENS), metavar="N",
                       help="every token-ids prompt exactly N tokens (default: random "
                            f"{PROMPT_LENGTHS[0]}-{PROMPT_LENGTHS[1]})")
-    size.add_argument("--new-tokens", type=rt.bounded_int(1, MAX_TOKENS), default=NEW_TOKENS, metavar="N",
+    size.add_argument("--new-tokens", type=options.bounded_int(1, MAX_TOKENS), default=NEW_TOKENS, metavar="N",
                       help=f"tokens sampled per rollout: max_seq_len = longest prompt + N (default: {NEW_TOKENS})")
     parser.add_argument("--verbose", action="store_true",
                         help="echo the library's own prints (losses) to stderr")
@@ -259,14 +259,14 @@ def parse_variants(values: list[str] | None) -> list[str]:
     """Split and validate --grpo-variant values; raise SkillError(2) for unknown or refused ones."""
     names = [v.strip() for value in (values or ["default"]) for v in value.split(",") if v.strip()]
     if not names:
-        raise rt.SkillError("--grpo-variant needs a name: " + ", ".join(GRPO_VARIANTS))
+        raise exits.SkillError("--grpo-variant needs a name: " + ", ".join(GRPO_VARIANTS))
     unknown = [n for n in names if n not in GRPO_VARIANTS]
     if unknown:
-        raise rt.SkillError(f"unknown --grpo-variant {', '.join(unknown)}; choose from {', '.join(GRPO_VARIANTS)}")
+        raise exits.SkillError(f"unknown --grpo-variant {', '.join(unknown)}; choose from {', '.join(GRPO_VARIANTS)}")
     names = [n for n in dict.fromkeys(names) if n != "default"] or ["default"]
     for a, b, reason in GRPO_INCOMPATIBLE:
         if a in names and b in names:
-            raise rt.SkillError(f"--grpo-variant {a} with {b} is refused: the library says '{reason}' "
+            raise exits.SkillError(f"--grpo-variant {a} with {b} is refused: the library says '{reason}' "
                                 "(and asserts only after adding a LoRA scope to your PaLM)")
     return names
 
@@ -280,7 +280,7 @@ def random_prompt_token_ids(seed: int, num_prompts: int = 4, lengths: tuple[int,
     lens = torch.randint(lengths[0], lengths[1] + 1, (num_prompts,), generator=gen)
     ids = torch.randint(1, TINY_PALM["num_tokens"], (num_prompts, int(lens.max())), generator=gen)
     keep = torch.arange(ids.shape[1]) < lens[:, None]
-    return ids.masked_fill(~keep, rt.PAD_ID)
+    return ids.masked_fill(~keep, tokenizer.PAD_ID)
 
 
 def prompt_kwargs(style: str, seed: int, prompt_len: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -295,11 +295,11 @@ def prompt_kwargs(style: str, seed: int, prompt_len: int | None = None) -> tuple
     try:
         prompts = PROMPTS_FILE.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
-        raise rt.SkillError(f"prompts file unreadable: {PROMPTS_FILE}: {rt.one_line(exc)} "
+        raise exits.SkillError(f"prompts file unreadable: {PROMPTS_FILE}: {exits.one_line(exc)} "
                             "(reinstall the skill tree)") from None
     if not any(p.strip() for p in prompts):
-        raise rt.SkillError(f"prompts file has no non-empty line: {PROMPTS_FILE} (reinstall the skill tree)")
-    tokenizer = rt.ByteTokenizer()
+        raise exits.SkillError(f"prompts file has no non-empty line: {PROMPTS_FILE} (reinstall the skill tree)")
+    tokenizer = tokenizer.ByteTokenizer()
     if style == "text":
         return {"prompts": prompts, "tokenizer": tokenizer}, {"style": style, "tokenizer": tokenizer}
     return ({"prompts_path": str(PROMPTS_FILE), "tokenizer": tokenizer},
@@ -346,7 +346,7 @@ def construct_trainer(spec: TrainerSpec, palm, reward_model, prompt_args: dict[s
     Raises whatever the library's constructor raises."""
     import importlib
     trainer_cls = getattr(importlib.import_module(spec.module), spec.class_name)
-    with rt.capture_library_output():
+    with streams.capture_library_output():
         trainer = trainer_cls(palm=palm, reward_model=reward_model, accelerate_kwargs=device_kwargs,
                               **prompt_args, **kwargs)
     trainer.prompt_token_ids = trainer.prompt_token_ids.to(device)
@@ -359,12 +359,12 @@ def bounded_train(trainer, rollouts: int, max_seq_len: int, episodes: int = 1,
     with ``max_timesteps = update_timesteps = rollouts`` (and ``eos_token``). Returns (captured
     library stdout, None) or (captured, ``Type: message``) when the library raised."""
     try:
-        with rt.capture_library_output() as captured:
+        with streams.capture_library_output() as captured:
             trainer.train(num_episodes=episodes, max_timesteps=rollouts, update_timesteps=rollouts,
                           max_seq_len=max_seq_len, eos_token=eos_token)
         return captured.stdout, None
     except Exception as exc:  # the library's failure is the caller's finding, not a crash
-        return captured.stdout, rt.one_line(exc)
+        return captured.stdout, exits.one_line(exc)
 
 
 # train smoke: the checklist's steps (build, snapshot, update, compare, sample) -------------------
@@ -376,8 +376,8 @@ class SmokeRun:
     args: Any
     device: Any
     result: dict[str, Any]
-    checks: rt.Checks = field(default_factory=rt.Checks)
-    timer: rt.Timer = field(default_factory=rt.Timer)
+    checks: reporting.Checks = field(default_factory=reporting.Checks)
+    timer: streams.Timer = field(default_factory=streams.Timer)
     trainer: Any = None
     groups: dict[str, list] = field(default_factory=dict)
     names: dict[int, str] = field(default_factory=dict)
@@ -417,7 +417,7 @@ def build(run: SmokeRun, device_kwargs: dict, variants: list[str], after_build=N
         except Exception as exc:  # the library's failure is this smoke's finding, not a crash
             run.result["timings_s"] = {"construct": None, "update": None, "generate": None}
             run.result.update(parameters=None, optimizer_steps=None, losses=None, generated=None)
-            run.checks.add("trainer_constructed", False, rt.one_line(exc))
+            run.checks.add("trainer_constructed", False, exits.one_line(exc))
             return False
         if after_build is not None:
             after_build(run.name, run.trainer)
@@ -453,8 +453,8 @@ def build(run: SmokeRun, device_kwargs: dict, variants: list[str], after_build=N
 
 def snapshot(run: SmokeRun) -> tuple[dict[str, dict], dict]:
     """Step 2: clones of every trainable tensor (per group) and of every frozen one."""
-    before = {key: rt.snapshot((run.names[id(p)], p) for p in ps) for key, ps in run.groups.items()}
-    return before, rt.snapshot(run.frozen)
+    before = {key: snapshots.snapshot((run.names[id(p)], p) for p in ps) for key, ps in run.groups.items()}
+    return before, snapshots.snapshot(run.frozen)
 
 
 def update(run: SmokeRun) -> bool:
@@ -488,8 +488,8 @@ def update(run: SmokeRun) -> bool:
         hook.remove()
     run.result["timings_s"]["update"] = run.timer.stages["update"]
     if args.verbose:
-        rt.write_stderr(printed)
-    run.result["losses"] = rt.parse_losses(printed)
+        streams.write_stderr(printed)
+    run.result["losses"] = streams.parse_losses(printed)
     run.result["rollout_lengths"] = rollout_lengths
     run.result["optimizer_steps"] = {"expected": expected_steps, "required": spec.required_steps,
                                      "observed": step_counts, "rollouts": rollouts}
@@ -517,22 +517,22 @@ def compare(run: SmokeRun, before: dict[str, dict], frozen_before: dict) -> None
     name, trainer, checks, args = run.name, run.trainer, run.checks, run.args
     trainable_changed = 0
     for key, ps in run.groups.items():
-        changed = rt.changed_names(before[key], ((run.names[id(p)], p) for p in ps))
+        changed = snapshots.changed_names(before[key], ((run.names[id(p)], p) for p in ps))
         trainable_changed += len(changed)
         unchanged = sorted(set(before[key]) - set(changed))
         checks.add(f"{key}_changed", not unchanged,
                    f"{len(changed)}/{len(ps)} tensors changed"
-                   + (f"; unchanged: {rt.names_text(unchanged)}" if unchanged else ""))
-    frozen_changed = rt.changed_names(frozen_before, run.frozen)
+                   + (f"; unchanged: {reporting.names_text(unchanged)}" if unchanged else ""))
+    frozen_changed = snapshots.changed_names(frozen_before, run.frozen)
     reward_changed = [n for n in frozen_changed if n.startswith("reward_model.")]
     checks.add("base_weights_unchanged", not set(frozen_changed) - set(reward_changed),
                f"{len(run.frozen) - sum(n.startswith('reward_model.') for n, _ in run.frozen)} base PaLM tensors; "
-               f"changed: {rt.names_text(sorted(set(frozen_changed) - set(reward_changed)))}")
-    checks.add("reward_model_unchanged", not reward_changed, f"changed: {rt.names_text(reward_changed)}")
+               f"changed: {reporting.names_text(sorted(set(frozen_changed) - set(reward_changed)))}")
+    checks.add("reward_model_unchanged", not reward_changed, f"changed: {reporting.names_text(reward_changed)}")
     run.result["parameters"].update(trainable_changed=trainable_changed, frozen_changed=len(frozen_changed))
     losses = run.result["losses"]
     values = [v for vs in losses.values() for v in vs]
-    checks.add("losses_finite", rt.all_finite(losses),
+    checks.add("losses_finite", streams.all_finite(losses),
                f"{len(values)} printed values ({', '.join(losses)})" if values else "no loss printed")
     if name == "tpo":
         buffer = Path(getattr(args, "tpo_buffer", TPO_BUFFER))  # ddp_launch.py: a per-rank folder
@@ -559,15 +559,15 @@ def sample(run: SmokeRun) -> None:
     import torch
     trainer, checks, args = run.trainer, run.checks, run.args
     prompt = trainer.prompt_token_ids[0]
-    prompt = prompt[prompt != rt.PAD_ID]
+    prompt = prompt[prompt != tokenizer.PAD_ID]
     with run.timer.stage("generate", label="generate (one trainer.generate() call)"):
         try:
-            with rt.capture_library_output():
+            with streams.capture_library_output():
                 sequence = trainer.generate(run.max_seq_len, prompt=prompt, num_samples=NUM_GENERATE_SAMPLES,
                                             eos_token=args.eos_token)
         except Exception as exc:
             sequence = None
-            checks.add("generated_sequence", False, f"trainer.generate raised {rt.one_line(exc)}")
+            checks.add("generated_sequence", False, f"trainer.generate raised {exits.one_line(exc)}")
     run.result["timings_s"]["generate"] = run.timer.stages["generate"]
     if sequence is None:
         return
@@ -608,7 +608,7 @@ def eos_in_prompts(args) -> list[int]:
 
 
 def run_trainer(name: str, args, device_kwargs: dict, device, variants: list[str],
-                after_build=None, progress: rt.Progress | None = None) -> dict[str, Any]:
+                after_build=None, progress: streams.Progress | None = None) -> dict[str, Any]:
     """The train smoke of one trainer, step by step: build, snapshot, update, compare, sample;
     ``--construct-only`` stops after build. Returns its report entry.
 
@@ -618,7 +618,7 @@ def run_trainer(name: str, args, device_kwargs: dict, device, variants: list[str
     from accelerate.utils import set_seed
 
     run = SmokeRun(name, args, device, {"trainer": name, "status": "failed", "mode": mode_name(args)},
-                   timer=rt.Timer(progress, name))
+                   timer=streams.Timer(progress, name))
     set_seed(args.seed)
     if not build(run, device_kwargs, variants, after_build) or args.construct_only:
         return finish(run.result, run.checks)
@@ -632,8 +632,9 @@ def run_trainer(name: str, args, device_kwargs: dict, device, variants: list[str
 # learning check: the steps are build, measure, train, measure ------------------------------------
 
 def rule_reward_module():
-    """reward-modeling/scripts/rule_reward.py, imported by path (it imports torch)."""
-    return rt.load_by_path("rule_reward", rt.SKILL_ROOT / "sub-skills" / "reward-modeling" / "scripts" / "rule_reward.py")
+    """reward-modeling/scripts/rule_reward.py (it imports torch, so only when the check runs)."""
+    import rule_reward
+    return rule_reward
 
 
 def learn_trainer_kwargs(spec: TrainerSpec, setting: LearnSetting) -> dict[str, Any]:
@@ -704,7 +705,7 @@ def learn_seed(name: str, seed: int, control: str | None, device_kwargs: dict, d
                                     {"prompt_token_ids": train_prompts}, device_kwargs, device,
                                     **learn_trainer_kwargs(spec, setting))
     except Exception as exc:
-        raise RuntimeError(f"seed {seed}: {rt.one_line(exc)}") from None
+        raise RuntimeError(f"seed {seed}: {exits.one_line(exc)}") from None
     if control == "frozen":  # AdoptAtan2 and AdamAtan2 assert lr > 0 when built: set it to 0 after
         for optimizer in optimizers(name, trainer).values():
             for group in optimizer.param_groups:
@@ -739,13 +740,13 @@ def learning_verdict(per_seed: list[dict[str, Any]], threshold: float) -> tuple[
 
 
 def learn_trainer(name: str, seeds: list[int], control: str | None, device_kwargs: dict, device,
-                  setting: LearnSetting | None = None, progress: rt.Progress | None = None) -> dict[str, Any]:
+                  setting: LearnSetting | None = None, progress: streams.Progress | None = None) -> dict[str, Any]:
     """The learning check of one trainer over ``seeds``; returns its report entry with
     ``learning: {reward_before, reward_after, per_seed, curve, threshold, passed}`` (means over the
     seeds, rounded to 4 places) and the check ``reward_rose``. With ``progress``, a line that
     counts the seeds."""
     spec, setting = TRAINERS[name], setting or LEARN_SETTINGS[name]
-    checks, timer = rt.Checks(), rt.Timer(progress, name)
+    checks, timer = reporting.Checks(), streams.Timer(progress, name)
     result: dict[str, Any] = {"trainer": name, "status": "failed", "mode": "learn",
                               "class_name": f"{spec.module}.{spec.class_name}",
                               "settings": dict(vars(setting)), "learning": None}
@@ -785,9 +786,9 @@ def sparkline(values: list[float], low: float, high: float) -> str:
                    for v in values)
 
 
-def finish(result: dict[str, Any], checks: rt.Checks) -> dict[str, Any]:
+def finish(result: dict[str, Any], checks: reporting.Checks) -> dict[str, Any]:
     result["checks"] = checks.items
-    result["status"] = rt.status_of(checks.items)
+    result["status"] = reporting.status_of(checks.items)
     return result
 
 
@@ -848,7 +849,7 @@ def trainers_report(args, results: dict[str, dict[str, Any]], device, cpu_thread
 
 def trainer_headline(result: dict[str, Any]) -> str:
     """One trainer's line: its checks counted, then what it did, in plain words."""
-    head = f"{result['trainer']} ({result.get('class_name') or 'not built'}): {rt.passed_count(result['checks'])}"
+    head = f"{result['trainer']} ({result.get('class_name') or 'not built'}): {reporting.passed_count(result['checks'])}"
     learning, params, steps = result.get("learning"), result.get("parameters"), result.get("optimizer_steps")
     if learning:
         curve = learning["curve"]
@@ -873,14 +874,14 @@ def next_step(report: dict[str, Any]) -> str:
     """The natural next command after a passing run, written the way this run was started."""
     mode, trainer = report["mode"], report["trainer"]
     if mode == "construct-only":
-        return rt.command("tiny-rlhf-smoke", f"--trainer {trainer}")
+        return reporting.command("tiny-rlhf-smoke", f"--trainer {trainer}")
     if mode == "train-smoke" and trainer != "all":
-        return rt.command("tiny-rlhf-smoke", "--trainer all")
+        return reporting.command("tiny-rlhf-smoke", "--trainer all")
     if mode == "train-smoke" and "launcher" not in report:
-        return rt.command("tiny-rlhf-smoke", "--learn --trainer all")
+        return reporting.command("tiny-rlhf-smoke", "--learn --trainer all")
     if mode == "learn" and (trainer != "all" or report["config"]["control"]):
-        return rt.command("tiny-rlhf-smoke", "--learn --trainer all")
-    return (rt.command("palm-rlhf-skill plan", "--config YOUR_RUN.toml")
+        return reporting.command("tiny-rlhf-smoke", "--learn --trainer all")
+    return (reporting.command("palm-rlhf-skill plan", "--config YOUR_RUN.toml")
             + " (your run's time, memory and learn() calls before it starts: workflows.md#plan-a-run)")
 
 
@@ -890,16 +891,16 @@ def summary(report: dict[str, Any]) -> str:
     lines = []
     for result in report.get("results", {}).values():
         lines.append(trainer_headline(result))
-        lines += rt.check_lines(result["checks"])
+        lines += reporting.check_lines(result["checks"])
     if not report.get("results"):  # --nproc: no rank reported
-        lines += rt.check_lines(report.get("checks", []))
+        lines += reporting.check_lines(report.get("checks", []))
     t = report["timings_s"]
-    lines.append(rt.timings_line(t))
+    lines.append(reporting.timings_line(t))
     lines += [f"warning: {w}" for w in report.get("warnings", [])]
     what = {"learn": "learning check", "train-smoke": "train smoke", "construct-only": "construct-only smoke"}[report["mode"]]
     trainers = "every trainer" if report["trainer"] == "all" else report["trainer"]
     nproc = report.get("nproc") or (report.get("launcher") or {}).get("nproc")  # launcher's: no rank reported
-    where = rt.device_words(report["device"]) + (f", {nproc} processes" if nproc else "")
+    where = reporting.device_words(report["device"]) + (f", {nproc} processes" if nproc else "")
     control = report.get("config", {}).get("control") if report["mode"] == "learn" else None
     if report["status"] == "ok":
         lines.append(f"tiny-rlhf-smoke: OK: the {what} passed for {trainers} on {where} (exit 0)"
@@ -908,13 +909,13 @@ def summary(report: dict[str, Any]) -> str:
     failed = [c for r in report.get("results", {}).values() for c in r["checks"] if not c["passed"]]
     failed = failed or [c for c in report.get("checks", []) if not c["passed"]]
     bad = [r["trainer"] for r in report.get("results", {}).values() if r["status"] != "ok"]
-    first = rt.CHECK_DOCS.get(failed[0]["name"], rt.REPORTS) if failed else rt.REPORTS
+    first = reporting.CHECK_DOCS.get(failed[0]["name"], reporting.REPORTS) if failed else reporting.REPORTS
     head = f"tiny-rlhf-smoke: FAILED: the {what} failed for {', '.join(bad) or 'the run'} on {where} (exit 1)"
     if control == "frozen" and failed and all(c["name"] == "reward_rose" for c in failed):
         # the control's one expected failure (workflows.md#learning-check): nothing to read or fix
         lines.append(f"{head}, the expected result of the frozen control (every learning rate 0, so no reward "
                      f"can rise: this shows the check can fail); next: run the check itself, "
-                     + rt.command("tiny-rlhf-smoke", f"--learn --trainer {report['trainer']}"))
+                     + reporting.command("tiny-rlhf-smoke", f"--learn --trainer {report['trainer']}"))
     else:
         lines.append(f"{head}; next: read {first}")
     return "\n".join(lines)
@@ -947,13 +948,13 @@ def estimate_s(args) -> float:
     return total
 
 
-def announce_estimate(args, progress: rt.Progress, extra: str = "") -> None:
+def announce_estimate(args, progress: streams.Progress, extra: str = "") -> None:
     """The estimate line, before a run predicted to take more than ESTIMATE_NOTE_S."""
     seconds = estimate_s(args)
     if seconds > ESTIMATE_NOTE_S:
         basis = ("calibrate_learning.py's seconds per seed, measured on a busy 2-CPU machine" if args.learn else
                  "fitted to the measured table of references/sizing.md; a busy machine takes longer")
-        progress.note(f"this run should take about {rt.seconds_text(seconds)} after the imports{extra} ({basis})")
+        progress.note(f"this run should take about {reporting.seconds_text(seconds)} after the imports{extra} ({basis})")
 
 
 def check_learn_options(args) -> None:
@@ -961,7 +962,7 @@ def check_learn_options(args) -> None:
     if not args.learn:
         for option, value in (("--learn-control", args.learn_control), ("--learn-seeds", args.learn_seeds)):
             if value is not None:
-                raise rt.SkillError(f"{option} applies to --learn")
+                raise exits.SkillError(f"{option} applies to --learn")
         return
     for option, used in (("--grpo-variant", args.grpo_variant), ("--rollouts", args.rollouts is not None),
                          ("--prompt-style", args.prompt_style != "token-ids"),
@@ -972,79 +973,79 @@ def check_learn_options(args) -> None:
                          ("--dist-timeout", args.dist_timeout != ddp_launch.DIST_TIMEOUT_S),
                          ("--depth", args.depth != TINY_PALM["depth"]), ("--new-tokens", args.new_tokens != NEW_TOKENS)):
         if used:
-            raise rt.SkillError(f"{option} applies to the train smoke, not --learn (its toy task is fixed: "
+            raise exits.SkillError(f"{option} applies to the train smoke, not --learn (its toy task is fixed: "
                                 "references/workflows.md#learning-check)")
     last = learn_seeds(args)[-1]
-    if last > rt.MAX_SEED:
-        raise rt.SkillError(f"--seed {args.seed} leaves no room for the learning check's seeds up to {last} "
-                            f"(at most {rt.MAX_SEED})")
+    if last > options.MAX_SEED:
+        raise exits.SkillError(f"--seed {args.seed} leaves no room for the learning check's seeds up to {last} "
+                            f"(at most {options.MAX_SEED})")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.grpo_variant and args.trainer not in ("grpo", "all"):
-        raise rt.SkillError("--grpo-variant applies to --trainer grpo or all")
+        raise exits.SkillError("--grpo-variant applies to --trainer grpo or all")
     variants = parse_variants(args.grpo_variant)
     if args.construct_only and args.rollouts is not None:
-        raise rt.SkillError("--rollouts applies to the train smoke, not --construct-only")
+        raise exits.SkillError("--rollouts applies to the train smoke, not --construct-only")
     if args.prompt_len is not None and args.prompt_style != "token-ids":
-        raise rt.SkillError("--prompt-len applies to --prompt-style token-ids")
+        raise exits.SkillError("--prompt-len applies to --prompt-style token-ids")
     check_learn_options(args)
     world = ddp_launch.launcher_world()  # one rank of torchrun / accelerate launch / srun?
     ddp_launch.check_options(args, world)
     if args.learn and world is not None:
-        raise rt.SkillError("--learn runs in one process: start it without torchrun, accelerate launch or srun")
-    env = rt.check_versions(args.allow_untested)
+        raise exits.SkillError("--learn runs in one process: start it without torchrun, accelerate launch or srun")
+    env = version_gate.check_versions(args.allow_untested)
     if args.prompt_style != "token-ids":  # a damaged prompts file: one error line, before any progress
         prompt_kwargs(args.prompt_style, args.seed)
     if args.eos_token is not None and args.new_tokens < 2:
-        raise rt.SkillError("--eos-token needs --new-tokens 2 or more: with 1, a rollout of the longest prompt "
+        raise exits.SkillError("--eos-token needs --new-tokens 2 or more: with 1, a rollout of the longest prompt "
                             "samples one token and cannot end at eos before max_seq_len, so the check "
                             "rollouts_ended_at_eos would pass or fail by chance")
     clashes = eos_in_prompts(args) if args.eos_token is not None else []
     if clashes:
         other = ("choose another id or --seed" if args.prompt_style == "token-ids" else
                  f"choose another id (the prompts of --prompt-style {args.prompt_style} do not depend on --seed)")
-        raise rt.SkillError(f"--eos-token {args.eos_token} occurs in prompt(s) {clashes} of "
+        raise exits.SkillError(f"--eos-token {args.eos_token} occurs in prompt(s) {clashes} of "
                             f"--prompt-style {args.prompt_style}: generate() would stop after one token "
                             f"(it looks for eos in the prompt too); {other}")
     if world is not None:  # a launcher started this process: run as one rank of its world
         return ddp_launch.run_rank(sys.modules[__name__], args, env, world)
-    progress = rt.Progress("tiny-rlhf-smoke", not args.json or args.progress)
+    progress = streams.Progress("tiny-rlhf-smoke", not args.json or args.progress)
     if args.nproc is not None:  # the one-machine shortcut: torchrun on this smoke, N ranks
         return ddp_launch.launch(sys.modules[__name__], args, sys.argv[1:] if argv is None else argv, env, progress)
 
-    timer = rt.Timer(progress)
+    timer = streams.Timer(progress)
     with timer.stage("import", label="import torch, palm-rlhf-pytorch and accelerate"):
         import torch  # noqa: F401  (the import floor, timed)
         import palm_rlhf_pytorch  # noqa: F401
         import accelerate  # noqa: F401
-    device_kwargs, device = rt.resolve_device(args.device)
+    device_kwargs, device = placement.resolve_device(args.device)
     if device.type == "cpu" and not args.learn:  # the --learn toy task is fixed and tiny
         ddp_launch.check_resources(None, "cpu", palm_config(args), args.oversubscribe)
     announce_estimate(args, progress)
     names = list(TRAINERS) if args.trainer == "all" else [args.trainer]
     args.caller_dir = os.getcwd()
-    caller_before = rt.watch_directory(args.caller_dir)
-    with rt.private_workdir(), rt.torch_threads(args.cpu_threads) as threads:
+    caller_before = workspace.watch_directory(args.caller_dir)
+    with workspace.private_workdir(), placement.torch_threads(args.cpu_threads) as threads:
         if args.learn:
             results = {name: learn_trainer(name, learn_seeds(args), args.learn_control, device_kwargs, device,
                                            progress=progress) for name in names}
         else:
             results = {name: run_trainer(name, args, device_kwargs, device, variants, progress=progress)
                        for name in names}
-    workdir_check = rt.caller_directory_check(args.caller_dir, caller_before)
+    workdir_check = workspace.caller_directory_check(args.caller_dir, caller_before)
     for result in results.values():
         result["checks"].append(workdir_check)
-        result["status"] = rt.status_of(result["checks"])
+        result["status"] = reporting.status_of(result["checks"])
     report = trainers_report(args, results, device, threads)
     report.update(versions=env["versions"], tested=env["tested"], warnings=env["warnings"])
     report["timings_s"] = {"import": timer.stages["import"], **report["timings_s"]}
     report["timings_s"]["total"] = round(time.perf_counter() - START, 4)
-    return rt.emit(report, args.json, summary, rt.EXIT_OK if report["status"] == "ok" else rt.EXIT_CHECK_FAILED)
+    return runner.emit(report, args.json, summary, exits.EXIT_OK if report["status"] == "ok" else exits.EXIT_CHECK_FAILED)
 
 
 START = time.perf_counter()
 
 if __name__ == "__main__":
-    sys.exit(rt.run_cli(main))
+    sys.exit(runner.run_cli(main))

@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
-import skill_runtime as rt  # noqa: E402  (shared runtime at the skill root, imported by path)
+from skill_runtime import exits, options, reporting, runner, smoke_main, streams, tokenizer  # noqa: E402
 
 RESPONSES_FILE = Path(__file__).resolve().parents[1] / "assets" / "responses.txt"
-TINY_PALM = dict(num_tokens=rt.ByteTokenizer.vocab_size, dim=32, depth=1, heads=2, dim_head=16)
+TINY_PALM = dict(num_tokens=tokenizer.ByteTokenizer.vocab_size, dim=32, depth=1, heads=2, dim_head=16)
 PROMPT = "Reply to the customer: "   # shared prompt; marked with prompt_lengths
 KEYWORD = "thank"                    # the rated property: a reply containing it is rated 1.0
 HELD_OUT_EVERY = 4                   # every 4th pair is held out (7 of the 28 pairs)
@@ -43,20 +43,20 @@ PRM_ASCENT_LR = 1.0                  # plain gradient step on -prm(seq, labels)
 PRM_SEQ_LEN = 24                     # ImplicitPRM sequences: first 24 bytes of each reply (no padding)
 
 
-def build_parser() -> rt.OneLineParser:
-    parser = rt.OneLineParser(
+def build_parser() -> options.OneLineParser:
+    parser = options.OneLineParser(
         description="Bounded smoke for palm-rlhf-pytorch reward models: train a tiny scalar "
                     "RewardModel on a toy preference task and report held-out accuracy, train a "
                     "binned one with cross-entropy, and check ImplicitPRM's rewards and gradients.",
         epilog="examples:\n"
                "  tiny-reward-smoke --json\n"
                "  tiny-reward-smoke --device cpu --seed 2\n"
-               "  tiny-reward-smoke --steps 40 --lr 1e-3\n\n" + rt.EXIT_CODES_EPILOG)
-    parser.add_argument("--steps", type=rt.bounded_int(2, rt.MAX_OPTIMIZER_STEPS), default=20, metavar="N",
+               "  tiny-reward-smoke --steps 40 --lr 1e-3\n\n" + exits.EXIT_CODES_EPILOG)
+    parser.add_argument("--steps", type=options.bounded_int(2, options.MAX_OPTIMIZER_STEPS), default=20, metavar="N",
                         help="full-batch Adam steps for each reward model (default: 20)")
-    parser.add_argument("--lr", type=rt.finite_nonnegative_float, default=3e-3,
+    parser.add_argument("--lr", type=options.finite_nonnegative_float, default=3e-3,
                         help="Adam learning rate (default: 3e-3; 0 makes the training checks fail)")
-    rt.add_common_options(parser)
+    options.add_common_options(parser)
     return parser
 
 
@@ -68,11 +68,11 @@ def load_pairs(path: Path | None = None) -> list[tuple[str, str]]:
     missing or malformed."""
     path = path or RESPONSES_FILE
     if not path.is_file():
-        raise rt.SkillError(f"responses file missing: {path} (reinstall the skill tree)")
+        raise exits.SkillError(f"responses file missing: {path} (reinstall the skill tree)")
     lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     pairs = list(zip(lines[0::2], lines[1::2]))
     if len(lines) % 2 or not pairs or not all(rating(a) == 1.0 and rating(b) == 0.0 for a, b in pairs):
-        raise rt.SkillError(f"{path.name}: expected line pairs (reply with {KEYWORD!r}, reply without)")
+        raise exits.SkillError(f"{path.name}: expected line pairs (reply with {KEYWORD!r}, reply without)")
     return pairs
 
 
@@ -92,9 +92,9 @@ def encode(replies: list[str], device) -> dict[str, Any]:
     """RewardModel inputs for PROMPT + reply: ``x`` (batch, max_len) int64 byte ids + 1, right-padded
     with 0; ``mask`` (batch, max_len) bool, False on padding; ``prompt_lengths`` (batch,) int64."""
     import torch
-    x = rt.ByteTokenizer()([PROMPT + r for r in replies]).to(device)
+    x = tokenizer.ByteTokenizer()([PROMPT + r for r in replies]).to(device)
     lengths = torch.full((len(replies),), len(PROMPT.encode("utf-8")), dtype=torch.long, device=device)
-    return {"x": x, "mask": x != rt.PAD_ID, "prompt_lengths": lengths}
+    return {"x": x, "mask": x != tokenizer.PAD_ID, "prompt_lengths": lengths}
 
 
 # checks ----------------------------------------------------------------------------------------
@@ -135,7 +135,7 @@ def train(reward_model, replies, labels, args, device) -> tuple[float, float]:
     return before, eval_loss(reward_model, inputs, labels)
 
 
-def check_scalar(palm, train_pairs, held_pairs, args, device, checks: rt.Checks) -> dict[str, Any]:
+def check_scalar(palm, train_pairs, held_pairs, args, device, checks: reporting.Checks) -> dict[str, Any]:
     import torch
     from palm_rlhf_pytorch import RewardModel
     reward_model = RewardModel(palm, num_binned_output=0).to(device)
@@ -161,7 +161,7 @@ def check_scalar(palm, train_pairs, held_pairs, args, device, checks: rt.Checks)
             "train_accuracy": train_acc, "chance": CHANCE}
 
 
-def check_binned(palm, train_pairs, args, device, checks: rt.Checks) -> dict[str, Any]:
+def check_binned(palm, train_pairs, args, device, checks: reporting.Checks) -> dict[str, Any]:
     import torch
     from palm_rlhf_pytorch import RewardModel
     reward_model = RewardModel(palm, num_binned_output=NUM_BINS).to(device)
@@ -180,14 +180,14 @@ def check_binned(palm, train_pairs, args, device, checks: rt.Checks) -> dict[str
             "inference_sample": bins.tolist()}
 
 
-def check_implicit_prm(train_pairs, args, device, checks: rt.Checks) -> dict[str, Any]:
+def check_implicit_prm(train_pairs, args, device, checks: reporting.Checks) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
     from palm_rlhf_pytorch import ImplicitPRM, PaLM
     policy = PaLM(**TINY_PALM).to(device)
     prm = ImplicitPRM(policy)  # reference model: a frozen deep copy of the policy
     replies = [r for pair in train_pairs[:2] for r in pair]
-    seq = rt.ByteTokenizer()([r[:PRM_SEQ_LEN] for r in replies]).to(device)  # equal lengths: no padding
+    seq = tokenizer.ByteTokenizer()([r[:PRM_SEQ_LEN] for r in replies]).to(device)  # equal lengths: no padding
     labels = torch.tensor([rating(r) for r in replies], device=device)
     with torch.no_grad():
         fresh = prm(seq)
@@ -225,13 +225,13 @@ def check_implicit_prm(train_pairs, args, device, checks: rt.Checks) -> dict[str
             "reference_tensors_with_grad": sum(g is not None for g in ref_grads)}
 
 
-def run_smoke(args, device, pairs: list[tuple[str, str]], timer: rt.Timer) -> dict[str, Any]:
+def run_smoke(args, device, pairs: list[tuple[str, str]], timer: streams.Timer) -> dict[str, Any]:
     """All reward-model checks, each part timed (and shown) by ``timer``; returns the per-part
     results (JSON-ready) and the checks."""
     from accelerate.utils import set_seed
     from palm_rlhf_pytorch import PaLM
 
-    checks, result = rt.Checks(), {}
+    checks, result = reporting.Checks(), {}
     train_pairs, held_pairs = split(pairs)
     set_seed(args.seed)
     palm = PaLM(**TINY_PALM).to(device)  # each RewardModel deep-copies it
@@ -252,12 +252,12 @@ def run_smoke(args, device, pairs: list[tuple[str, str]], timer: rt.Timer) -> di
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     pairs = load_pairs()  # before torch: a missing asset is a one-line exit 2
-    return rt.run_checked_smoke(args, "tiny-reward-smoke", TINY_PALM,
+    return smoke_main.run_checked_smoke(args, "tiny-reward-smoke", TINY_PALM,
                                 lambda device, timer: run_smoke(args, device, pairs, timer), START,
-                                next_step=rt.command("tiny-rlhf-smoke", "--trainer all"))
+                                next_step=reporting.command("tiny-rlhf-smoke", "--trainer all"))
 
 
 START = time.perf_counter()
 
 if __name__ == "__main__":
-    sys.exit(rt.run_cli(main))
+    sys.exit(runner.run_cli(main))

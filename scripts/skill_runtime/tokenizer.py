@@ -1,0 +1,34 @@
+"""The skill's byte-level tokenizer: UTF-8 byte b is id b + 1, id 0 is the library's pad id."""
+from __future__ import annotations
+
+from skill_runtime import exits
+
+
+PAD_ID = 0  # the library's pad id: PaLM's cross_entropy_ignore_index and the trainers' pad_value
+
+
+class ByteTokenizer:
+    """Byte-level tokenizer: UTF-8 byte b -> id b + 1, so id 0 stays the pad id.
+
+    ``__call__(prompts: list[str]) -> LongTensor (num_prompts, max_bytes)``, right-padded with 0.
+    Empty strings are dropped (counted in ``dropped_empty``): the trainers split ``prompts_path``
+    on '\\n', so a file's trailing newline becomes an empty prompt whose rollout would crash.
+    Raises SkillError(exit 2) when nothing is left to tokenize. Vocabulary: 257 ids (pad + 256 bytes).
+    """
+
+    vocab_size = 257
+
+    def __init__(self) -> None:
+        self.dropped_empty = 0
+
+    def __call__(self, prompts: list[str]):
+        import torch
+        kept = [p for p in prompts if p.strip()]
+        self.dropped_empty += len(prompts) - len(kept)
+        if not kept:
+            raise exits.SkillError("no non-empty prompts to tokenize")
+        rows = [[b + 1 for b in p.encode("utf-8")] for p in kept]
+        out = torch.full((len(rows), max(map(len, rows))), PAD_ID, dtype=torch.long)
+        for i, row in enumerate(rows):
+            out[i, :len(row)] = torch.tensor(row, dtype=torch.long)
+        return out
