@@ -1047,7 +1047,7 @@ FSDP = textwrap.dedent("""
         for shared in (PartialState._shared_state, AcceleratorState._shared_state):
             shared.update(distributed_type=DistributedType.FSDP, device=torch.device("cpu"))
         AcceleratorState._shared_state["fsdp_plugin"] = FullyShardedDataParallelPlugin(fsdp_version=version)
-        for name in smoke.TRAINERS:
+        for name in smoke.trainers.TRAINERS:
             construct_only = not (version == 1 and name == "ppo")
             args = smoke.build_parser().parse_args(["--trainer", name] + ["--construct-only"] * construct_only)
             args.caller_dir = "/"

@@ -27,7 +27,8 @@ WORKFLOWS = SMOKE.parents[1] / "references" / "workflows.md"
 PALM_SMOKE = REPO / "sub-skills" / "palm-modeling" / "scripts" / "tiny_palm_smoke.py"
 REWARD_SMOKE = REPO / "sub-skills" / "reward-modeling" / "scripts" / "tiny_reward_smoke.py"
 CHECKED_SCRIPTS = [SMOKE, SMOKE.parent / "ddp_launch.py", PALM_SMOKE, REWARD_SMOKE,
-                   *sorted((REPO / "scripts" / "skill_runtime").glob("*.py"))]
+                   *sorted((REPO / "scripts" / "skill_runtime").glob("*.py")),
+                   *sorted((SMOKE.parent / "policy_optimization").rglob("*.py"))]
 
 
 # --- the map of check names to doc sections ------------------------------------------------------
@@ -58,7 +59,8 @@ def emitted_check_names() -> set[str]:
                     if isinstance(value, ast.Constant):
                         found.add(value.value)
     source = SMOKE.read_text(encoding="utf-8")
-    groups = source.split("def trainable_groups", 1)[1].split("\ndef ", 1)[0]
+    table = (SMOKE.parent / "policy_optimization" / "trainers.py").read_text(encoding="utf-8")
+    groups = table.split("def trainable_groups", 1)[1].split("\ndef ", 1)[0]
     names = set(re.findall(r'"([a-z_]+)": ', groups)) | set(re.findall(r'groups\["([a-z_]+)"\]', groups))
     assert 'f"{key}_changed"' in source and names == {"actor_lora", "critic_lora", "value_head", "partition_function"}
     return found | {f"{g}_changed" for g in names}

@@ -34,14 +34,14 @@ def build(smoke, name, reward_model):
     import torch
     from palm_rlhf_pytorch import PaLM
 
-    spec = smoke.TRAINERS[name]
-    kwargs = dict(minibatch_size=4, **spec.extra)
+    spec = smoke.trainers.TRAINERS[name]
+    kwargs = dict(minibatch_size=4, **smoke.SMOKE_EXTRA.get(name, {}))
     if name == "flowrl":
         kwargs["partition_function_hidden_dim"] = 32
     if spec.group_kwarg:
         kwargs[spec.group_kwarg] = GROUP - 1
     palm = PaLM(num_tokens=VOCAB, dim=32, depth=1, heads=2, dim_head=16)
-    return smoke.construct_trainer(spec, palm, reward_model,
+    return smoke.trainers.construct_trainer(spec, palm, reward_model,
                                    {"prompt_token_ids": torch.randint(1, VOCAB, (4, PROMPT_LEN))},
                                    {"cpu": True}, torch.device("cpu"), **kwargs)
 

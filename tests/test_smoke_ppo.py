@@ -213,7 +213,7 @@ def test_documented_exit_codes_and_range_match_runtime(smoke):
 ])
 def test_library_failures_become_failed_checks(smoke, capsys, monkeypatch, empty_dir, extra, failed_check):
     import dataclasses
-    monkeypatch.setitem(smoke.TRAINERS, "flowrl", dataclasses.replace(smoke.TRAINERS["flowrl"], extra=extra))
+    monkeypatch.setitem(smoke.SMOKE_EXTRA, "flowrl", extra)
     code, report = inprocess(smoke, capsys, monkeypatch, empty_dir, "--trainer", "flowrl")
     assert code == 1 and report["status"] == "failed"
     failed = [c for c in report["checks"] if not c["passed"]]

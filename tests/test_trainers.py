@@ -65,7 +65,7 @@ def test_train_smoke_in_process(reports, smoke, name):
     failed = [c for c in report["checks"] if not c["passed"]]
     assert code == 0 and report["status"] == "ok" and not failed, failed
     assert left == [], f"{name} left {left} in the caller's directory"
-    spec = smoke.TRAINERS[name]
+    spec = smoke.trainers.TRAINERS[name]
     assert report["class_name"] == f"{spec.module}.{spec.class_name}"
     checks = checks_of(report)
     assert {"actor_lora_changed", "base_weights_unchanged", "reward_model_unchanged", "losses_finite",
@@ -95,7 +95,7 @@ def test_grpo_group_size_is_num_times_sample_rewards_plus_one(reports, smoke):
     detail = checks_of(report)["rollout_group_size"]["detail"]
     assert "scored [4] completions" in detail and "grpo_num_times_sample_rewards + 1" in detail
     # one learn() over 3 rollouts of 4 completions, minibatch 4: 3 optimizer steps
-    assert report["optimizer_steps"]["rollouts"] * 4 / smoke.TRAINERS["grpo"].minibatch_size == 3
+    assert report["optimizer_steps"]["rollouts"] * 4 / smoke.SMOKE_MINIBATCH["grpo"] == 3
 
 
 def test_tpo_replay_buffer_in_private_dir_with_its_size(reports):
@@ -244,15 +244,15 @@ def test_reward_shapes_each_trainer_accepts(smoke, name, shape, tmp_path, monkey
     from palm_rlhf_pytorch import PaLM, RewardModel
 
     monkeypatch.chdir(tmp_path)  # TPO writes ./tpo_memmap_replay_buffer
-    spec = smoke.TRAINERS[name]
+    spec = smoke.trainers.TRAINERS[name]
     palm = PaLM(**smoke.TINY_PALM)
     if shape == "per-token":
         reward_model = type("PerTokenRewardModel", (PerTokenReward, RewardModel), {})(palm, num_binned_output=0)
     else:  # 5 bins: neither the group size (4) nor PPO's 6 critic bins, so nothing broadcasts by chance
         reward_model = RewardModel(palm, num_binned_output=5, sample_from_bins=shape == "binned-sampled")
-    kwargs = dict(palm=palm, reward_model=reward_model, minibatch_size=spec.minibatch_size,
+    kwargs = dict(palm=palm, reward_model=reward_model, minibatch_size=smoke.SMOKE_MINIBATCH[name],
                   prompt_token_ids=smoke.random_prompt_token_ids(0), accelerate_kwargs={"cpu": True},
-                  **spec.extra)
+                  **smoke.SMOKE_EXTRA.get(name, {}))
     if spec.group_kwarg:
         kwargs[spec.group_kwarg] = smoke.GROUP_SAMPLES
     trainer = getattr(importlib.import_module(spec.module), spec.class_name)(**kwargs)
@@ -351,7 +351,7 @@ def test_documented_json_schema_matches_real_output(reports, all_cli, smoke, tmp
     for extra, failed in (({"no_such_argument": 1}, "trainer_constructed"),
                           ({"partition_function_hidden_dim": 768}, "update_ran")):
         with pytest.MonkeyPatch.context() as mp:
-            mp.setitem(smoke.TRAINERS, "flowrl", dataclasses.replace(smoke.TRAINERS["flowrl"], extra=extra))
+            mp.setitem(smoke.SMOKE_EXTRA, "flowrl", extra)
             code_, report = run_main(smoke, tmp_path, "--trainer", "flowrl")
         assert code_ == 1 and [c["name"] for c in report["checks"] if not c["passed"]] == [failed]
         failures.append(report)
@@ -419,9 +419,9 @@ def test_documented_step_table_matches_real_runs(reports, smoke):
     rows = table(doc, "## Optimizer-step arithmetic")
     assert [r[0] for r in rows] == TRAINERS
     for name, minibatch, items, rollouts, steps, required in rows:
-        spec, report = smoke.TRAINERS[name], reports[name][1]
+        spec, report = smoke.trainers.TRAINERS[name], reports[name][1]
         observed = report["optimizer_steps"]["observed"]
-        assert int(minibatch) == spec.minibatch_size and int(items) == spec.items_per_rollout
+        assert int(minibatch) == smoke.SMOKE_MINIBATCH[name] and int(items) == spec.items_per_rollout(smoke.smoke_group(spec))
         assert int(rollouts) == report["optimizer_steps"]["rollouts"]
         assert int(required) == report["optimizer_steps"]["required"]
         documented = {(k or "actor").replace(" ", "_"): int(n)
@@ -457,12 +457,12 @@ def built(smoke):
     from palm_rlhf_pytorch import PaLM, RewardModel
 
     trainers = {}
-    for name, spec in smoke.TRAINERS.items():
+    for name, spec in smoke.trainers.TRAINERS.items():
         palm = PaLM(**smoke.TINY_PALM)
         cls = getattr(importlib.import_module(spec.module), spec.class_name)
         trainers[name] = cls(palm=palm, reward_model=RewardModel(palm, num_binned_output=0),
                              prompt_token_ids=smoke.random_prompt_token_ids(0),
-                             accelerate_kwargs={"cpu": True}, **spec.extra)
+                             accelerate_kwargs={"cpu": True}, **smoke.SMOKE_EXTRA.get(name, {}))
     return trainers
 
 
@@ -473,7 +473,7 @@ def test_selection_classes_and_papers(smoke):
 
     rows = selection_rows("## Decision table")
     assert palm_rlhf_pytorch.RLHFTrainer is importlib.import_module("palm_rlhf_pytorch.ppo").RLHFTrainer
-    for name, spec in smoke.TRAINERS.items():
+    for name, spec in smoke.trainers.TRAINERS.items():
         path = spec.module + "." + spec.class_name
         assert f"`{path}`" in rows["class"][name]
         source = inspect.getsource(importlib.import_module(f"palm_rlhf_pytorch.{name}"))
@@ -492,7 +492,7 @@ def test_selection_group_sizes_and_defaults(smoke):
 
     cell = selection_rows("## Decision table")["completions sampled per prompt per rollout"]
     assert cell["ppo"] == "1"
-    for name, spec in smoke.TRAINERS.items():
+    for name, spec in smoke.trainers.TRAINERS.items():
         if spec.group_kwarg:
             cls = getattr(importlib.import_module(spec.module), spec.class_name)
             default = inspect.signature(cls).parameters[spec.group_kwarg].default

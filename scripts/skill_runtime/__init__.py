@@ -8,7 +8,7 @@
 - ``workspace``: the private working directory and the watch on the caller's directory.
 - ``streams``: capture of the library's own output, printed losses, best-effort stderr,
   progress bars, stage timers.
-- ``tokenizer``: the byte-level tokenizer (id = byte + 1, 0 = pad).
+- ``byte_tokenizer``: the byte-level tokenizer (id = byte + 1, 0 = pad).
 - ``snapshots``: weight snapshots and what changed.
 - ``reporting``: checks, the doc section behind each check, plain-report text, helper commands.
 - ``runner``: ``run_cli`` (errors, signals, stdout that went away) and ``emit`` (the report).

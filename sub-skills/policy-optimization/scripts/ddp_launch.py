@@ -46,6 +46,7 @@ from typing import Any, Mapping
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2] / "scripts"))
 from skill_runtime import exits, options, placement, reporting, runner, streams, workspace  # noqa: E402
+from policy_optimization import trainers  # noqa: E402
 
 CHECKPOINT_NAME = "checkpoint.pt"
 LAUNCH_TIMEOUT_S = 1800        # whole --nproc run, every trainer
@@ -471,7 +472,7 @@ def rank_checks(name: str, recorder: RankRecorder, smoke, fixes, state) -> dict[
     else:
         params = dict(trainer.named_parameters())
         digests = {n: tensor_digest(p) for n, p in params.items()}
-        ids = {id(p) for ps in smoke.trainable_groups(name, trainer).values() for p in ps}
+        ids = {id(p) for ps in trainers.trainable_groups(name, trainer).values() for p in ps}
         trainable = {n for n, p in params.items() if id(p) in ids}
         nonfinite = [n for n, p in params.items() if p.is_floating_point() and not bool(torch.isfinite(p).all())]
     nonfinite_per_rank = gather(nonfinite)
@@ -648,7 +649,7 @@ def run_rank(smoke, args, env_info: dict[str, Any], world: World) -> int:
         "name": "accelerate_multi_process", "passed": multi and state.num_processes == world.size,
         "detail": f"Accelerate {state.distributed_type} with {state.num_processes} processes "
                   f"({world.launcher} started {world.size}), backend {state.backend}, rank 0 on {device}"}}
-    names = list(smoke.TRAINERS) if args.trainer == "all" else [args.trainer]
+    names = list(trainers.TRAINERS) if args.trainer == "all" else [args.trainer]
     caller = os.getcwd()
     caller_before = workspace.watch_directory(caller)
     results = {}

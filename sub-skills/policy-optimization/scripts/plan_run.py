@@ -41,14 +41,14 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
-from skill_runtime import exits, options, placement, reporting, runner, streams, tokenizer, version_gate, workspace  # noqa: E402
+from skill_runtime import byte_tokenizer, exits, options, placement, reporting, runner, streams, version_gate, workspace  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 PLANS = HERE.parent / "assets" / "plans"
 UPSTREAM_EXAMPLE = PLANS / "upstream-readme.toml"
-# trainer name -> module, class and optimizer: the smoke's table (stable names only)
-import tiny_rlhf_smoke as smoke  # noqa: E402
-TRAINERS, REQUIRED_STEPS = smoke.TRAINERS, smoke.REQUIRED_STEPS
+from policy_optimization import trainers  # noqa: E402
+
+TRAINERS, REQUIRED_STEPS = trainers.TRAINERS, trainers.REQUIRED_STEPS
 
 SECTIONS = ("palm", "reward_model", "trainer", "prompts", "train")
 REQUIRED_SECTIONS = ("palm", "trainer", "prompts")
@@ -330,7 +330,7 @@ def prompt_token_ids(resolved: dict[str, Any], seed: int, meta: bool = False):
         raise exits.SkillError(f"config [prompts] path: cannot read it: {exits.one_line(exc)}") from None
     if not any(line.strip() for line in lines):
         raise exits.SkillError(f"config [prompts] path: no non-empty line in {prompts['path']}")
-    tokenizer = tokenizer.ByteTokenizer()
+    tokenizer = byte_tokenizer.ByteTokenizer()
     if num_tokens < tokenizer.vocab_size:
         raise exits.SkillError(f"config [palm] num_tokens: byte-tokenized prompts ([prompts] path) use ids up "
                             f"to {tokenizer.vocab_size - 1}: must be at least {tokenizer.vocab_size}")
@@ -402,7 +402,7 @@ def build_trainer(resolved: dict[str, Any], device_kwargs: dict[str, Any], devic
             reward_model = reward_model if meta else reward_model.to(device)
             # the smoke's constructor call: output captured, the prompt ids (a buffer Accelerate
             # does not prepare) moved to the device afterwards (meta ids stay on meta)
-            trainer = smoke.construct_trainer(TRAINERS[resolved["name"]], palm, reward_model,
+            trainer = trainers.construct_trainer(TRAINERS[resolved["name"]], palm, reward_model,
                                               {"prompt_token_ids": ids},
                                               {**device_kwargs, "device_placement": False} if meta else device_kwargs,
                                               "meta" if meta else device, **resolved["trainer"])
@@ -1109,7 +1109,7 @@ def plan(args, resolved: dict[str, Any], device_kwargs: dict[str, Any], device, 
         group_size, items = stored["sequences_per_rollout"], stored["items"]
     else:  # not built, or its first rollout raised: the smoke's trainer table says which trainers
         group_size = eff[spec.group_kwarg] + 1 if spec.group_kwarg else 1  # store a group as separate items
-        items = group_size if spec.items_per_rollout > 1 else 1
+        items = spec.items_per_rollout(group_size)
     probed["measured"]["startup_s"] = startup_s
     counts = run_counts(train["num_episodes"] * train["max_timesteps"], train["update_timesteps"], items,
                         minibatch, epochs)

@@ -32,11 +32,12 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
-from skill_runtime import exits, options, placement, reporting, runner, snapshots, streams, tokenizer, version_gate, workspace  # noqa: E402
+from skill_runtime import byte_tokenizer, exits, options, placement, reporting, runner, snapshots, streams, version_gate, workspace  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 PROMPTS_FILE = HERE.parent / "assets" / "prompts.txt"
 import ddp_fixes  # noqa: E402  (torch-free at import)
+from policy_optimization import evaluation, trainers  # noqa: E402
 import ddp_launch  # noqa: E402  (multi-process mode: a launcher's rank, --nproc and their options; torch-free at import)
 
 TPO_BUFFER = ddp_fixes.TPO_BUFFER  # the TPO replay-buffer folder name: one fact, kept with the DDP fixes
@@ -47,11 +48,6 @@ NEW_TOKENS = 8         # tokens sampled after the longest prompt
 PROMPT_LENGTHS = (3, 6)  # random token-ids prompt lengths, inclusive
 GROUP_SAMPLES = 3      # extra samples per prompt for GRPO/TPO/FlowRL: group size = 3 + 1
 NUM_GENERATE_SAMPLES = 2
-
-# Optimizer steps before every trainable tensor has moved. LoRA B starts at zero, so LoRA A gets a
-# nonzero gradient only after B has moved once. AdoptAtan2 (arXiv 2411.02853, Algorithm 3) only
-# initialises its second moment on step 1, so it needs 3 steps; AdamAtan2 moves on step 1: 2 steps.
-REQUIRED_STEPS = {"AdoptAtan2": 3, "AdamAtan2": 2}
 
 # Bounds that keep the smoke a smoke: a usage error (exit 2) beyond them, before torch is imported.
 MAX_ROLLOUTS, MAX_DIM, MAX_DEPTH, MAX_TOKENS = 1000, 8192, 64, 4096
@@ -92,46 +88,25 @@ GRPO_INCOMPATIBLE = [("dr-grpo", "max-rl", "cannot use both Dr. GRPO and MaxRL")
                      ("spo", "score-centering", "cannot use both SPO and Score Centering")]
 
 
-@dataclass(frozen=True)
-class TrainerSpec:
-    """How to build and bound one trainer; facts from palm_rlhf_pytorch 0.8.0 source."""
-    name: str
-    module: str
-    class_name: str
-    optimizer: str                 # class of the actor optimizer in the trainer's __init__
-    group_kwarg: str | None        # constructor argument for extra samples per prompt
-    minibatch_size: int
-    items_per_rollout: int         # learn() items one rollout stores (TPO stores one group)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def group_size(self) -> int:
-        return GROUP_SAMPLES + 1 if self.group_kwarg else 1
-
-    @property
-    def required_steps(self) -> int:
-        return REQUIRED_STEPS[self.optimizer]
-
-    def rollouts_for(self, steps: int, epochs: int = 1) -> int:
-        """Rollouts per learn() so that learn() performs at least ``steps`` optimizer steps."""
-        return math.ceil(steps * self.minibatch_size / (self.items_per_rollout * epochs))
-
-    def steps_for(self, rollouts: int, epochs: int = 1) -> int:
-        """Optimizer steps of one learn() over ``rollouts`` rollouts: epochs * ceil(items / minibatch)."""
-        return epochs * math.ceil(rollouts * self.items_per_rollout / self.minibatch_size)
+# The smoke's own setting per trainer (trainers.TRAINERS holds the library's facts): its minibatch
+# size and extra constructor arguments; every grouped trainer samples GROUP_SAMPLES + 1 completions.
+SMOKE_MINIBATCH = {"ppo": 2, "grpo": 4, "tpo": 1, "flowrl": 4}
+SMOKE_EXTRA = {"ppo": {"max_norm": None}, "flowrl": {"partition_function_hidden_dim": TINY_PALM["dim"]}}
 
 
-TRAINERS = {
-    "ppo": TrainerSpec("ppo", "palm_rlhf_pytorch", "RLHFTrainer", "AdoptAtan2", None, 2, 1,
-                       {"max_norm": None}),
-    "grpo": TrainerSpec("grpo", "palm_rlhf_pytorch.grpo", "RLHFTrainer", "AdoptAtan2",
-                        "grpo_num_times_sample_rewards", 4, GROUP_SAMPLES + 1),
-    "tpo": TrainerSpec("tpo", "palm_rlhf_pytorch.tpo", "RLHFTrainer", "AdamAtan2",
-                       "num_times_sample_rewards", 1, 1),
-    "flowrl": TrainerSpec("flowrl", "palm_rlhf_pytorch.flowrl", "FlowRLTrainer", "AdoptAtan2",
-                          "flowrl_num_times_sample", 4, GROUP_SAMPLES + 1,
-                          {"partition_function_hidden_dim": TINY_PALM["dim"]}),
-}
+def smoke_group(spec: trainers.TrainerSpec) -> int:
+    """Completions per prompt per rollout in the smoke: GROUP_SAMPLES + 1, PPO 1."""
+    return GROUP_SAMPLES + 1 if spec.group_kwarg else 1
+
+
+def smoke_rollouts(spec: trainers.TrainerSpec) -> int:
+    """Rollouts before the smoke's one learn() so that it makes the optimizer's required steps."""
+    return spec.rollouts_for(spec.required_steps, smoke_group(spec), SMOKE_MINIBATCH[spec.name])
+
+
+def smoke_steps(spec: trainers.TrainerSpec, rollouts: int) -> int:
+    """Optimizer steps of the smoke's one learn() over ``rollouts`` rollouts."""
+    return spec.steps_per_learn(rollouts, smoke_group(spec), SMOKE_MINIBATCH[spec.name])
 
 
 # Learning check (--learn): does the reward rise? ------------------------------------------------
@@ -206,7 +181,7 @@ def build_parser() -> options.OneLineParser:
                "  tiny-rlhf-smoke --learn --trainer all --json\n"
                "  tiny-rlhf-smoke --learn --trainer ppo --learn-control frozen   # must exit 1\n\n"
                + exits.EXIT_CODES_EPILOG)
-    parser.add_argument("--trainer", choices=[*TRAINERS, "all"], default="ppo",
+    parser.add_argument("--trainer", choices=[*trainers.TRAINERS, "all"], default="ppo",
                         help="ppo (root RLHFTrainer), grpo, tpo, flowrl, or all four (default: ppo)")
     parser.add_argument("--grpo-variant", action="append", metavar="NAME",
                         help="GRPO advantage/objective variant: " + ", ".join(GRPO_VARIANTS)
@@ -280,7 +255,7 @@ def random_prompt_token_ids(seed: int, num_prompts: int = 4, lengths: tuple[int,
     lens = torch.randint(lengths[0], lengths[1] + 1, (num_prompts,), generator=gen)
     ids = torch.randint(1, TINY_PALM["num_tokens"], (num_prompts, int(lens.max())), generator=gen)
     keep = torch.arange(ids.shape[1]) < lens[:, None]
-    return ids.masked_fill(~keep, tokenizer.PAD_ID)
+    return ids.masked_fill(~keep, byte_tokenizer.PAD_ID)
 
 
 def prompt_kwargs(style: str, seed: int, prompt_len: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -299,7 +274,7 @@ def prompt_kwargs(style: str, seed: int, prompt_len: int | None = None) -> tuple
                             "(reinstall the skill tree)") from None
     if not any(p.strip() for p in prompts):
         raise exits.SkillError(f"prompts file has no non-empty line: {PROMPTS_FILE} (reinstall the skill tree)")
-    tokenizer = tokenizer.ByteTokenizer()
+    tokenizer = byte_tokenizer.ByteTokenizer()
     if style == "text":
         return {"prompts": prompts, "tokenizer": tokenizer}, {"style": style, "tokenizer": tokenizer}
     return ({"prompts_path": str(PROMPTS_FILE), "tokenizer": tokenizer},
@@ -307,65 +282,6 @@ def prompt_kwargs(style: str, seed: int, prompt_len: int | None = None) -> tuple
 
 
 # one trainer -----------------------------------------------------------------------------------
-
-def unwrap(trainer, module):
-    return trainer.accelerate.unwrap_model(module)
-
-
-def trainable_groups(name: str, trainer) -> dict[str, list]:
-    """The library's own trainable parameter lists, per group, for one trainer."""
-    if name == "ppo":
-        ac = unwrap(trainer, trainer.actor_critic)
-        critic_lora = list(ac.critic.finetune_parameters(ac.critic_lora_scope))
-        return {"actor_lora": list(ac.actor_parameters()), "critic_lora": critic_lora,
-                "value_head": list(ac.value_head.parameters())}
-    groups = {"actor_lora": list(unwrap(trainer, trainer.actor).parameters())}
-    if name == "flowrl":
-        groups["partition_function"] = list(unwrap(trainer, trainer.partition_function).parameters())
-    return groups
-
-
-def actor_palm(name: str, trainer):
-    module = trainer.actor_critic if name == "ppo" else trainer.actor
-    return unwrap(trainer, module).actor_palm
-
-
-def optimizers(name: str, trainer) -> dict[str, Any]:
-    found = {"actor": trainer.actor_optim}
-    if name == "ppo":
-        found["critic"] = trainer.critic_optim
-    if name == "flowrl":
-        found["partition_function"] = trainer.partition_function_optim
-    return {k: getattr(opt, "optimizer", opt) for k, opt in found.items()}
-
-
-def construct_trainer(spec: TrainerSpec, palm, reward_model, prompt_args: dict[str, Any],
-                      device_kwargs: dict, device, **kwargs):
-    """Build ``spec``'s trainer class on ``palm`` and ``reward_model`` with the library's output
-    captured; move its prompt ids (a buffer of its own, not prepared by Accelerate) to ``device``.
-    Raises whatever the library's constructor raises."""
-    import importlib
-    trainer_cls = getattr(importlib.import_module(spec.module), spec.class_name)
-    with streams.capture_library_output():
-        trainer = trainer_cls(palm=palm, reward_model=reward_model, accelerate_kwargs=device_kwargs,
-                              **prompt_args, **kwargs)
-    trainer.prompt_token_ids = trainer.prompt_token_ids.to(device)
-    return trainer
-
-
-def bounded_train(trainer, rollouts: int, max_seq_len: int, episodes: int = 1,
-                  eos_token: int | None = None) -> tuple[str, str | None]:
-    """``episodes`` x (``rollouts`` rollouts, then one ``learn()``): the library's own ``train()``
-    with ``max_timesteps = update_timesteps = rollouts`` (and ``eos_token``). Returns (captured
-    library stdout, None) or (captured, ``Type: message``) when the library raised."""
-    try:
-        with streams.capture_library_output() as captured:
-            trainer.train(num_episodes=episodes, max_timesteps=rollouts, update_timesteps=rollouts,
-                          max_seq_len=max_seq_len, eos_token=eos_token)
-        return captured.stdout, None
-    except Exception as exc:  # the library's failure is the caller's finding, not a crash
-        return captured.stdout, exits.one_line(exc)
-
 
 # train smoke: the checklist's steps (build, snapshot, update, compare, sample) -------------------
 
@@ -385,8 +301,8 @@ class SmokeRun:
     max_seq_len: int = 0
 
     @property
-    def spec(self) -> TrainerSpec:
-        return TRAINERS[self.name]
+    def spec(self) -> trainers.TrainerSpec:
+        return trainers.TRAINERS[self.name]
 
 
 def build(run: SmokeRun, device_kwargs: dict, variants: list[str], after_build=None) -> bool:
@@ -404,7 +320,7 @@ def build(run: SmokeRun, device_kwargs: dict, variants: list[str], after_build=N
             raise_logit(palm, args.eos_token, EOS_LOGIT_BIAS)
         if "prompt_token_ids" in prompt_args:
             prompt_args["prompt_token_ids"] = prompt_args["prompt_token_ids"].to(device)
-        kwargs = dict(minibatch_size=spec.minibatch_size, epochs=1, **spec.extra)
+        kwargs = dict(minibatch_size=SMOKE_MINIBATCH[spec.name], epochs=1, **SMOKE_EXTRA.get(spec.name, {}))
         if kwargs.get("partition_function_hidden_dim") == TINY_PALM["dim"]:  # FlowRL: must equal
             kwargs["partition_function_hidden_dim"] = args.dim                # the PaLM dim (--dim)
         if spec.group_kwarg:
@@ -413,7 +329,7 @@ def build(run: SmokeRun, device_kwargs: dict, variants: list[str], after_build=N
             for variant in variants:
                 kwargs.update(GRPO_VARIANTS[variant])
         try:
-            run.trainer = construct_trainer(spec, palm, reward_model, prompt_args, device_kwargs, device, **kwargs)
+            run.trainer = trainers.construct_trainer(spec, palm, reward_model, prompt_args, device_kwargs, device, **kwargs)
         except Exception as exc:  # the library's failure is this smoke's finding, not a crash
             run.result["timings_s"] = {"construct": None, "update": None, "generate": None}
             run.result.update(parameters=None, optimizer_steps=None, losses=None, generated=None)
@@ -428,15 +344,15 @@ def build(run: SmokeRun, device_kwargs: dict, variants: list[str], after_build=N
         prompt_info.update(count=int(trainer.prompt_token_ids.shape[0]),
                            max_len=int(trainer.prompt_token_ids.shape[1]),
                            dropped_empty=tokenizer.dropped_empty)
-    run.groups = trainable_groups(run.name, trainer)
+    run.groups = trainers.trainable_groups(run.name, trainer)
     trainable_ids = {id(p) for ps in run.groups.values() for p in ps}
     run.names = dict((id(p), n) for n, p in trainer.named_parameters())
     run.frozen = [(n, p) for n, p in trainer.named_parameters() if id(p) not in trainable_ids]
     run.result.update(
-        class_name=f"{spec.module}.{spec.class_name}", optimizer=spec.optimizer, prompts=prompt_info,
-        grpo_variants=variants if run.name == "grpo" else None, group_size=spec.group_size)
+        class_name=spec.path, optimizer=spec.optimizer, prompts=prompt_info,
+        grpo_variants=variants if run.name == "grpo" else None, group_size=smoke_group(spec))
     run.checks.add("trainer_constructed", True, f"{spec.module}.{spec.class_name} on {device}")
-    run.checks.add("actor_lora_scope_added", "actor" in actor_palm(run.name, trainer).finetune_modules,
+    run.checks.add("actor_lora_scope_added", "actor" in trainers.actor_palm(run.name, trainer).finetune_modules,
                    "the trainer added LoRA scope 'actor' to the PaLM passed in")
     n_trainable = sum(len(ps) for ps in run.groups.values())
     run.checks.add("trainable_parameters_on_device",
@@ -462,11 +378,11 @@ def update(run: SmokeRun) -> bool:
     steps and the completions the reward model scored per rollout; checks the update ran, the step
     count and the group size. False when ``train()`` raised (the failed ``update_ran`` check)."""
     name, spec, trainer, checks, args = run.name, run.spec, run.trainer, run.checks, run.args
-    rollouts = args.rollouts or spec.rollouts_for(spec.required_steps)
-    expected_steps = spec.steps_for(rollouts)
+    rollouts = args.rollouts or smoke_rollouts(spec)
+    expected_steps = smoke_steps(spec, rollouts)
     run.max_seq_len = int(trainer.prompt_token_ids.shape[1]) + args.new_tokens
-    step_counts = {key: 0 for key in optimizers(name, trainer)}
-    for key, opt in optimizers(name, trainer).items():
+    step_counts = {key: 0 for key in trainers.optimizers(name, trainer)}
+    for key, opt in trainers.optimizers(name, trainer).items():
         opt.register_step_post_hook(lambda *_, key=key: step_counts.__setitem__(key, step_counts[key] + 1))
     reward_batches: list[int] = []
     rollout_lengths: list[int] = []  # sequence length (prompt + sampled) the reward model scored per rollout
@@ -481,9 +397,9 @@ def update(run: SmokeRun) -> bool:
             if bar is not None:
                 bar.set_postfix_str(f"learn() optimizer step {step_counts['actor']}/{expected_steps}")
 
-        hooks = [unwrap(trainer, trainer.reward_model).register_forward_hook(scored),
-                 optimizers(name, trainer)["actor"].register_step_post_hook(stepped)]
-        printed, error = bounded_train(trainer, rollouts, run.max_seq_len, eos_token=args.eos_token)
+        hooks = [trainers.unwrap(trainer, trainer.reward_model).register_forward_hook(scored),
+                 trainers.optimizers(name, trainer)["actor"].register_step_post_hook(stepped)]
+        printed, error = trainers.bounded_train(trainer, rollouts, run.max_seq_len, eos_token=args.eos_token)
     for hook in hooks:
         hook.remove()
     run.result["timings_s"]["update"] = run.timer.stages["update"]
@@ -499,9 +415,9 @@ def update(run: SmokeRun) -> bool:
     checks.add("optimizer_steps", step_counts["actor"] == expected_steps >= spec.required_steps,
                f"actor optimizer stepped {step_counts['actor']}x (expected {expected_steps}, "
                f"{spec.optimizer} needs >= {spec.required_steps}); all: {step_counts}")
-    checks.add("rollout_group_size", set(reward_batches) == {spec.group_size},
+    checks.add("rollout_group_size", set(reward_batches) == {smoke_group(spec)},
                f"reward model scored {sorted(set(reward_batches))} completions per prompt per rollout "
-               f"(expected {spec.group_size}" + (f" = {spec.group_kwarg} + 1)" if spec.group_kwarg else ")"))
+               f"(expected {smoke_group(spec)}" + (f" = {spec.group_kwarg} + 1)" if spec.group_kwarg else ")"))
     if args.eos_token is not None:
         early = sum(n < run.max_seq_len for n in rollout_lengths)
         checks.add("rollouts_ended_at_eos", early > 0,
@@ -543,7 +459,7 @@ def compare(run: SmokeRun, before: dict[str, dict], frozen_before: dict) -> None
                    f"./{buffer} written in the private working directory ({size} bytes on disk), "
                    "removed with it")
     if name == "flowrl":
-        palm_, probe = actor_palm(name, trainer), trainer.prompt_token_ids[:1]
+        palm_, probe = trainers.actor_palm(name, trainer), trainer.prompt_token_ids[:1]
         with torch.no_grad():  # after the update the actor's LoRA moved, so LoRA off must differ
             ref_differs = not torch.equal(trainer.palm(probe, finetune_scope=None),
                                           palm_(probe, finetune_scope="actor"))
@@ -559,7 +475,7 @@ def sample(run: SmokeRun) -> None:
     import torch
     trainer, checks, args = run.trainer, run.checks, run.args
     prompt = trainer.prompt_token_ids[0]
-    prompt = prompt[prompt != tokenizer.PAD_ID]
+    prompt = prompt[prompt != byte_tokenizer.PAD_ID]
     with run.timer.stage("generate", label="generate (one trainer.generate() call)"):
         try:
             with streams.capture_library_output():
@@ -637,9 +553,9 @@ def rule_reward_module():
     return rule_reward
 
 
-def learn_trainer_kwargs(spec: TrainerSpec, setting: LearnSetting) -> dict[str, Any]:
+def learn_trainer_kwargs(spec: trainers.TrainerSpec, setting: LearnSetting) -> dict[str, Any]:
     """Constructor arguments of one trainer for the learning check."""
-    kwargs = dict(minibatch_size=setting.minibatch_size, epochs=1, actor_lr=setting.lr, **spec.extra)
+    kwargs = dict(minibatch_size=setting.minibatch_size, epochs=1, actor_lr=setting.lr, **SMOKE_EXTRA.get(spec.name, {}))
     if spec.name == "ppo":
         kwargs["critic_lr"] = setting.lr
     if spec.name == "flowrl":
@@ -649,22 +565,13 @@ def learn_trainer_kwargs(spec: TrainerSpec, setting: LearnSetting) -> dict[str, 
     return kwargs
 
 
-def held_out_reward(name: str, trainer, reward_model, prompts, seed: int) -> float:
-    """Mean reward of the policy on held-out ``prompts`` (p, LEARN_PROMPT_LEN) int64: each prompt
-    sampled LEARN_EVAL_SAMPLES times exactly as a rollout samples (the actor's PaLM with LoRA scope
-    'actor', ``PaLM.generate`` defaults: top-k filter, temperature 1), with the torch generator
-    seeded by ``seed`` inside ``torch.random.fork_rng`` so training's random stream is untouched and
-    the same noise is used before and after training."""
-    import torch
-    palm = actor_palm(name, trainer)
-    batch = prompts.repeat_interleave(LEARN_EVAL_SAMPLES, dim=0)
-    with torch.random.fork_rng(devices=[batch.device] if batch.device.type == "cuda" else []):
-        torch.manual_seed(seed)
-        response = palm.generate(batch.shape[1] + LEARN_NEW_TOKENS, prompt=batch, finetune_scope="actor")
-    sequence = torch.cat((batch, response), dim=1)
-    prompt_mask = (torch.arange(sequence.shape[1], device=sequence.device) < batch.shape[1]).expand_as(sequence)
-    with torch.no_grad():
-        return float(reward_model(sequence, prompt_mask=prompt_mask).mean())
+def held_out(name: str, trainer, reward_model, prompts, seed: int) -> float:
+    """The learning check's held-out reward: ``evaluation.held_out_reward`` of the trainer's policy
+    (its LoRA scope) on ``prompts`` (p, LEARN_PROMPT_LEN), LEARN_EVAL_SAMPLES samples each, as long
+    as a rollout (LEARN_PROMPT_LEN + LEARN_NEW_TOKENS)."""
+    return evaluation.held_out_reward(trainers.actor_palm(name, trainer), trainers.actor_scope(name, trainer),
+                                      reward_model, prompts, LEARN_EVAL_SAMPLES,
+                                      LEARN_PROMPT_LEN + LEARN_NEW_TOKENS, seed)
 
 
 def learn_seed(name: str, seed: int, control: str | None, device_kwargs: dict, device,
@@ -688,7 +595,7 @@ def learn_seed(name: str, seed: int, control: str | None, device_kwargs: dict, d
     from accelerate.utils import set_seed
     from palm_rlhf_pytorch import PaLM
 
-    spec, setting = TRAINERS[name], setting or LEARN_SETTINGS[name]
+    spec, setting = trainers.TRAINERS[name], setting or LEARN_SETTINGS[name]
     rules = rule_reward_module()
     set_seed(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -701,23 +608,23 @@ def learn_seed(name: str, seed: int, control: str | None, device_kwargs: dict, d
     reward_model = rules.RuleReward(score)
     trained_reward = rules.RuleReward(train_score) if train_score else reward_model
     try:
-        trainer = construct_trainer(spec, PaLM(**LEARN_PALM).to(device), trained_reward,
+        trainer = trainers.construct_trainer(spec, PaLM(**LEARN_PALM).to(device), trained_reward,
                                     {"prompt_token_ids": train_prompts}, device_kwargs, device,
                                     **learn_trainer_kwargs(spec, setting))
     except Exception as exc:
         raise RuntimeError(f"seed {seed}: {exits.one_line(exc)}") from None
     if control == "frozen":  # AdoptAtan2 and AdamAtan2 assert lr > 0 when built: set it to 0 after
-        for optimizer in optimizers(name, trainer).values():
+        for optimizer in trainers.optimizers(name, trainer).values():
             for group in optimizer.param_groups:
                 group["lr"] = 0.0
-    before = held_out_reward(name, trainer, reward_model, eval_prompts, seed)
+    before = held_out(name, trainer, reward_model, eval_prompts, seed)
     rewards: list[float] = []
     hook = trained_reward.register_forward_hook(lambda _m, _i, out: rewards.append(float(out.mean())))
-    _, error = bounded_train(trainer, setting.rollouts, LEARN_PROMPT_LEN + LEARN_NEW_TOKENS, setting.episodes)
+    _, error = trainers.bounded_train(trainer, setting.rollouts, LEARN_PROMPT_LEN + LEARN_NEW_TOKENS, setting.episodes)
     hook.remove()
     if error:
         raise RuntimeError(f"seed {seed}: {error}")
-    after = held_out_reward(name, trainer, reward_model, eval_prompts, seed)
+    after = held_out(name, trainer, reward_model, eval_prompts, seed)
     n = setting.rollouts
     curve = [sum(rewards[e * n:(e + 1) * n]) / n for e in range(setting.episodes)]
     return {"seed": seed, "reward_before": before, "reward_after": after, "gain": after - before,
@@ -745,10 +652,10 @@ def learn_trainer(name: str, seeds: list[int], control: str | None, device_kwarg
     ``learning: {reward_before, reward_after, per_seed, curve, threshold, passed}`` (means over the
     seeds, rounded to 4 places) and the check ``reward_rose``. With ``progress``, a line that
     counts the seeds."""
-    spec, setting = TRAINERS[name], setting or LEARN_SETTINGS[name]
+    spec, setting = trainers.TRAINERS[name], setting or LEARN_SETTINGS[name]
     checks, timer = reporting.Checks(), streams.Timer(progress, name)
     result: dict[str, Any] = {"trainer": name, "status": "failed", "mode": "learn",
-                              "class_name": f"{spec.module}.{spec.class_name}",
+                              "class_name": spec.path,
                               "settings": dict(vars(setting)), "learning": None}
     per_seed = []
     with timer.stage("learn", total=len(seeds), unit="seeds",
@@ -926,7 +833,7 @@ def estimate_s(args) -> float:
     --learn, seeds x seconds per seed; the train smoke, per trainer the rollouts' sampling steps and
     the forwards' multiply-adds (``ddp_launch.palm_weights``; attention 4 * depth * heads * dim_head
     per squared position); --construct-only, 0."""
-    names = list(TRAINERS) if args.trainer == "all" else [args.trainer]
+    names = list(trainers.TRAINERS) if args.trainer == "all" else [args.trainer]
     if args.learn:
         return len(learn_seeds(args)) * sum(LEARN_SECONDS_PER_SEED[n] for n in names)
     if args.construct_only:
@@ -940,11 +847,11 @@ def estimate_s(args) -> float:
     full = weights * length + attention * length * length
     total = 0.0
     for name in names:
-        spec = TRAINERS[name]
-        rollouts = args.rollouts or spec.rollouts_for(spec.required_steps)
-        stored = rollouts * spec.group_size + spec.steps_for(rollouts) * spec.minibatch_size
+        spec = trainers.TRAINERS[name]
+        rollouts = args.rollouts or smoke_rollouts(spec)
+        stored = rollouts * smoke_group(spec) + smoke_steps(spec, rollouts) * SMOKE_MINIBATCH[spec.name]
         total += (ESTIMATE_ROLLOUT_S * rollouts + ESTIMATE_LAYER_STEP_S * rollouts * (length - prompt) * config["depth"]
-                  + ESTIMATE_MULTIPLY_S * (rollouts * spec.group_size * sampled + ESTIMATE_FULL_FORWARDS * stored * full))
+                  + ESTIMATE_MULTIPLY_S * (rollouts * smoke_group(spec) * sampled + ESTIMATE_FULL_FORWARDS * stored * full))
     return total
 
 
@@ -1024,7 +931,7 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cpu" and not args.learn:  # the --learn toy task is fixed and tiny
         ddp_launch.check_resources(None, "cpu", palm_config(args), args.oversubscribe)
     announce_estimate(args, progress)
-    names = list(TRAINERS) if args.trainer == "all" else [args.trainer]
+    names = list(trainers.TRAINERS) if args.trainer == "all" else [args.trainer]
     args.caller_dir = os.getcwd()
     caller_before = workspace.watch_directory(args.caller_dir)
     with workspace.private_workdir(), placement.torch_threads(args.cpu_threads) as threads:

@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
-from skill_runtime import exits, options, reporting, runner, smoke_main, streams, tokenizer  # noqa: E402
+from skill_runtime import byte_tokenizer, exits, options, reporting, runner, smoke_main, streams  # noqa: E402
 
 RESPONSES_FILE = Path(__file__).resolve().parents[1] / "assets" / "responses.txt"
-TINY_PALM = dict(num_tokens=tokenizer.ByteTokenizer.vocab_size, dim=32, depth=1, heads=2, dim_head=16)
+TINY_PALM = dict(num_tokens=byte_tokenizer.ByteTokenizer.vocab_size, dim=32, depth=1, heads=2, dim_head=16)
 PROMPT = "Reply to the customer: "   # shared prompt; marked with prompt_lengths
 KEYWORD = "thank"                    # the rated property: a reply containing it is rated 1.0
 HELD_OUT_EVERY = 4                   # every 4th pair is held out (7 of the 28 pairs)
@@ -92,9 +92,9 @@ def encode(replies: list[str], device) -> dict[str, Any]:
     """RewardModel inputs for PROMPT + reply: ``x`` (batch, max_len) int64 byte ids + 1, right-padded
     with 0; ``mask`` (batch, max_len) bool, False on padding; ``prompt_lengths`` (batch,) int64."""
     import torch
-    x = tokenizer.ByteTokenizer()([PROMPT + r for r in replies]).to(device)
+    x = byte_tokenizer.ByteTokenizer()([PROMPT + r for r in replies]).to(device)
     lengths = torch.full((len(replies),), len(PROMPT.encode("utf-8")), dtype=torch.long, device=device)
-    return {"x": x, "mask": x != tokenizer.PAD_ID, "prompt_lengths": lengths}
+    return {"x": x, "mask": x != byte_tokenizer.PAD_ID, "prompt_lengths": lengths}
 
 
 # checks ----------------------------------------------------------------------------------------
@@ -187,7 +187,7 @@ def check_implicit_prm(train_pairs, args, device, checks: reporting.Checks) -> d
     policy = PaLM(**TINY_PALM).to(device)
     prm = ImplicitPRM(policy)  # reference model: a frozen deep copy of the policy
     replies = [r for pair in train_pairs[:2] for r in pair]
-    seq = tokenizer.ByteTokenizer()([r[:PRM_SEQ_LEN] for r in replies]).to(device)  # equal lengths: no padding
+    seq = byte_tokenizer.ByteTokenizer()([r[:PRM_SEQ_LEN] for r in replies]).to(device)  # equal lengths: no padding
     labels = torch.tensor([rating(r) for r in replies], device=device)
     with torch.no_grad():
         fresh = prm(seq)
