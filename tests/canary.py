@@ -21,28 +21,15 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-import palm_rlhf_pytorch.flowrl as flowrl
-import palm_rlhf_pytorch.grpo as grpo
-import palm_rlhf_pytorch.ppo as ppo
-import palm_rlhf_pytorch.tpo as tpo
 from palm_rlhf_pytorch import PaLM, RewardModel
 
-from conftest import REPO
+import probe_kit
+from policy_optimization import trainers
 
 DOC = "sub-skills/policy-optimization/references/troubleshooting.md"
 SKILL = "sub-skills/policy-optimization/SKILL.md"
-TINY = dict(num_tokens=64, dim=32, depth=1, heads=2, dim_head=8)
-# trainer class, kwargs keeping it tiny (group of 2), attribute holding the rollout function
-TRAINERS = {
-    "ppo": (ppo.RLHFTrainer, {}, "actor_critic_generate"),
-    "grpo": (grpo.RLHFTrainer, dict(grpo_num_times_sample_rewards=1), "actor_generate"),
-    "tpo": (tpo.RLHFTrainer, dict(num_times_sample_rewards=1), None),
-    "flowrl": (flowrl.FlowRLTrainer, dict(flowrl_num_times_sample=1, partition_function_hidden_dim=32),
-               "actor_generate"),
-}
-GROUP_KWARG = {"grpo": "grpo_num_times_sample_rewards", "tpo": "num_times_sample_rewards",
-               "flowrl": "flowrl_num_times_sample"}
-DOC_NAMES = {"PPO": "ppo", "GRPO": "grpo", "TPO": "tpo", "FlowRL": "flowrl"}
+VOCAB = probe_kit.TINY_PALM["num_tokens"]  # the probe kit's tiny PaLM: one config for smokes, probes and canaries
+CANARY_GROUP = 2  # completions per prompt of a grouped trainer: the smallest group that has a spread, and fast
 
 
 @dataclass(frozen=True)
@@ -59,7 +46,7 @@ def covers(anchor: str, *subjects: str):
     """Register the canary for ``troubleshooting.md#anchor``; ``subjects`` are what its section's
     ``Applies to:`` line names. A test with a ``name`` argument and no parametrization of its own
     is parametrized over the trainers among ``subjects``; one with its own must use exactly those."""
-    trainers = [s for s in subjects if s in TRAINERS]
+    names = [s for s in subjects if s in trainers.TRAINERS]
 
     def mark(fn):
         assert anchor not in COVERED, f"two canaries for {anchor}"
@@ -69,10 +56,10 @@ def covers(anchor: str, *subjects: str):
                and "name" in re.split(r"\s*,\s*", m.args[0])]
         if own:
             position = re.split(r"\s*,\s*", own[0].args[0]).index("name")
-            names = {v if isinstance(v, str) else v[position] for v in own[0].args[1]}
-            assert names == set(trainers), f"{fn.__name__} runs {names}, declares {trainers}"
-        elif trainers and "name" in fn.__code__.co_varnames[:fn.__code__.co_argcount]:
-            fn = pytest.mark.parametrize("name", trainers)(fn)
+            runs = {v if isinstance(v, str) else v[position] for v in own[0].args[1]}
+            assert runs == set(names), f"{fn.__name__} runs {runs}, declares {names}"
+        elif names and "name" in fn.__code__.co_varnames[:fn.__code__.co_argcount]:
+            fn = pytest.mark.parametrize("name", names)(fn)
         return fn
     return mark
 
@@ -97,7 +84,7 @@ def reseed(seed: int = 0) -> None:
 def touch(name: str):
     """The trainer class ``name``, recorded as exercised by the running canary."""
     TOUCHED.add(name)
-    return TRAINERS[name][0]
+    return trainers.TRAINERS[name].load()
 
 
 def module_of(name: str):
@@ -106,19 +93,20 @@ def module_of(name: str):
 
 
 def tiny_palm(seed: int = 0, **kw) -> PaLM:
-    torch.manual_seed(seed)
-    return PaLM(**TINY, **kw)
+    """The probe kit's tiny PaLM, seeded (``kw``: PaLM arguments)."""
+    return probe_kit.tiny_palm(seed, **kw)
 
 
 def make(name: str, palm: PaLM | None = None, reward_model=None, **kw):
-    """A tiny trainer ``name`` on CPU (group of 2, prompts of 4 ids unless given)."""
-    cls, extra, _ = TRAINERS[name]
+    """A tiny trainer ``name`` on CPU from the probe kit (``probe_kit.tiny_trainer``: the smoke's
+    minibatch), in groups of CANARY_GROUP, prompts of 4 ids unless given, a reward model that copies
+    the policy's PaLM unless given; ``kw``: constructor arguments."""
     touch(name)
     palm = palm or tiny_palm()
-    kw = {**extra, **kw}
-    kw.setdefault("prompt_token_ids", torch.randint(1, 64, (3, 4)))
-    accelerate_kwargs = {"cpu": True, **kw.pop("accelerate_kwargs", {})}
-    return cls(palm=palm, reward_model=reward_model or RewardModel(palm), accelerate_kwargs=accelerate_kwargs, **kw)
+    kw.setdefault("prompt_token_ids", torch.randint(1, VOCAB, (3, 4)))
+    group = CANARY_GROUP if trainers.TRAINERS[name].group_kwarg else None
+    return probe_kit.tiny_trainer(name, palm=palm, reward_model=reward_model or probe_kit.tiny_reward_model(palm),
+                                  group_size=group, **kw)
 
 
 def actor_palm(trainer) -> PaLM:
@@ -150,7 +138,7 @@ def capture_state(trainer, name: str) -> torch.Tensor:
     """The prompt tensor the trainer's ``train()`` passes to its first rollout."""
     def fake(state, *args, **kwargs):
         raise Rollout(state)
-    attr = TRAINERS[name][2]
+    attr = trainers.TRAINERS[name].rollout_attr
     if attr:
         setattr(trainer, attr, fake)
     else:  # TPO calls self.actor.generate directly
@@ -187,14 +175,14 @@ class ConstantReward(RewardModel):
 
 
 class LastTokenReward(RewardModel):
-    """Reward ``sign * last token id / 64``: two opposite preferences over the same samples."""
+    """Reward ``sign * last token id / VOCAB``: two opposite preferences over the same samples."""
 
     def __init__(self, palm, sign):
         super().__init__(palm, num_binned_output=0)
         self.sign = sign
 
     def forward(self, x, *args, **kwargs):
-        return self.sign * x[:, -1].float() / 64
+        return self.sign * x[:, -1].float() / VOCAB
 
 
 @pytest.fixture(autouse=True)
@@ -217,5 +205,5 @@ def unexercised(fn, params: dict) -> set[str]:
     subjects = getattr(fn, "subjects", None)
     if subjects is None:
         return set()
-    want = {params["name"]} if "name" in params else subjects & set(TRAINERS)
+    want = {params["name"]} if "name" in params else subjects & set(trainers.TRAINERS)
     return want - TOUCHED

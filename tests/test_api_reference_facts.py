@@ -13,7 +13,8 @@ import torch
 import palm_rlhf_pytorch.grpo as grpo
 import palm_rlhf_pytorch.ppo as ppo
 from palm_rlhf_pytorch import RewardModel
-from canary import ConstantReward, LastTokenReward, make, reseed, tiny_palm
+from canary import VOCAB, ConstantReward, LastTokenReward, make, reseed, tiny_palm
+from policy_optimization import trainers
 
 DOC = "sub-skills/policy-optimization/references/api-reference.md"
 
@@ -92,13 +93,13 @@ def test_ppo_value_clip_is_in_reward_units():
 def test_reward_model_needs_a_2d_prompt_mask():
     """The best-of-n recipe's (b, n) prompt mask: a 1-D one raises EinopsError."""
     from einops import EinopsError
-    model, seq = RewardModel(tiny_palm(), num_binned_output=0), torch.randint(1, 64, (3, 10))
+    model, seq = RewardModel(tiny_palm(), num_binned_output=0), torch.randint(1, VOCAB, (3, 10))
     with pytest.raises(EinopsError):
         model(seq, prompt_mask=torch.arange(10) < 4)
     assert model(seq, prompt_mask=(torch.arange(10) < 4).expand(3, -1)).shape == (3,)
 
 
-@pytest.mark.parametrize("name", ["ppo", "grpo", "tpo", "flowrl"])
+@pytest.mark.parametrize("name", list(trainers.TRAINERS))
 def test_log_with_alone_logs_nothing(name, capsys):
     """#logging-per-update-statistics: a tracker in accelerate_kwargs(log_with=...) is never started
     or called (no init_trackers, no log), though learn() runs and prints its losses; the lines come

@@ -23,11 +23,12 @@ import palm_rlhf_pytorch.grpo as grpo
 import palm_rlhf_pytorch.ppo as ppo
 from palm_rlhf_pytorch import ActorCritic
 
-from canary import (COVERED, DOC, DOC_NAMES, SKILL, TRAINERS, Rollout, canary_env, capture_memories,  # noqa: F401
+from canary import (COVERED, DOC, SKILL, VOCAB, Rollout, canary_env, capture_memories,  # noqa: F401
                     capture_state, covers, make, module_of, reseed, tiny_palm, touch, trap_raises, update)
 from conftest import REPO
+from policy_optimization import trainers
 
-ALL = tuple(TRAINERS)
+ALL = tuple(trainers.TRAINERS)
 
 
 @covers("ppo-max-norm", *ALL)
@@ -54,7 +55,7 @@ def test_optimizer_first_steps():
     from palm_rlhf_pytorch.lora import LoRA
 
     expected = {"ppo": "AdoptAtan2", "grpo": "AdoptAtan2", "tpo": "AdamAtan2", "flowrl": "AdoptAtan2"}
-    for name in TRAINERS:
+    for name in trainers.TRAINERS:
         optim = make(name).actor_optim
         got = type(getattr(optim, "optimizer", optim)).__name__
         assert got == expected[name], update("optimizer-first-steps", f"{name} actor optimizer is {got}")
@@ -171,7 +172,7 @@ def test_flowrl_partition_dim():
 
 @covers("generate-seq-len", "PaLM")
 def test_generate_seq_len():
-    palm, prompt = tiny_palm(), torch.randint(1, 64, (2, 6))
+    palm, prompt = tiny_palm(), torch.randint(1, VOCAB, (2, 6))
     shapes = [tuple(palm.generate(n, prompt=prompt).shape) for n in (10, 6, 3)]
     assert shapes == [(2, 4), (2, 1), (2, 1)], update("generate-seq-len", f"shapes {shapes}")
 
@@ -196,7 +197,7 @@ def test_actor_scope_reused_palm(name):
 
 @covers("prompts-num-prompts", *ALL)
 def test_prompts_num_prompts(name):
-    anchor, ids = "prompts-num-prompts", torch.randint(1, 64, (3, 4))
+    anchor, ids = "prompts-num-prompts", torch.randint(1, VOCAB, (3, 4))
     trainer = make(name, prompt_token_ids=ids)
     assert trainer.num_prompts == 3, update(anchor, f"{name} num_prompts {trainer.num_prompts}")
     trainer.prompt_token_ids = ids[1:2]
@@ -233,14 +234,15 @@ if sys.argv[1] == 'late':
     import torch
     os.environ['TQDM_DISABLE'] = '1'
 import torch
-from palm_rlhf_pytorch import PaLM, RewardModel, RLHFTrainer
+sys.path.insert(0, sys.argv[2])
+import probe_kit  # torch-free until a function runs: the import order above is the library's
+import palm_rlhf_pytorch
 if sys.argv[1] == 'rebound':
     import palm_rlhf_pytorch.palm, palm_rlhf_pytorch.ppo
     palm_rlhf_pytorch.palm.tqdm = palm_rlhf_pytorch.ppo.tqdm = lambda it, *a, **k: it
-torch.manual_seed(0)
-palm = PaLM(num_tokens=64, dim=32, depth=1, heads=2, dim_head=8)
-trainer = RLHFTrainer(palm=palm, reward_model=RewardModel(palm), prompt_token_ids=torch.randint(1, 64, (3, 4)),
-                      accelerate_kwargs=dict(cpu=True))
+palm = probe_kit.tiny_palm(0)
+trainer = probe_kit.tiny_trainer("ppo", palm=palm, reward_model=probe_kit.tiny_reward_model(palm),
+                                 prompt_token_ids=torch.randint(1, probe_kit.TINY_PALM["num_tokens"], (3, 4)))
 trainer.train(num_episodes=1, max_timesteps=1, max_seq_len=7)
 """
 
@@ -254,7 +256,7 @@ def test_tqdm_disable(tmp_path):
         assert inspect.getsource(module_of(name)).count("use_tqdm = True") == 1, update("tqdm-disable", f"{name} generate no longer asks for the bar")
     def bars(mode, env):
         env = {k: v for k, v in os.environ.items() if not k.startswith("TQDM_")} | env | {"CUDA_VISIBLE_DEVICES": ""}
-        proc = subprocess.run([sys.executable, "-c", TQDM_SCRIPT, mode], cwd=tmp_path, env=env,
+        proc = subprocess.run([sys.executable, "-c", TQDM_SCRIPT, mode, str(REPO / "scripts")], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=240)
         assert proc.returncode == 0, proc.stderr[-2000:]
         lines = [ln for ln in re.split(r"[\r\n]", proc.stderr) if "|" in ln and "it/s" in ln]
@@ -282,7 +284,7 @@ def test_flowrl_probabilities():
 def test_generate_one_prompt(name):
     trainer = make(name)
     with trap_raises("generate-one-prompt", AssertionError, "only one prompt allowed at a time for now"):
-        trainer.generate(8, prompt=torch.randint(1, 64, (2, 4)))
+        trainer.generate(8, prompt=torch.randint(1, VOCAB, (2, 4)))
     prompt = torch.tensor([5, 6, 7, 8])
     best = trainer.generate(8, prompt=prompt, num_samples=2)
     assert best.shape == (8,) and best.dtype == torch.int64 and best[:4].tolist() == [5, 6, 7, 8], \
@@ -295,7 +297,7 @@ def test_prints_to_stdout(name, plain, capsys):
     make(name).train(num_episodes=1, max_timesteps=1, update_timesteps=1, max_seq_len=6)
     out = capsys.readouterr().out
     assert "loss: " in out and "complete" in out, update("prints-to-stdout", f"{name} stdout {out!r}")
-    src = inspect.getsource(TRAINERS[name][0].train)
+    src = inspect.getsource(touch(name).train)
     last = [ln.strip() for ln in src.splitlines() if "complete" in ln][-1]
     assert last.startswith("print(") is plain, update("prints-to-stdout", f"{name} ends with {last}")
     trainer, lines = make(name), []
@@ -374,7 +376,7 @@ def test_grpo_incompatible_after_lora():
 def test_implicit_prm_negative_ids():
     from palm_rlhf_pytorch import ImplicitPRM
     prm = ImplicitPRM(tiny_palm())
-    seq = torch.randint(1, 64, (2, 6))
+    seq = torch.randint(1, VOCAB, (2, 6))
     seq[:, -1] = -1
     with trap_raises("implicit-prm-negative-ids", RuntimeError, "out of bounds"):
         prm(seq)
@@ -396,7 +398,7 @@ def test_ppo_per_token_values(name):
     assert torch.allclose(*adv, atol=1e-5), update(anchor, "per-token advantages now depend on the reward")
     # the pooled value: the critic's embeddings shifted by one, averaged over the response positions
     ac = ActorCritic(tiny_palm(), pooled_values=True)
-    x, mask = torch.randint(1, 64, (2, 8)), torch.arange(8).expand(2, 8) >= 4
+    x, mask = torch.randint(1, VOCAB, (2, 8)), torch.arange(8).expand(2, 8) >= 4
     _, values = ac(x, mask=mask)
     emb = ac.critic(x, return_only_embedding=True, finetune_scope="critic")
     emb = torch.cat([torch.zeros_like(emb[:, :1]), emb[:, :-1]], dim=1)
@@ -455,20 +457,13 @@ DDP_CASES = textwrap.dedent("""
     warnings.filterwarnings("ignore")
     import torch
     torch.set_num_threads(1)
-    sys.path[:0] = sys.argv[1:3]
+    sys.path.insert(0, sys.argv[1])  # the skill root's scripts/: probe_kit adds the tree's other roots
+    import probe_kit
     from ddp_fixes import apply_ddp_fixes, expose_wrapped_attributes
     from rule_reward import RuleReward, token_fraction
     from accelerate.utils import DistributedDataParallelKwargs
-    from palm_rlhf_pytorch import PaLM, RewardModel, RLHFTrainer
-    from palm_rlhf_pytorch.grpo import RLHFTrainer as GRPOTrainer
-    from palm_rlhf_pytorch.tpo import RLHFTrainer as TPOTrainer
-    from palm_rlhf_pytorch.flowrl import FlowRLTrainer
     os.chdir(tempfile.mkdtemp())
-    TINY = dict(num_tokens=64, dim=32, depth=1, heads=2, dim_head=8)
-    TRAINERS = {"ppo": (RLHFTrainer, dict(minibatch_size=2)),
-                "grpo": (GRPOTrainer, dict(grpo_num_times_sample_rewards=1, minibatch_size=2)),
-                "tpo": (TPOTrainer, dict(num_times_sample_rewards=1, minibatch_size=1)),
-                "flowrl": (FlowRLTrainer, dict(flowrl_num_times_sample=1, partition_function_hidden_dim=32, minibatch_size=2))}
+    MINIBATCH = {"ppo": 2, "grpo": 2, "tpo": 1, "flowrl": 2}  # one group of 2 per step (TPO: a group is one item)
 
     class AnchoredRuleReward(RuleReward):  # the documented workaround
         def __init__(self, score):
@@ -476,19 +471,19 @@ DDP_CASES = textwrap.dedent("""
             self.ddp_anchor = torch.nn.Parameter(torch.zeros(()))
 
     def case(name, freeze=None, fixes=True, unused=False, scope=False, reward=None, train=True, clip=None):
-        cls, kw = TRAINERS[name]
-        kw = {**kw, "max_norm": 1.0} if clip else kw
+        kw = {"max_norm": 1.0} if clip else {}
         torch.manual_seed(0)
-        palm = PaLM(**TINY)
+        palm = probe_kit.tiny_palm()
         if freeze == "before":
             palm.requires_grad_(False)
         if scope:
             palm.add_finetune_params("other")
         handlers = [DistributedDataParallelKwargs(find_unused_parameters=True)] if unused else []
         try:
-            trainer = cls(palm=palm, reward_model=reward or RewardModel(PaLM(**TINY), num_binned_output=0),
-                          prompt_token_ids=torch.randint(1, 64, (4, 4)),
-                          accelerate_kwargs=dict(cpu=True, kwargs_handlers=handlers), **kw)
+            trainer = probe_kit.tiny_trainer(
+                name, palm=palm, reward_model=reward, group_size=None if name == "ppo" else 2,
+                minibatch_size=MINIBATCH[name], prompt_token_ids=torch.randint(1, probe_kit.TINY_PALM["num_tokens"], (4, 4)),
+                accelerate_kwargs=dict(kwargs_handlers=handlers), **kw)
             if fixes:
                 apply_ddp_fixes(trainer)
             if clip:  # PPO max_norm: the alias, then (clip == "exposed") the wrapper's attributes too
@@ -508,7 +503,7 @@ DDP_CASES = textwrap.dedent("""
             return f"{type(exc).__name__}: {exc}".splitlines()[0]
 
     out = {}
-    for name in TRAINERS:
+    for name in probe_kit.SMOKE_MINIBATCH:
         out[f"{name} frozen after"] = case(name, "after")
         out[f"{name} frozen before"] = case(name, "before")
         out[f"{name} rule reward"] = case(name, reward=RuleReward(token_fraction({3})), train=False)
@@ -528,14 +523,12 @@ DDP_CASES = textwrap.dedent("""
 def ddp_cases(tmp_path_factory):
     """DDP_CASES under ``torchrun --nproc_per_node 1`` over gloo: Accelerate wraps the models in
     DistributedDataParallel with one process too. {case: "ok <wrapper class>" or "Type: message"}."""
-    from conftest import load_script, run
-    scripts = REPO / "sub-skills"
-    launch = load_script(scripts / "policy-optimization" / "scripts" / "ddp_launch.py", "ddp_launch")
+    from conftest import run
+    from policy_optimization import launch
     cwd = tmp_path_factory.mktemp("ddp-cases")
     (cwd / "cases.py").write_text(DDP_CASES)
     proc = run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_addr",
-                "127.0.0.1", "--master_port", str(launch.free_port()), str(cwd / "cases.py"),
-                str(scripts / "policy-optimization" / "scripts"), str(scripts / "reward-modeling" / "scripts")],
+                "127.0.0.1", "--master_port", str(launch.free_port()), str(cwd / "cases.py"), str(REPO / "scripts")],
                cwd, env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true"},
                timeout=600)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("DDP-CASES ")]
@@ -601,7 +594,7 @@ def applies_to(section: str) -> tuple[set[str], set[str]]:
     line = re.search(r"^Applies to: (.+)$", section, re.M)
     assert line, "no 'Applies to:' line"
     affected, _, unaffected = line.group(1).rstrip(".").partition("; not ")
-    names = lambda part: {DOC_NAMES.get(n, n) for n in re.split(r",\s*", part) if n}
+    names = lambda part: {trainers.BY_DISPLAY.get(n, n) for n in re.split(r",\s*", part) if n}
     return names(affected), names(unaffected)
 
 
@@ -632,12 +625,12 @@ def test_silent_failure_table_rows():
     assert len(rows) >= 20
     seen = set()
     for row in rows:
-        condition, trainers = [c.strip() for c in row.strip("|").split(" | ")[:2]]
+        condition, named_cell = [c.strip() for c in row.strip("|").split(" | ")[:2]]
         (anchor,) = re.findall(r"\]\(#([\w-]+)\)", condition)
-        named = {DOC_NAMES[n] for n in trainers.split(", ")}
+        named = {trainers.BY_DISPLAY[n] for n in named_cell.split(", ")}
         assert named <= applies_to(sections[anchor])[0], f"row {condition}: {sorted(named)}"
         seen |= named
-    assert seen == set(TRAINERS)
+    assert seen == set(trainers.TRAINERS)
 
 
 def test_symptom_index_links_resolve():

@@ -20,10 +20,12 @@ from pathlib import Path
 import pytest
 
 from conftest import BIN, REPO, SMOKE, load_script, run, run_json
+import probe_kit
 from skill_runtime import exits, placement, streams, version_gate
+from policy_optimization import launch, smoke_checklist, smoke_estimate, smoke_ranks, smoke_report, smoke_settings, trainers
 
 SCRIPTS = REPO / "sub-skills" / "policy-optimization" / "scripts"
-TRAINERS = ["ppo", "grpo", "tpo", "flowrl"]
+TRAINERS = list(trainers.TRAINERS)
 EOS = "3"  # an id no seed-0 prompt contains (the smoke refuses one that does)
 pytestmark = pytest.mark.distributed
 
@@ -176,9 +178,9 @@ def test_fixes_are_no_ops_in_one_process(smoke, empty_dir, monkeypatch):
     from palm_rlhf_pytorch.tpo import RLHFTrainer
     fixes = load_script(SCRIPTS / "ddp_fixes.py", "ddp_fixes")
     monkeypatch.chdir(empty_dir)
-    palm = PaLM(**smoke.TINY_PALM)
+    palm = PaLM(**probe_kit.TINY_PALM)
     trainer = RLHFTrainer(palm=palm, reward_model=RewardModel(palm, num_binned_output=0),
-                          prompt_token_ids=smoke.random_prompt_token_ids(0), accelerate_kwargs={"cpu": True})
+                          prompt_token_ids=probe_kit.tiny_prompt_ids(0), accelerate_kwargs={"cpu": True})
     train = trainer.train
     assert fixes.apply_ddp_fixes(trainer) == "tpo" and not fixes.is_distributed(trainer)
     assert trainer.train == train and "generate" not in vars(trainer.actor)
@@ -243,7 +245,6 @@ def torchrun(script, port):
 
 
 def test_torchrun_on_cpu_needs_accelerate_use_cpu(empty_dir):
-    launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
     script = empty_dir.parent / "probe.py"
     script.write_text(PROBE)
     plain = probe_lines(torchrun(script, launch.free_port()), empty_dir)
@@ -287,15 +288,16 @@ def test_mixed_precision_on_cpu(empty_dir):
 
 
 BF16_ROLLOUT = textwrap.dedent("""
-    import torch
-    from palm_rlhf_pytorch import PaLM, RewardModel, RLHFTrainer
-    from palm_rlhf_pytorch.grpo import RLHFTrainer as GRPOTrainer
-    for cls, kw in ((GRPOTrainer, dict(grpo_num_times_sample_rewards=1)), (RLHFTrainer, {})):
+    import sys, torch
+    sys.path.insert(0, sys.argv[1])
+    import probe_kit
+    for name, group in (("grpo", 2), ("ppo", None)):
         torch.manual_seed(0)
-        palm = PaLM(num_tokens=64, dim=32, depth=1, heads=2, dim_head=8)
-        reward = RewardModel(PaLM(num_tokens=64, dim=32, depth=1, heads=2, dim_head=8), num_binned_output=0)
-        trainer = cls(palm=palm, reward_model=reward, prompt_token_ids=torch.randint(1, 64, (4, 4)), minibatch_size=2,
-                      accelerate_kwargs=dict(cpu=True, mixed_precision="bf16"), **kw)
+        palm, reward = probe_kit.tiny_palm(), probe_kit.tiny_reward_model()
+        trainer = probe_kit.tiny_trainer(name, palm=palm, reward_model=reward, group_size=group, minibatch_size=2,
+                                         prompt_token_ids=torch.randint(1, 64, (4, 4)),
+                                         accelerate_kwargs=dict(mixed_precision="bf16"))
+        cls = type(trainer)
         trainer.print = lambda *a: None
         phase, seen = ["rollout forward"], {}
         record = lambda name: lambda m, i, o: seen.setdefault(phase[0] if name == "policy" else name, set()).add(
@@ -322,7 +324,7 @@ BF16_ROLLOUT = textwrap.dedent("""
 def test_bf16_leaves_the_sampling_loop_in_float32(empty_dir):
     """The page's Mixed precision note: autocast covers the prepared modules' forward (the rollout's
     full-sequence policy forward, the reward model, learn()), not PaLM.generate's sampling loop."""
-    proc = run([sys.executable, "-c", BF16_ROLLOUT], empty_dir, timeout=240)
+    proc = run([sys.executable, "-c", BF16_ROLLOUT, str(REPO / "scripts")], empty_dir, timeout=240)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("bf16")]
     on, off = "(True, torch.bfloat16)", "(False, torch.float32)"
     expected = str([("learn", [on]), ("reward model", [on]), ("rollout forward", [on]), ("sampling", [off])])
@@ -397,13 +399,14 @@ PPO_EXACT = textwrap.dedent("""
     import contextlib, hashlib, io, sys
     sys.path.insert(0, sys.argv[1])
     import tiny_rlhf_smoke as smoke, ddp_fixes
+    import probe_kit  # the smoke put the skill root's scripts/ on sys.path
     from accelerate.utils import set_seed
     from palm_rlhf_pytorch import PaLM, RewardModel, RLHFTrainer
     for mode in sys.argv[2:]:
         set_seed(0)
-        palm = PaLM(**smoke.TINY_PALM)
+        palm = PaLM(**probe_kit.TINY_PALM)
         trainer = RLHFTrainer(palm=palm, reward_model=RewardModel(palm, num_binned_output=0),
-                              prompt_token_ids=smoke.random_prompt_token_ids(0), minibatch_size=2,
+                              prompt_token_ids=probe_kit.tiny_prompt_ids(0), minibatch_size=2,
                               accelerate_kwargs=dict(cpu=True))
         if mode == "fixed":
             ddp_fixes.apply_ddp_fixes(trainer)
@@ -422,7 +425,6 @@ def test_fix_ppo_reproduces_single_process_training_bitwise(tmp_path):
     than the same run without DDP (the reducer writes the averaged actor gradient back after the
     actor already stepped, and the next minibatch accumulates onto it); with fix_ppo, bitwise equal.
     The unfixed half is a canary for fix_ppo too."""
-    launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
     script = tmp_path / "ppo_exact.py"
     script.write_text(PPO_EXACT)
     env = {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
@@ -461,7 +463,6 @@ def doc_block(marker: str) -> str:
 def test_doc_training_script_runs_on_two_ranks_in_sync(tmp_path):
     """The page's sync check and training script (skipped by test_doc_code_blocks: it needs
     torchrun) on 2 ranks, then its DDP load line: no drift, one checkpoint without 'module.'."""
-    launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
     # counts per rank for distributed.md#batch-per-rank: items each learn() gets, optimizer steps
     script = textwrap.dedent("""
         from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -501,6 +502,7 @@ DDP_FLAGS = textwrap.dedent("""
     import contextlib, io, json, os, sys, traceback
     sys.path.insert(0, sys.argv[1])
     import tiny_rlhf_smoke as smoke, ddp_fixes
+    import probe_kit  # the smoke put the skill root's scripts/ on sys.path
     from accelerate.utils import DistributedDataParallelKwargs, set_seed
     from palm_rlhf_pytorch import PaLM, RewardModel, RLHFTrainer
     from palm_rlhf_pytorch.tpo import RLHFTrainer as TPOTrainer
@@ -508,9 +510,9 @@ DDP_FLAGS = textwrap.dedent("""
 
     def build(cls, **kwargs):
         set_seed(0)
-        palm = PaLM(**smoke.TINY_PALM)
+        palm = PaLM(**probe_kit.TINY_PALM)
         return cls(palm=palm, reward_model=RewardModel(palm, num_binned_output=0),
-                   prompt_token_ids=smoke.random_prompt_token_ids(0), **kwargs)
+                   prompt_token_ids=probe_kit.tiny_prompt_ids(0), **kwargs)
 
     def attempt(label, trainer, **train_kwargs):
         set_seed(0, device_specific=True)
@@ -538,7 +540,6 @@ DDP_FLAGS = textwrap.dedent("""
 def test_doc_failures_of_ddp_flags_and_shared_tpo_buffer(tmp_path):
     """Canaries for the page's table: PPO with find_unused_parameters / static_graph, and TPO ranks
     sharing ./tpo_memmap_replay_buffer (the per-rank folder of fix_tpo)."""
-    launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
     (tmp_path / "flags.py").write_text(DDP_FLAGS)
     cwd = tmp_path / "run"
     cwd.mkdir()
@@ -590,12 +591,11 @@ def test_doc_gpu_backend_fact_matches_accelerate_source():
 
 def test_doc_names_exist():
     fixes = load_script(SCRIPTS / "ddp_fixes.py", "ddp_fixes")
-    launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
     text = DOC.read_text(encoding="utf-8")
     for name in ("fix_ppo", "fix_tpo", "fix_flowrl", "fix_buffers", "apply_ddp_fixes", "save_checkpoint",
                  "checkpoint_module"):
         assert f"`{name}" in text and callable(getattr(fixes, name))
-    assert "`tensor_digest`" in text and callable(launch.tensor_digest)
+    assert "`tensor_digest`" in text and callable(smoke_ranks.tensor_digest)
     checks_table = text[text.index("| check | passes when |"):].split("\n\n")[0]
     names = {row.split("`")[0] for row in checks_table.split("\n| `")[1:]}
     assert names == {"accelerate_multi_process", "parameters_finite", "ranks_in_sync", "ranks_drew_different_prompts",
@@ -607,7 +607,6 @@ def test_doc_names_exist():
 
 def test_workers_dying_without_report_is_a_failed_report(smoke, capsys, monkeypatch, empty_dir):
     """Every rank exits before rank 0 writes the report: one JSON report, status failed, exit 1."""
-    launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
     args = smoke.build_parser().parse_args(["--nproc", "2", "--device", "cpu", "--json"])
     monkeypatch.chdir(empty_dir)
     env = version_gate.check_versions()
@@ -616,7 +615,7 @@ def test_workers_dying_without_report_is_a_failed_report(smoke, capsys, monkeypa
     out = capsys.readouterr().out
     report = json.loads(out)
     assert code == 1 and report["status"] == "failed" and report["results"] == {}
-    plain = smoke.summary(report).splitlines()  # the plain report names the failed launch and its section
+    plain = smoke_report.summary(report).splitlines()  # the plain report names the failed launch and its section
     assert plain[-1].startswith("tiny-rlhf-smoke: FAILED: the train smoke failed for the run") and \
         plain[-1].endswith("distributed.md#check-first-the-smoke-helper-on-n-processes")
     failed = {c["name"]: c for c in report["checks"] if not c["passed"]}
@@ -700,14 +699,13 @@ def test_unfixed_eos_grpo_ranks_fall_out_of_step(empty_dir):
 BUFFERS = textwrap.dedent("""
     import os, sys, warnings, torch, torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
-    sys.path.insert(0, sys.argv[1])
-    import ddp_fixes
-    from palm_rlhf_pytorch import PaLM
+    sys.path[:0] = [sys.argv[1], os.path.join(sys.argv[1], "..", "..", "..", "scripts")]
+    import ddp_fixes, probe_kit
     dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{sys.argv[2]}")
-    palm = PaLM(num_tokens=257, dim=32, depth=1, heads=2, dim_head=16)
+    palm = probe_kit.tiny_palm()
     lengths = []
     for n in (5, 9, 7):  # the cache grows to the longest sequence seen, never shrinks
-        palm(torch.randint(1, 257, (1, n)))
+        palm(torch.randint(1, probe_kit.TINY_PALM["num_tokens"], (1, n)))
         lengths.append([tuple(b.shape) for name, b in palm.named_buffers() if name.endswith("pos_emb")])
     print("cache", lengths)
     holder = torch.nn.Module()
@@ -726,7 +724,6 @@ def test_ddp_broadcasts_rotary_caches_and_fix_buffers_stops_it(tmp_path):
     """Canary for fix_buffers, the cause: palm.py grows its rotary cache buffers to the longest
     sequence seen, and a DDP wrapper broadcasts buffers before each forward unless told not to; the
     construction-time alternative (broadcast_buffers=False) warns on torch 2.13."""
-    launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
     (tmp_path / "buffers.py").write_text(BUFFERS)
     proc = run([sys.executable, str(tmp_path / "buffers.py"), str(SCRIPTS), str(launch.free_port())], tmp_path,
                env={"GLOO_SOCKET_IFNAME": "lo"}, timeout=120)
@@ -775,7 +772,6 @@ def lone_ranks(tmp_path_factory):
     """Started first, waited for later (they mostly wait): the 2-node torchrun recipe with one node
     missing, node 0 alone and node 1 alone (rendezvous timeout 5 s), and one srun task of two whose
     peer never starts (--dist-timeout 5)."""
-    launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
     cwd = tmp_path_factory.mktemp("lone")
     line = TORCHRUN_RECIPE.replace("timeout=300", "timeout=5")
     procs = {f"torchrun node {rank}": start(["bash", "-c", line], cwd, launcher_env(
@@ -797,7 +793,6 @@ def lone_ranks(tmp_path_factory):
 def two_nodes(tmp_path_factory, lone_ranks):
     """The page's torchrun recipe on two simulated nodes: two torchrun launchers, --nnodes 2,
     --node-rank 0 and 1, one process each, rendezvous on 127.0.0.1, each node in its own directory."""
-    launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
     port = str(launch.free_port())
     cwds = [tmp_path_factory.mktemp(f"node{rank}") for rank in (0, 1)]
     procs = [start(["bash", "-c", TORCHRUN_RECIPE], cwds[rank],
@@ -854,7 +849,6 @@ def test_srun_tasks_form_a_world(tmp_path):
     """srun starting the smoke once per rank (no torchrun): SLURM_PROCID/NTASKS/LOCALID become the
     rank; the batch script exports MASTER_ADDR and MASTER_PORT. Construct-only: the world and the rank
     checks are the point (the torchrun runs train)."""
-    launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
     port = str(launch.free_port())
     procs = [start([str(BIN / "tiny-rlhf-smoke"), "--trainer", "grpo", "--construct-only", "--json"], tmp_path,
                    launcher_env(SLURM_STEP_ID="0", SLURM_PROCID=str(r), SLURM_NTASKS="2", SLURM_LOCALID=str(r),
@@ -870,7 +864,6 @@ def test_srun_tasks_form_a_world(tmp_path):
 
 
 def test_accelerate_launch_recipe_on_two_machines(tmp_path):
-    launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
     config = doc_fence("yaml", "distributed_type: MULTI_GPU").replace(
         "main_process_port: 29500", f"main_process_port: {launch.free_port()}")
     assert f"main_process_port: 29500" not in config
@@ -924,7 +917,6 @@ def test_accelerate_srun_line_is_the_accelerate_recipe_with_the_batch_address(tm
     ({"SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "1"}, None),  # a one-task step
 ])
 def test_launcher_world_from_environment(env, expected):
-    launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
     environ = dict(env)
     world = launch.launcher_world(environ)
     assert (world and (world.launcher, world.rank, world.size, world.local_rank, world.node, world.master)) == expected
@@ -955,28 +947,26 @@ def test_launcher_usage_errors_exit_2_one_line_without_torch(empty_dir, monkeypa
 
 
 def test_without_nproc_drops_every_spelling():
-    launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
     argv = ["--trainer", "all", "--nproc", "2", "--np=3", "--npro", "4", "--json", "--new-tokens", "5", "--no-ddp-fixes"]
     assert launch.without_nproc(argv) == ["--trainer", "all", "--json", "--new-tokens", "5", "--no-ddp-fixes"]
 
 
 def test_nproc_resources_refused_unless_oversubscribe(smoke, monkeypatch):
-    launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
-    config = smoke.palm_config(smoke.build_parser().parse_args([]))
-    cpus = launch.placement.usable_cpus()
+    config = smoke_settings.palm_config(smoke.build_parser().parse_args([]))
+    cpus = placement.usable_cpus()
     with pytest.raises(exits.SkillError, match=rf"--nproc {cpus + 1} on {cpus} usable CPU cores: .* --oversubscribe"):
-        launch.check_resources(cpus + 1, "cpu", config, oversubscribe=False)
-    launch.check_resources(cpus + 1, "cuda", config, oversubscribe=False)  # GPUs: counted by ddp_uses_cpu
+        smoke_ranks.check_resources(cpus + 1, "cpu", config, oversubscribe=False)
+    smoke_ranks.check_resources(cpus + 1, "cuda", config, oversubscribe=False)  # GPUs: counted by ddp_uses_cpu
     monkeypatch.setattr(placement, "available_memory_mib", lambda: 500)
     with pytest.raises(exits.SkillError, match=r"--nproc 2 needs about \d+ MiB .* 500 MiB available"):
-        launch.check_resources(2, "cpu", config, oversubscribe=False)
-    facts = launch.check_resources(cpus + 1, "cpu", config, oversubscribe=True)
+        smoke_ranks.check_resources(2, "cpu", config, oversubscribe=False)
+    facts = smoke_ranks.check_resources(cpus + 1, "cpu", config, oversubscribe=True)
     assert facts["oversubscribe"] and facts["available_mib"] == 500 and facts["usable_cpus"] == cpus
-    launch.check_resources(None, "cpu", config, oversubscribe=False)  # one process of the tiny size fits
-    monkeypatch.setattr(placement, "available_memory_mib", lambda: launch.predicted_rank_mib(config) - 1)
+    smoke_ranks.check_resources(None, "cpu", config, oversubscribe=False)  # one process of the tiny size fits
+    monkeypatch.setattr(placement, "available_memory_mib", lambda: smoke_estimate.predicted_rank_mib(config) - 1)
     with pytest.raises(exits.SkillError, match=r"^--dim 32 --depth 1 needs about \d+ MiB, \d+ MiB available: "
                                             r"use a smaller --dim/--depth, or pass --oversubscribe"):
-        launch.check_resources(None, "cpu", config, oversubscribe=False)  # the single-process smoke
+        smoke_ranks.check_resources(None, "cpu", config, oversubscribe=False)  # the single-process smoke
 
 
 def test_single_process_sizes_beyond_memory_are_refused_before_building(empty_dir):
@@ -992,8 +982,7 @@ def test_single_process_sizes_beyond_memory_are_refused_before_building(empty_di
 
 
 def test_nproc_above_cpu_cores_is_exit_2_one_line(empty_dir):
-    launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
-    cpus = launch.placement.usable_cpus()
+    cpus = placement.usable_cpus()
     if cpus >= launch.MAX_NPROC:
         pytest.skip(f"{cpus} CPUs: --nproc cannot exceed them")
     proc = run([sys.executable, str(SMOKE), "--nproc", str(cpus + 1), "--device", "cpu"], empty_dir)
@@ -1006,23 +995,20 @@ def test_nproc_above_cpu_cores_is_exit_2_one_line(empty_dir):
 def test_palm_weights_counts_what_palm_builds(dim, depth, heads, dim_head):
     import torch
     from palm_rlhf_pytorch import PaLM
-    launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
     config = dict(num_tokens=257, dim=dim, depth=depth, heads=heads, dim_head=dim_head)
     with torch.device("meta"):
-        assert launch.palm_weights(config) == sum(p.numel() for p in PaLM(**config).parameters())
+        assert smoke_estimate.palm_weights(config) == sum(p.numel() for p in PaLM(**config).parameters())
 
 
 def test_predicted_rank_memory_matches_the_sizing_table():
     """The per-rank prediction against the peak RSS measured in sizing.md's table (rows
     that vary dim or depth): within 15 % of the heaviest trainer (PPO: actor-critic, value head),
     never below 90 % of any row, so --nproc refuses before the memory runs out."""
-    launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
-    smoke_module = sys.modules.get("tiny_rlhf_smoke") or load_script(SMOKE, "tiny_rlhf_smoke")
     text = (SCRIPTS.parent / "references" / "sizing.md").read_text(encoding="utf-8")
     rows = re.findall(r"^\| (\w+) \| (?:dim|depth) = \d+ \| (\d+) \| (\d+) \|.*\| (\d+) \|$", text, re.MULTILINE)
     assert len(rows) >= 8 and {r[0] for r in rows} >= {"ppo"}
     for trainer, dim, depth, rss in rows:
-        predicted = launch.predicted_rank_mib({**smoke_module.TINY_PALM, "dim": int(dim), "depth": int(depth)})
+        predicted = smoke_estimate.predicted_rank_mib({**probe_kit.TINY_PALM, "dim": int(dim), "depth": int(depth)})
         assert predicted >= 0.9 * int(rss), (trainer, dim, depth, rss, predicted)
         if trainer == "ppo":
             assert predicted <= 1.15 * int(rss), (trainer, dim, depth, rss, predicted)
@@ -1034,6 +1020,7 @@ FSDP = textwrap.dedent("""
     import os, sys, torch
     sys.path.insert(0, sys.argv[1])
     import tiny_rlhf_smoke as smoke
+    from policy_optimization import smoke_checklist, trainers
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, PartialState
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
@@ -1047,11 +1034,11 @@ FSDP = textwrap.dedent("""
         for shared in (PartialState._shared_state, AcceleratorState._shared_state):
             shared.update(distributed_type=DistributedType.FSDP, device=torch.device("cpu"))
         AcceleratorState._shared_state["fsdp_plugin"] = FullyShardedDataParallelPlugin(fsdp_version=version)
-        for name in smoke.trainers.TRAINERS:
+        for name in trainers.TRAINERS:
             construct_only = not (version == 1 and name == "ppo")
             args = smoke.build_parser().parse_args(["--trainer", name] + ["--construct-only"] * construct_only)
             args.caller_dir = "/"
-            result = smoke.run_trainer(name, args, {"cpu": True}, torch.device("cpu"), ["default"])
+            result = smoke_checklist.run_trainer(name, args, {"cpu": True}, torch.device("cpu"), ["default"])
             failed = [c["detail"] for c in result["checks"] if c["name"] in ("trainer_constructed", "update_ran")
                       and not c["passed"]]
             line(f"fsdp{version} {name} {failed[0] if failed else 'ok'}")
@@ -1064,7 +1051,6 @@ SHARDING = "distributed.md#sharding-fsdp: Accelerate or the trainers changed; re
 def test_fsdp_plugin_findings(tmp_path):
     """The page's sharding table: on CPU the plugin is ignored (DDP); forced as on GPUs, FSDP2 refuses
     every trainer in Accelerator.prepare and FSDP1 fails in the trainers' own modules."""
-    launch = load_script(SCRIPTS / "ddp_launch.py", "ddp_launch")
     (tmp_path / "fsdp.py").write_text(FSDP)
     cwd = tmp_path / "run"
     cwd.mkdir()
@@ -1084,7 +1070,6 @@ def test_fsdp_plugin_findings(tmp_path):
         [cell.strip() for cell in line.strip("|").split("|")]
         for line in DOC.read_text(encoding="utf-8").split("## Sharding (FSDP)")[1].splitlines()
         if line.startswith("| ") and not line.startswith("| trainer") and not line.startswith("| ---"))}
-    label = {"ppo": "PPO", "grpo": "GRPO", "tpo": "TPO", "flowrl": "FlowRL"}
     for name in TRAINERS:
         fsdp1, fsdp2 = found[f"fsdp1 {name}"], found[f"fsdp2 {name}"]
         assert fsdp2 == "ValueError: Only one model is supported when using FSDP2", (SHARDING, fsdp2)
@@ -1092,7 +1077,7 @@ def test_fsdp_plugin_findings(tmp_path):
                     "tpo": "TypeError: Actor.parameters() got an unexpected keyword argument 'recurse'",
                     "flowrl": "TypeError: 'list' object is not an iterator"}[name]
         assert fsdp1.startswith(expected), (SHARDING, name, fsdp1)
-        row = table[label[name]]
+        row = table[trainers.TRAINERS[name].display]
         assert f"`{expected}" in row[0] and ("`ValueError: Only one model" in row[1] or "same `ValueError`" in row[1])
     assert list(cwd.iterdir()) == []
 

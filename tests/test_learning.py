@@ -15,8 +15,10 @@ import pytest
 
 from conftest import REPO, SMOKE, inprocess, load_script, run, run_json, usage_error_without_torch
 from test_trainers import flatten, section, table
+from skill_runtime import placement, reporting
+from policy_optimization import learning_check, smoke_report, trainers
 
-TRAINERS = ["ppo", "grpo", "tpo", "flowrl"]
+TRAINERS = list(trainers.TRAINERS)
 WORKFLOWS = SMOKE.parents[1] / "references" / "workflows.md"
 CALIBRATE = SMOKE.parent / "calibrate_learning.py"
 LEARNING_KEYS = {"reward_before", "reward_after", "per_seed", "curve", "threshold", "passed"}
@@ -25,7 +27,7 @@ LEARNING_KEYS = {"reward_before", "reward_after", "per_seed", "curve", "threshol
 @pytest.fixture(autouse=True)
 def one_torch_thread(smoke):
     """One intra-op thread, as the helpers run: tiny models on a shared CPU are slower with more."""
-    with smoke.placement.torch_threads(1):
+    with placement.torch_threads(1):
         yield
 
 
@@ -48,7 +50,7 @@ def test_each_trainer_raises_the_reward(learn_all, smoke, name):
     code, report, left = learn_all
     assert code == 0 and report["status"] == "ok" and report["mode"] == "learn" and left == []
     result = report["results"][name]
-    learning, setting = result["learning"], smoke.LEARN_SETTINGS[name]
+    learning, setting = result["learning"], learning_check.LEARN_SETTINGS[name]
     assert result["status"] == "ok", result["checks"]
     assert set(learning) == LEARNING_KEYS and learning["passed"] is True
     assert [s["seed"] for s in learning["per_seed"]] == [0, 1]
@@ -97,18 +99,18 @@ def test_plain_output_names_the_failing_trainer_and_ends_with_the_verdict(smoke,
     out = capsys.readouterr().out.strip().splitlines()
     assert code == 1
     head = next(line for line in out if line.startswith("grpo (palm_rlhf_pytorch.grpo.RLHFTrainer): 1 of 2 checks failed"))
-    assert "held-out reward" in head and any(c in head for c in smoke.SPARKS)
+    assert "held-out reward" in head and any(c in head for c in smoke_report.SPARKS)
     failing = out.index(next(line for line in out if "FAIL reward_rose: 0/1 seeds improved" in line and "0: " in line))
     assert out[failing + 1].strip() == "read: sub-skills/policy-optimization/references/workflows.md#learning-check"
     assert out[-1] == ("tiny-rlhf-smoke: FAILED: the learning check failed for grpo on the CPU (exit 1), the expected "
                        "result of the frozen control (every learning rate 0, so no reward can rise: this shows the "
-                       f"check can fail); next: run the check itself, {smoke.reporting.command('tiny-rlhf-smoke', '--learn --trainer grpo')}")
+                       f"check can fail); next: run the check itself, {reporting.command('tiny-rlhf-smoke', '--learn --trainer grpo')}")
 
 
 def test_a_library_error_is_a_failed_check_not_a_crash(smoke, capsys, monkeypatch, empty_dir):
     import dataclasses
 
-    monkeypatch.setitem(smoke.LEARN_SETTINGS, "tpo", dataclasses.replace(smoke.LEARN_SETTINGS["tpo"], lr=-1.0))
+    monkeypatch.setitem(learning_check.LEARN_SETTINGS, "tpo", dataclasses.replace(learning_check.LEARN_SETTINGS["tpo"], lr=-1.0))
     code, report = inprocess(smoke, capsys, monkeypatch, empty_dir, "--learn", "--trainer", "tpo", "--learn-seeds", "1")
     assert code == 1 and report["learning"] is None and report["results"]["tpo"]["learning"] is None
     (check, _) = report["checks"]
@@ -119,23 +121,23 @@ def test_a_library_error_is_a_failed_check_not_a_crash(smoke, capsys, monkeypatc
 def test_criterion(smoke):
     seeds = lambda *gains: [{"seed": i, "reward_before": 0.5, "reward_after": 0.5 + g, "gain": g}
                             for i, g in enumerate(gains)]
-    assert smoke.LEARN_SEEDS == 5 and math.ceil(smoke.LEARN_MIN_IMPROVED * 5) == 4
-    assert smoke.learning_verdict(seeds(0.3, 0.3, 0.3, 0.3, -0.1), 0.2)[0] is True     # 4 of 5 improved
-    assert smoke.learning_verdict(seeds(0.3, 0.3, 0.3, -0.1, -0.1), 0.2)[0] is False   # 3 of 5
-    assert smoke.learning_verdict(seeds(0.1, 0.1, 0.3, 0.3, 0.3), 0.2)[0] is True      # median 0.3
-    assert smoke.learning_verdict(seeds(0.1, 0.1, 0.1, 0.3, 0.3), 0.2)[0] is False     # median 0.1
-    assert smoke.learning_verdict(seeds(0, 0, 0, 0, 0), 0.0)[0] is False               # no change
-    passed, detail = smoke.learning_verdict(seeds(0.25, -0.1), 0.2)
+    assert learning_check.LEARN_SEEDS == 5 and math.ceil(learning_check.LEARN_MIN_IMPROVED * 5) == 4
+    assert learning_check.learning_verdict(seeds(0.3, 0.3, 0.3, 0.3, -0.1), 0.2)[0] is True     # 4 of 5 improved
+    assert learning_check.learning_verdict(seeds(0.3, 0.3, 0.3, -0.1, -0.1), 0.2)[0] is False   # 3 of 5
+    assert learning_check.learning_verdict(seeds(0.1, 0.1, 0.3, 0.3, 0.3), 0.2)[0] is True      # median 0.3
+    assert learning_check.learning_verdict(seeds(0.1, 0.1, 0.1, 0.3, 0.3), 0.2)[0] is False     # median 0.1
+    assert learning_check.learning_verdict(seeds(0, 0, 0, 0, 0), 0.0)[0] is False               # no change
+    passed, detail = learning_check.learning_verdict(seeds(0.25, -0.1), 0.2)
     assert not passed and detail.startswith("1/2 seeds improved (need 2: missed), median gain +0.075 "
                                             "(threshold 0.2: missed)")
     assert "0: 0.500 -> 0.750, 1: 0.500 -> 0.400" in detail
     # one seed just under the threshold (TPO's seed 0 in the QA run): the failed criterion is named
-    passed, detail = smoke.learning_verdict(seeds(0.197), 0.2)
+    passed, detail = learning_check.learning_verdict(seeds(0.197), 0.2)
     assert not passed and detail.startswith("1/1 seeds improved (need 1), median gain +0.197 (threshold 0.2: missed)")
 
 
 def test_sparkline(smoke):
-    assert smoke.sparkline([0.0, 0.5, 1.0, 1.5, -1.0], 0.0, 1.0) == "▁▅██▁"
+    assert smoke_report.sparkline([0.0, 0.5, 1.0, 1.5, -1.0], 0.0, 1.0) == "▁▅██▁"
 
 
 def test_seeds_are_deterministic_and_independent(smoke, tmp_path, monkeypatch):
@@ -145,11 +147,11 @@ def test_seeds_are_deterministic_and_independent(smoke, tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     cpu = torch.device("cpu")
-    pair = smoke.learn_trainer("grpo", [3, 4], None, {"cpu": True}, cpu)["learning"]["per_seed"]
-    alone = smoke.learn_seed("grpo", 4, None, {"cpu": True}, cpu)
+    pair = learning_check.learn_trainer("grpo", [3, 4], None, {"cpu": True}, cpu)["learning"]["per_seed"]
+    alone = learning_check.learn_seed("grpo", 4, None, {"cpu": True}, cpu)
     assert pair[1] == {k: round(alone[k], 4) if k != "seed" else alone[k]
                        for k in ("seed", "reward_before", "reward_after", "gain")}
-    assert smoke.learn_seed("grpo", 4, None, {"cpu": True}, cpu) == alone
+    assert learning_check.learn_seed("grpo", 4, None, {"cpu": True}, cpu) == alone
 
 
 def test_calibration_blocks_are_the_smoke_runs(smoke, capsys, monkeypatch, empty_dir):
@@ -194,9 +196,9 @@ def test_docs_settings_and_rates_tables(smoke):
     calibrate = load_script(CALIBRATE, "calibrate_learning")
     doc = WORKFLOWS.read_text(encoding="utf-8")
     text = section(doc, "## Learning check")
-    assert "\n".join(calibrate.settings_table(smoke.LEARN_SETTINGS)) in text
+    assert "\n".join(calibrate.settings_table(learning_check.LEARN_SETTINGS)) in text
     rows = table(doc, "## Learning check")  # the settings table
-    assert [r[0] for r in rows] == TRAINERS == list(smoke.LEARN_SETTINGS)
+    assert [r[0] for r in rows] == TRAINERS == list(learning_check.LEARN_SETTINGS)
     rates = [line for line in section(doc, "### Measured pass rates").splitlines() if line.startswith("| ")]
     header, *body = [[c.strip() for c in line.strip("| ").split(" | ")] for line in rates]
     assert header == list(calibrate.RATES_HEADER)
@@ -212,16 +214,16 @@ def test_docs_settings_and_rates_tables(smoke):
 
 def test_docs_describe_the_task_the_script_runs(smoke):
     text = " ".join(section(WORKFLOWS.read_text(encoding="utf-8"), "## Learning check").split())
-    palm = ", ".join(f"{k}={v}" for k, v in smoke.LEARN_PALM.items())
+    palm = ", ".join(f"{k}={v}" for k, v in learning_check.LEARN_PALM.items())
     assert f"PaLM({palm})" in text
-    assert f"token_fraction(range({smoke.LEARN_TARGET_IDS[0]}, {smoke.LEARN_TARGET_IDS[-1] + 1}))" in text
-    assert f"{smoke.LEARN_TRAIN_PROMPTS} training and {smoke.LEARN_EVAL_PROMPTS} held-out prompts of " \
-           f"{smoke.LEARN_PROMPT_LEN} random ids" in text
-    assert f"sampled {smoke.LEARN_EVAL_SAMPLES} times" in text
-    assert f"the fraction of the {smoke.LEARN_NEW_TOKENS} sampled tokens" in text
-    assert f"at least {math.ceil(smoke.LEARN_MIN_IMPROVED * smoke.LEARN_SEEDS)} of its {smoke.LEARN_SEEDS} seeds" in text
-    assert f"max_seq_len={smoke.LEARN_PROMPT_LEN + smoke.LEARN_NEW_TOKENS}" in text
-    assert math.ceil(0.1 * smoke.LEARN_PALM["num_tokens"]) == 2  # "2 candidate ids per step here"
+    assert f"token_fraction(range({learning_check.LEARN_TARGET_IDS[0]}, {learning_check.LEARN_TARGET_IDS[-1] + 1}))" in text
+    assert f"{learning_check.LEARN_TRAIN_PROMPTS} training and {learning_check.LEARN_EVAL_PROMPTS} held-out prompts of " \
+           f"{learning_check.LEARN_PROMPT_LEN} random ids" in text
+    assert f"sampled {learning_check.LEARN_EVAL_SAMPLES} times" in text
+    assert f"the fraction of the {learning_check.LEARN_NEW_TOKENS} sampled tokens" in text
+    assert f"at least {math.ceil(learning_check.LEARN_MIN_IMPROVED * learning_check.LEARN_SEEDS)} of its {learning_check.LEARN_SEEDS} seeds" in text
+    assert f"max_seq_len={learning_check.LEARN_PROMPT_LEN + learning_check.LEARN_NEW_TOKENS}" in text
+    assert math.ceil(0.1 * learning_check.LEARN_PALM["num_tokens"]) == 2  # "2 candidate ids per step here"
 
 
 def test_sampling_facts_the_task_relies_on(smoke):
@@ -235,8 +237,8 @@ def test_sampling_facts_the_task_relies_on(smoke):
     for module in ("ppo", "grpo", "tpo", "flowrl"):
         assert "filter_thres" not in inspect.getsource(importlib.import_module(f"palm_rlhf_pytorch.{module}"))
     torch.manual_seed(0)
-    for vocab, kept in ((smoke.LEARN_PALM["num_tokens"], 2), (10, 1), (11, 2)):
-        palm = PaLM(**{**smoke.LEARN_PALM, "num_tokens": vocab})
+    for vocab, kept in ((learning_check.LEARN_PALM["num_tokens"], 2), (10, 1), (11, 2)):
+        palm = PaLM(**{**learning_check.LEARN_PALM, "num_tokens": vocab})
         first = palm.generate(5, prompt=torch.tensor([[1, 2, 3, 4]] * 256))[:, 0]  # 256 draws, one step
         assert len(first.unique()) == kept, vocab
 

@@ -20,6 +20,7 @@ import pytest
 
 from conftest import BIN, REPO, SMOKE, inprocess, load_script, run
 from skill_runtime import reporting, streams
+from policy_optimization import smoke_estimate
 
 # the modules other test files loaded, when they did: one runtime per process, as in a real run
 check = sys.modules.get("check_skill") or load_script(REPO / "scripts" / "check_skill.py", "check_skill")
@@ -240,7 +241,7 @@ def test_estimate_holds_every_row_of_the_measured_sizing_table_within_2x(smoke):
     for trainer, varied, dim, depth, prompt_len, max_seq_len, update, generate, _ in rows:
         args = smoke.build_parser().parse_args(["--trainer", trainer, "--dim", dim, "--depth", depth, "--prompt-len",
                                                 prompt_len, "--new-tokens", str(int(max_seq_len) - int(prompt_len))])
-        ratio = smoke.estimate_s(args) / (float(update) + float(generate))
+        ratio = smoke_estimate.estimate_s(args) / (float(update) + float(generate))
         assert 0.5 <= ratio <= 2.0, (trainer, varied, round(ratio, 2))
 
 
@@ -248,13 +249,13 @@ def test_learn_estimate_is_the_calibration_tables_seconds_per_seed(smoke):
     text = WORKFLOWS.read_text(encoding="utf-8").split("### Measured pass rates", 1)[1]
     rows = [[c.strip() for c in line.strip("| \n").split(" | ")] for line in text.splitlines() if line.startswith("| ")]
     table = {r[0]: float(r[-1]) for r in rows if r[1] == "none"}
-    assert table == smoke.LEARN_SECONDS_PER_SEED
+    assert table == smoke_estimate.LEARN_SECONDS_PER_SEED
 
 
 def test_estimate_line_before_a_run_over_30_s(smoke):
     def note(argv):
         stream = io.StringIO()
-        smoke.announce_estimate(smoke.build_parser().parse_args(argv), streams.Progress("tiny-rlhf-smoke", True, stream))
+        smoke_estimate.announce_estimate(smoke.build_parser().parse_args(argv), streams.Progress("tiny-rlhf-smoke", True, stream))
         return stream.getvalue()
     assert note(["--trainer", "all"]) == "" and note(["--learn", "--trainer", "grpo"]) == ""
     big = note(["--trainer", "all", "--dim", "1024", "--depth", "4", "--new-tokens", "256"])  # issue 14's run

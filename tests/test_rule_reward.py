@@ -10,18 +10,21 @@ import io
 
 import pytest
 
+import probe_kit
 from conftest import REPO, load_script
+from skill_runtime import placement
+from policy_optimization import trainers
 
 RULE_REWARD = REPO / "sub-skills" / "reward-modeling" / "scripts" / "rule_reward.py"
 REWARD_API = REPO / "sub-skills" / "reward-modeling" / "references" / "reward-api.md"
-TRAINERS = ["ppo", "grpo", "tpo", "flowrl"]
+TRAINERS = list(trainers.TRAINERS)
 VOCAB, PROMPT_LEN, MAX_SEQ_LEN, GROUP, SAMPLES, EOS = 16, 4, 12, 4, 3, 3
 
 
 @pytest.fixture(autouse=True)
 def one_torch_thread(smoke):
     """One intra-op thread, as the helpers run: tiny models on a shared CPU are slower with more."""
-    with smoke.placement.torch_threads(1):
+    with placement.torch_threads(1):
         yield
 
 
@@ -34,14 +37,14 @@ def build(smoke, name, reward_model):
     import torch
     from palm_rlhf_pytorch import PaLM
 
-    spec = smoke.trainers.TRAINERS[name]
-    kwargs = dict(minibatch_size=4, **smoke.SMOKE_EXTRA.get(name, {}))
+    spec = trainers.TRAINERS[name]
+    kwargs = dict(minibatch_size=4, **probe_kit.SMOKE_EXTRA.get(name, {}))
     if name == "flowrl":
         kwargs["partition_function_hidden_dim"] = 32
     if spec.group_kwarg:
         kwargs[spec.group_kwarg] = GROUP - 1
     palm = PaLM(num_tokens=VOCAB, dim=32, depth=1, heads=2, dim_head=16)
-    return smoke.trainers.construct_trainer(spec, palm, reward_model,
+    return trainers.construct_trainer(spec, palm, reward_model,
                                    {"prompt_token_ids": torch.randint(1, VOCAB, (4, PROMPT_LEN))},
                                    {"cpu": True}, torch.device("cpu"), **kwargs)
 

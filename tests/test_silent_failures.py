@@ -20,12 +20,14 @@ from torch.overrides import TorchFunctionMode
 
 from palm_rlhf_pytorch import PaLM, RewardModel
 
-from canary import (GROUP_KWARG, TRAINERS, ConstantReward, LastTokenReward, actor_palm, canary_env,  # noqa: F401
+import probe_kit
+from canary import (CANARY_GROUP, VOCAB, ConstantReward, LastTokenReward, actor_palm, canary_env,  # noqa: F401
                     capture_memories, check, covers, lora, make, module_of, printed, reseed, tiny_palm, touch,
                     trap_raises)
+from policy_optimization import trainers
 
-ALL = tuple(TRAINERS)
-V = 64  # vocabulary of the tiny PaLM
+ALL = tuple(trainers.TRAINERS)
+V = VOCAB  # vocabulary of the tiny PaLM (the probe kit's)
 TOP_K = math.ceil((1 - 0.9) * V)  # tokens PaLM.generate's default top_k filter keeps
 
 
@@ -41,7 +43,7 @@ def run(trainer, rollouts: int, max_seq_len: int = 8, **train_kw) -> str:
 
 
 def group(name: str, size: int) -> dict:
-    return {GROUP_KWARG[name]: size - 1}
+    return {trainers.TRAINERS[name].group_kwarg: size - 1}
 
 
 def normalized_rewards(trainer, name: str, monkeypatch) -> torch.Tensor:
@@ -333,7 +335,7 @@ def test_trainer_eval_runs_train(name, tmp_path, capsys):
           f"{name}.eval() returned {result!r}, printed {out!r}, policy.training {policy.training}")
     check((tmp_path / "tpo_memmap_replay_buffer").is_dir() == (name == "tpo"), anchor, "replay buffer folder")
     # a module holding the trainer: its .train() calls trainer.train(True), an episode of real rollouts
-    attr = TRAINERS[name][2]
+    attr = trainers.TRAINERS[name].rollout_attr
 
     def rollout(*args, **kwargs):
         raise RuntimeError("rollout started")
@@ -415,8 +417,8 @@ for _method in ("set_dropout", "add_finetune_params", "finetune_parameters", "fo
 @covers("hugging-face-model", *ALL)
 def test_hugging_face_model(name):
     anchor = "hugging-face-model"
-    cls, extra, _ = TRAINERS[name]
-    touch(name)
+    cls = touch(name)
+    extra = probe_kit.trainer_kwargs(name, group_size=CANARY_GROUP if trainers.TRAINERS[name].group_kwarg else None)
     build = lambda: cls(palm=NotPaLM(), reward_model=RewardModel(tiny_palm()), prompt_token_ids=torch.ones(2, 3).long(),
                         accelerate_kwargs=dict(cpu=True), **extra)
     if name == "ppo":
@@ -505,7 +507,7 @@ def test_kl_to_rollout_policy(name, monkeypatch):
     anchor = "kl-to-rollout-policy"
     module = module_of(name)
     if name in ("tpo", "flowrl"):  # no KL term in learn()
-        src = inspect.getsource(TRAINERS[name][0].learn)
+        src = inspect.getsource(touch(name).learn)
         check("kl_div" not in src, anchor, f"{name} learn() now has a KL term")
         return
     kls = []

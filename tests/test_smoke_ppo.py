@@ -8,7 +8,9 @@ import sys
 import pytest
 
 from conftest import BIN, REPO, SMOKE, inprocess, run, run_json, usage_error_without_torch
+import probe_kit
 from skill_runtime import exits, runner, version_gate
+from policy_optimization import smoke_prompts
 
 TOP_KEYS = {"status", "mode", "trainer", "device", "versions", "timings_s", "checks", "parameters",
             "generated"}
@@ -213,7 +215,7 @@ def test_documented_exit_codes_and_range_match_runtime(smoke):
 ])
 def test_library_failures_become_failed_checks(smoke, capsys, monkeypatch, empty_dir, extra, failed_check):
     import dataclasses
-    monkeypatch.setitem(smoke.SMOKE_EXTRA, "flowrl", extra)
+    monkeypatch.setitem(probe_kit.SMOKE_EXTRA, "flowrl", extra)
     code, report = inprocess(smoke, capsys, monkeypatch, empty_dir, "--trainer", "flowrl")
     assert code == 1 and report["status"] == "failed"
     failed = [c for c in report["checks"] if not c["passed"]]
@@ -238,9 +240,9 @@ def test_damaged_prompts_file_is_a_one_line_exit_2(smoke, monkeypatch, tmp_path,
     raised before any model is built; not a failed trainer_constructed check."""
     damaged = tmp_path / "prompts.txt"
     damaged.write_bytes(content)
-    monkeypatch.setattr(smoke, "PROMPTS_FILE", damaged)
+    monkeypatch.setattr(smoke_prompts, "PROMPTS_FILE", damaged)
     monkeypatch.chdir(empty_dir)
-    code = smoke.runner.run_cli(smoke.main, ["--prompt-style", "file", "--construct-only", "--device", "cpu"])
+    code = runner.run_cli(smoke.main, ["--prompt-style", "file", "--construct-only", "--device", "cpu"])
     out, err = capsys.readouterr()
     assert code == 2 and out == "" and len(err.splitlines()) == 1 and message in err, err
     assert list(empty_dir.iterdir()) == []

@@ -16,9 +16,11 @@ import sys
 import pytest
 
 from conftest import SMOKE, run, run_json
+import probe_kit
 from skill_runtime import exits, reporting, runner
+from policy_optimization import smoke_settings, trainers
 
-TRAINERS = ["ppo", "grpo", "tpo", "flowrl"]
+TRAINERS = list(trainers.TRAINERS)
 
 
 def run_main(smoke, cwd, *argv) -> tuple[int, dict]:
@@ -65,7 +67,7 @@ def test_train_smoke_in_process(reports, smoke, name):
     failed = [c for c in report["checks"] if not c["passed"]]
     assert code == 0 and report["status"] == "ok" and not failed, failed
     assert left == [], f"{name} left {left} in the caller's directory"
-    spec = smoke.trainers.TRAINERS[name]
+    spec = trainers.TRAINERS[name]
     assert report["class_name"] == f"{spec.module}.{spec.class_name}"
     checks = checks_of(report)
     assert {"actor_lora_changed", "base_weights_unchanged", "reward_model_unchanged", "losses_finite",
@@ -91,11 +93,11 @@ def test_ppo_moves_critic_and_value_head(reports):
 def test_grpo_group_size_is_num_times_sample_rewards_plus_one(reports, smoke):
     _, report, _ = reports["grpo"]
     assert report["grpo_variants"] == ["default"]
-    assert report["results"]["grpo"]["group_size"] == smoke.GROUP_SAMPLES + 1 == 4
+    assert report["results"]["grpo"]["group_size"] == probe_kit.GROUP_SAMPLES + 1 == 4
     detail = checks_of(report)["rollout_group_size"]["detail"]
     assert "scored [4] completions" in detail and "grpo_num_times_sample_rewards + 1" in detail
     # one learn() over 3 rollouts of 4 completions, minibatch 4: 3 optimizer steps
-    assert report["optimizer_steps"]["rollouts"] * 4 / smoke.SMOKE_MINIBATCH["grpo"] == 3
+    assert report["optimizer_steps"]["rollouts"] * 4 / probe_kit.SMOKE_MINIBATCH["grpo"] == 3
 
 
 def test_tpo_replay_buffer_in_private_dir_with_its_size(reports):
@@ -150,9 +152,9 @@ def test_grpo_variant_train_smoke(smoke, empty_dir, variant):
 
 
 def test_grpo_variants_combine_and_deduplicate(smoke):
-    assert smoke.parse_variants(["dr-grpo,entropy-advantage", "dr-grpo"]) == ["dr-grpo", "entropy-advantage"]
-    assert smoke.parse_variants(["default", "spo"]) == ["spo"]
-    assert smoke.parse_variants(None) == ["default"]
+    assert smoke_settings.parse_variants(["dr-grpo,entropy-advantage", "dr-grpo"]) == ["dr-grpo", "entropy-advantage"]
+    assert smoke_settings.parse_variants(["default", "spo"]) == ["spo"]
+    assert smoke_settings.parse_variants(None) == ["default"]
 
 
 @pytest.mark.parametrize("argv", [["--grpo-variant", "dr-grpo,max-rl"],
@@ -177,10 +179,10 @@ def test_library_asserts_only_after_adding_actor_lora_scope(smoke, flags, messag
     from palm_rlhf_pytorch import PaLM, RewardModel
     from palm_rlhf_pytorch.grpo import RLHFTrainer
 
-    palm = PaLM(**smoke.TINY_PALM)
+    palm = PaLM(**probe_kit.TINY_PALM)
     reward_model = RewardModel(palm, num_binned_output=0)
     kwargs = dict(palm=palm, reward_model=reward_model, accelerate_kwargs={"cpu": True},
-                  prompt_token_ids=smoke.random_prompt_token_ids(0))
+                  prompt_token_ids=probe_kit.tiny_prompt_ids(0))
     assert "actor" not in palm.finetune_modules
     with pytest.raises(AssertionError, match=message):
         RLHFTrainer(**kwargs, **flags)
@@ -215,9 +217,9 @@ def test_flowrl_default_partition_hidden_dim_fails_only_at_first_update(smoke):
     from palm_rlhf_pytorch import PaLM, RewardModel
     from palm_rlhf_pytorch.flowrl import FlowRLTrainer
 
-    palm = PaLM(**smoke.TINY_PALM)
+    palm = PaLM(**probe_kit.TINY_PALM)
     trainer = FlowRLTrainer(palm=palm, reward_model=RewardModel(palm, num_binned_output=0),
-                            prompt_token_ids=smoke.random_prompt_token_ids(0), flowrl_num_times_sample=1,
+                            prompt_token_ids=probe_kit.tiny_prompt_ids(0), flowrl_num_times_sample=1,
                             accelerate_kwargs={"cpu": True})
     with contextlib.redirect_stderr(io.StringIO()), pytest.raises(RuntimeError) as info:
         trainer.train(num_episodes=1, max_timesteps=1, update_timesteps=1, max_seq_len=10)
@@ -240,22 +242,15 @@ def test_reward_shapes_each_trainer_accepts(smoke, name, shape, tmp_path, monkey
     RewardModel samples a bin index per sequence by default, (b,) int64: all four run. Raw bin
     logits (b, num_bins) and per-token rewards (b, n): all four fail at these minibatch sizes, TPO
     with its own assertion (FlowRL's silent sizes: test_silent_failures)."""
-    import importlib
     from palm_rlhf_pytorch import PaLM, RewardModel
 
     monkeypatch.chdir(tmp_path)  # TPO writes ./tpo_memmap_replay_buffer
-    spec = smoke.trainers.TRAINERS[name]
-    palm = PaLM(**smoke.TINY_PALM)
+    palm = PaLM(**probe_kit.TINY_PALM)
     if shape == "per-token":
         reward_model = type("PerTokenRewardModel", (PerTokenReward, RewardModel), {})(palm, num_binned_output=0)
     else:  # 5 bins: neither the group size (4) nor PPO's 6 critic bins, so nothing broadcasts by chance
         reward_model = RewardModel(palm, num_binned_output=5, sample_from_bins=shape == "binned-sampled")
-    kwargs = dict(palm=palm, reward_model=reward_model, minibatch_size=smoke.SMOKE_MINIBATCH[name],
-                  prompt_token_ids=smoke.random_prompt_token_ids(0), accelerate_kwargs={"cpu": True},
-                  **smoke.SMOKE_EXTRA.get(name, {}))
-    if spec.group_kwarg:
-        kwargs[spec.group_kwarg] = smoke.GROUP_SAMPLES
-    trainer = getattr(importlib.import_module(spec.module), spec.class_name)(**kwargs)
+    trainer = probe_kit.tiny_trainer(name, palm=palm, reward_model=reward_model)  # the smoke's minibatch and group
     train = lambda: trainer.train(num_episodes=1, max_timesteps=1, update_timesteps=1, max_seq_len=9)
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         if shape == "binned-sampled":
@@ -351,7 +346,7 @@ def test_documented_json_schema_matches_real_output(reports, all_cli, smoke, tmp
     for extra, failed in (({"no_such_argument": 1}, "trainer_constructed"),
                           ({"partition_function_hidden_dim": 768}, "update_ran")):
         with pytest.MonkeyPatch.context() as mp:
-            mp.setitem(smoke.SMOKE_EXTRA, "flowrl", extra)
+            mp.setitem(probe_kit.SMOKE_EXTRA, "flowrl", extra)
             code_, report = run_main(smoke, tmp_path, "--trainer", "flowrl")
         assert code_ == 1 and [c["name"] for c in report["checks"] if not c["passed"]] == [failed]
         failures.append(report)
@@ -380,7 +375,7 @@ def test_documented_checks_per_trainer_match_real_output(reports):
     every check the runs emit has a doc section in the runtime's one map (CHECK_DOCS)."""
     rows = table(REPORTS.read_text(encoding="utf-8"), "### Train smoke checks")
     for name, (_, report, _) in reports.items():
-        shown = {"ppo": "PPO", "tpo": "TPO", "flowrl": "FlowRL", "grpo": "GRPO"}[name]
+        shown = trainers.TRAINERS[name].display
         expected = [code(r[0]) for r in rows if r[1] == "all" or r[1] == shown]
         assert [c["name"] for c in report["checks"]] == expected, name
         assert {c["name"] for c in report["checks"]} <= set(reporting.CHECK_DOCS), name
@@ -401,10 +396,10 @@ def test_documented_options_match_argparse(smoke):
             assert default in ("computed", "`default`", "off") or (named and default == f"`{named[1]}`"), option
         else:
             assert default == f"`{action.default}`", option
-        for choice in action.choices or (smoke.GRPO_VARIANTS if option == "--grpo-variant" else []):
+        for choice in action.choices or (smoke_settings.GRPO_VARIANTS if option == "--grpo-variant" else []):
             assert f"`{choice}`" in meaning, (option, choice)
     text = " ".join(WORKFLOWS.read_text(encoding="utf-8").split())
-    for variant, flags in smoke.GRPO_VARIANTS.items():
+    for variant, flags in smoke_settings.GRPO_VARIANTS.items():
         for flag in flags:
             assert f"`{variant}` `{flag}=True`" in text, flag
 
@@ -419,9 +414,9 @@ def test_documented_step_table_matches_real_runs(reports, smoke):
     rows = table(doc, "## Optimizer-step arithmetic")
     assert [r[0] for r in rows] == TRAINERS
     for name, minibatch, items, rollouts, steps, required in rows:
-        spec, report = smoke.trainers.TRAINERS[name], reports[name][1]
+        spec, report = trainers.TRAINERS[name], reports[name][1]
         observed = report["optimizer_steps"]["observed"]
-        assert int(minibatch) == smoke.SMOKE_MINIBATCH[name] and int(items) == spec.items_per_rollout(smoke.smoke_group(spec))
+        assert int(minibatch) == probe_kit.SMOKE_MINIBATCH[name] and int(items) == spec.items_per_rollout(smoke_settings.smoke_group(spec))
         assert int(rollouts) == report["optimizer_steps"]["rollouts"]
         assert int(required) == report["optimizer_steps"]["required"]
         documented = {(k or "actor").replace(" ", "_"): int(n)
@@ -441,7 +436,7 @@ def test_documented_prompt_styles(reports, smoke, tmp_path):
 # references/trainer-selection.md against the 0.8.0 source ---------------------------------------
 
 SELECTION = SMOKE.parents[1] / "references" / "trainer-selection.md"
-COLUMNS = ["ppo", "grpo", "tpo", "flowrl"]
+COLUMNS = list(trainers.TRAINERS)
 
 
 def selection_rows(heading: str) -> dict[str, dict[str, str]]:
@@ -452,18 +447,8 @@ def selection_rows(heading: str) -> dict[str, dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def built(smoke):
-    """Each trainer constructed on its own tiny PaLM (no training), keyed like --trainer."""
-    import importlib
-    from palm_rlhf_pytorch import PaLM, RewardModel
-
-    trainers = {}
-    for name, spec in smoke.trainers.TRAINERS.items():
-        palm = PaLM(**smoke.TINY_PALM)
-        cls = getattr(importlib.import_module(spec.module), spec.class_name)
-        trainers[name] = cls(palm=palm, reward_model=RewardModel(palm, num_binned_output=0),
-                             prompt_token_ids=smoke.random_prompt_token_ids(0),
-                             accelerate_kwargs={"cpu": True}, **smoke.SMOKE_EXTRA.get(name, {}))
-    return trainers
+    """Each trainer constructed by the probe kit (no training), keyed like --trainer."""
+    return {name: probe_kit.tiny_trainer(name) for name in trainers.TRAINERS}
 
 
 def test_selection_classes_and_papers(smoke):
@@ -473,7 +458,7 @@ def test_selection_classes_and_papers(smoke):
 
     rows = selection_rows("## Decision table")
     assert palm_rlhf_pytorch.RLHFTrainer is importlib.import_module("palm_rlhf_pytorch.ppo").RLHFTrainer
-    for name, spec in smoke.trainers.TRAINERS.items():
+    for name, spec in trainers.TRAINERS.items():
         path = spec.module + "." + spec.class_name
         assert f"`{path}`" in rows["class"][name]
         source = inspect.getsource(importlib.import_module(f"palm_rlhf_pytorch.{name}"))
@@ -492,7 +477,7 @@ def test_selection_group_sizes_and_defaults(smoke):
 
     cell = selection_rows("## Decision table")["completions sampled per prompt per rollout"]
     assert cell["ppo"] == "1"
-    for name, spec in smoke.trainers.TRAINERS.items():
+    for name, spec in trainers.TRAINERS.items():
         if spec.group_kwarg:
             cls = getattr(importlib.import_module(spec.module), spec.class_name)
             default = inspect.signature(cls).parameters[spec.group_kwarg].default

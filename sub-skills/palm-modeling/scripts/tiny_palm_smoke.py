@@ -30,8 +30,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
 from skill_runtime import exits, options, reporting, runner, smoke_main, streams  # noqa: E402
+import probe_kit  # noqa: E402  (the tiny PaLM config, shared by every smoke and probe)
 
-TINY_PALM = dict(num_tokens=257, dim=32, depth=1, heads=2, dim_head=16)
 BATCH, SEQ_LEN = 4, 16     # the fixed next-token-loss batch: ids in [1, 257), so no id is ignored
 PROMPT_LEN, GEN_LEN = 5, 12  # generate(GEN_LEN, prompt of PROMPT_LEN): GEN_LEN counts the prompt
 LORA_SCOPE = "smoke"
@@ -67,7 +67,7 @@ def fixed_batch(seed: int, device):
     """``(BATCH, SEQ_LEN)`` int64 ids in [1, num_tokens): never the ignored label id 0."""
     import torch
     gen = torch.Generator().manual_seed(seed)
-    return torch.randint(1, TINY_PALM["num_tokens"], (BATCH, SEQ_LEN), generator=gen).to(device)
+    return torch.randint(1, probe_kit.TINY_PALM["num_tokens"], (BATCH, SEQ_LEN), generator=gen).to(device)
 
 
 def check_loss_step(palm, batch, args, checks: reporting.Checks) -> dict[str, Any]:
@@ -157,7 +157,7 @@ def check_save_load(palm, batch, device, checks: reporting.Checks) -> dict[str, 
     from palm_rlhf_pytorch import PaLM
     torch.save(palm.state_dict(), CHECKPOINT)
     size = Path(CHECKPOINT).stat().st_size
-    loaded = PaLM(**TINY_PALM).to(device)
+    loaded = PaLM(**probe_kit.TINY_PALM).to(device)
     loaded.load(CHECKPOINT)
     loaded.eval()
     with torch.no_grad():
@@ -178,14 +178,14 @@ def run_smoke(args, device, timer: streams.Timer) -> dict[str, Any]:
     checks, result = reporting.Checks(), {}
     set_seed(args.seed)
     with timer.stage("construct"):
-        palm = PaLM(**TINY_PALM).to(device)
+        palm = PaLM(**probe_kit.TINY_PALM).to(device)
     batch = fixed_batch(args.seed, device)
     with torch.no_grad():
         logits, embeds = palm(batch, return_logits_with_embedding=True)
     n_params = sum(p.numel() for p in palm.parameters())
     checks.add("constructed", palm.to_logits.weight is palm.token_emb.weight
-               and tuple(logits.shape) == (BATCH, SEQ_LEN, TINY_PALM["num_tokens"])
-               and tuple(embeds.shape) == (BATCH, SEQ_LEN, TINY_PALM["dim"]),
+               and tuple(logits.shape) == (BATCH, SEQ_LEN, probe_kit.TINY_PALM["num_tokens"])
+               and tuple(embeds.shape) == (BATCH, SEQ_LEN, probe_kit.TINY_PALM["dim"]),
                f"PaLM on {device}, {n_params} parameters, to_logits tied to token_emb; logits "
                f"{tuple(logits.shape)}, embeddings {tuple(embeds.shape)}")
     result["model"] = {"parameters": n_params, "logits_shape": list(logits.shape),
@@ -204,7 +204,7 @@ def run_smoke(args, device, timer: streams.Timer) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return smoke_main.run_checked_smoke(args, "tiny-palm-smoke", TINY_PALM, lambda device, timer: run_smoke(args, device, timer),
+    return smoke_main.run_checked_smoke(args, "tiny-palm-smoke", probe_kit.TINY_PALM, lambda device, timer: run_smoke(args, device, timer),
                                 START, next_step=reporting.command("tiny-reward-smoke"))
 
 

@@ -191,7 +191,7 @@ def estimate_s(cases: list[Case], repeat: int, floor_s: float | None) -> float:
     import floor's measured wall time (None: imports not counted)."""
     import tiny_rlhf_smoke as smoke  # torch-free at import
     parser = smoke.build_parser()
-    work = sum(0.0 if case.is_floor else smoke.estimate_s(parser.parse_args(list(case.argv[1:]))) for case in cases)
+    work = sum(0.0 if case.is_floor else smoke.smoke_estimate.estimate_s(parser.parse_args(list(case.argv[1:]))) for case in cases)
     return repeat * (work + len(cases) * (floor_s or 0.0))
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Calibrate the learning check of tiny_rlhf_smoke.py (``--learn``): per-seed distributions and
+"""Calibrate the learning check of tiny_rlhf_learning_check.py (``--learn``): per-seed distributions and
 pass rates, to regenerate the figures in references/workflows.md#learning-check.
 
 For each trainer and control, runs the smoke's own ``learn_seed`` (the same code ``--learn``
@@ -31,6 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
 from skill_runtime import exits, options, placement, runner, streams, version_gate, workspace  # noqa: E402
+from policy_optimization import learning_check  # noqa: E402  (torch-free at import)
 
 HERE = Path(__file__).resolve().parent
 CONTROLS = ("none", "inverted", "frozen", "noise")   # the default set
@@ -39,12 +40,6 @@ SETTINGS_HEADER = ("trainer", "episodes", "rollouts", "lr", "group size", "minib
                    "why (measured)")
 RATES_HEADER = ("trainer", "control", "seeds", "reward before -> after (mean)",
                 "gain min / median / max", "seeds improved", "5-seed checks passed", "s per seed")
-
-
-def smoke_module():
-    """tiny_rlhf_smoke.py: its learn_seed, settings and criterion."""
-    import tiny_rlhf_smoke
-    return tiny_rlhf_smoke
 
 
 def build_parser() -> options.OneLineParser:
@@ -72,10 +67,10 @@ def build_parser() -> options.OneLineParser:
     return parser
 
 
-def overrides(smoke, items: list[str]) -> dict[str, Any]:
+def overrides(items: list[str]) -> dict[str, Any]:
     """LEARN_SETTINGS with ``--set trainer.field=value`` applied; SkillError (exit 2) on a bad one."""
-    settings = dict(smoke.LEARN_SETTINGS)
-    fields = {f.name: f.type for f in dataclasses.fields(smoke.LearnSetting) if f.name != "why"}
+    settings = dict(learning_check.LEARN_SETTINGS)
+    fields = {f.name: f.type for f in dataclasses.fields(learning_check.LearnSetting) if f.name != "why"}
     for item in items:
         key, _, value = item.partition("=")
         name, _, field = key.partition(".")
@@ -93,11 +88,10 @@ def overrides(smoke, items: list[str]) -> dict[str, Any]:
 def noise_score(x, response):
     """The null reward: a random k/8 per completion (k in 0..8), whatever its tokens."""
     import torch
-    smoke = smoke_module()
-    return torch.randint(0, smoke.LEARN_NEW_TOKENS + 1, (x.shape[0],), device=x.device) / smoke.LEARN_NEW_TOKENS
+    return torch.randint(0, learning_check.LEARN_NEW_TOKENS + 1, (x.shape[0],), device=x.device) / learning_check.LEARN_NEW_TOKENS
 
 
-def measure(smoke, name: str, control: str, seeds: list[int], setting, device_kwargs, device,
+def measure(name: str, control: str, seeds: list[int], setting, device_kwargs, device,
             progress: streams.Progress) -> dict[str, Any]:
     """Every seed of one trainer and control (one progress line counting the seeds); the per-seed
     results and the block verdicts."""
@@ -105,13 +99,13 @@ def measure(smoke, name: str, control: str, seeds: list[int], setting, device_kw
     with progress.stage(f"{name} {control}", total=len(seeds), unit="seeds") as bar:
         for seed in seeds:
             start = time.perf_counter()
-            row = smoke.learn_seed(name, seed, None if control in ("none", "noise") else control, device_kwargs,
+            row = learning_check.learn_seed(name, seed, None if control in ("none", "noise") else control, device_kwargs,
                                    device, setting, train_score=noise_score if control == "noise" else None)
             row["seconds"] = time.perf_counter() - start
             rows.append(row)
             bar.set_postfix_str(f"seed {seed}: {row['reward_before']:.3f} -> {row['reward_after']:.3f}", refresh=False)
             bar.update(1)
-    size = smoke.LEARN_SEEDS
+    size = learning_check.LEARN_SEEDS
     blocks = [rows[i:i + size] for i in range(0, len(rows) - size + 1, size)]
     gains = [r["gain"] for r in rows]
     return {
@@ -122,7 +116,7 @@ def measure(smoke, name: str, control: str, seeds: list[int], setting, device_kw
                  "max": round(max(gains), 4)},
         "improved": sum(g > 0 for g in gains),
         "checks": len(blocks),
-        "checks_passed": sum(smoke.learning_verdict(b, setting.threshold)[0] for b in blocks),
+        "checks_passed": sum(learning_check.learning_verdict(b, setting.threshold)[0] for b in blocks),
         "seconds_per_seed": round(statistics.median(r["seconds"] for r in rows), 3),
         "per_seed": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items() if k != "curve"}
                      for r in rows],
@@ -176,12 +170,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.markdown and args.json:
         raise exits.SkillError("--markdown and --json are exclusive")
-    smoke = smoke_module()
-    if args.seeds < smoke.LEARN_SEEDS:
-        raise exits.SkillError(f"--seeds must be at least {smoke.LEARN_SEEDS} (one check)")
+    if args.seeds < learning_check.LEARN_SEEDS:
+        raise exits.SkillError(f"--seeds must be at least {learning_check.LEARN_SEEDS} (one check)")
     if args.seed + args.seeds - 1 > options.MAX_SEED:
         raise exits.SkillError(f"--seed {args.seed} + --seeds {args.seeds} passes the largest seed {options.MAX_SEED}")
-    settings = overrides(smoke, args.set)
+    settings = overrides(args.set)
     env = version_gate.check_versions(args.allow_untested)
     import os
     device_kwargs, device = placement.resolve_device(args.device)
@@ -194,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     with workspace.private_workdir(), placement.torch_threads(args.cpu_threads) as threads:
         for name in names:
             for control in controls:
-                results.append(measure(smoke, name, control, seeds, settings[name], device_kwargs, device,
+                results.append(measure(name, control, seeds, settings[name], device_kwargs, device,
                                        progress))
     for entry in results:
         entry["target_met"] = target_met(entry)

@@ -31,9 +31,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
 from skill_runtime import byte_tokenizer, exits, options, reporting, runner, smoke_main, streams  # noqa: E402
+import probe_kit  # noqa: E402  (the tiny PaLM config, shared by every smoke and probe)
 
 RESPONSES_FILE = Path(__file__).resolve().parents[1] / "assets" / "responses.txt"
-TINY_PALM = dict(num_tokens=byte_tokenizer.ByteTokenizer.vocab_size, dim=32, depth=1, heads=2, dim_head=16)
 PROMPT = "Reply to the customer: "   # shared prompt; marked with prompt_lengths
 KEYWORD = "thank"                    # the rated property: a reply containing it is rated 1.0
 HELD_OUT_EVERY = 4                   # every 4th pair is held out (7 of the 28 pairs)
@@ -184,7 +184,7 @@ def check_implicit_prm(train_pairs, args, device, checks: reporting.Checks) -> d
     import torch
     import torch.nn.functional as F
     from palm_rlhf_pytorch import ImplicitPRM, PaLM
-    policy = PaLM(**TINY_PALM).to(device)
+    policy = PaLM(**probe_kit.TINY_PALM).to(device)
     prm = ImplicitPRM(policy)  # reference model: a frozen deep copy of the policy
     replies = [r for pair in train_pairs[:2] for r in pair]
     seq = byte_tokenizer.ByteTokenizer()([r[:PRM_SEQ_LEN] for r in replies]).to(device)  # equal lengths: no padding
@@ -234,7 +234,7 @@ def run_smoke(args, device, pairs: list[tuple[str, str]], timer: streams.Timer) 
     checks, result = reporting.Checks(), {}
     train_pairs, held_pairs = split(pairs)
     set_seed(args.seed)
-    palm = PaLM(**TINY_PALM).to(device)  # each RewardModel deep-copies it
+    palm = PaLM(**probe_kit.TINY_PALM).to(device)  # each RewardModel deep-copies it
     with timer.stage("scalar"):
         result["scalar"] = check_scalar(palm, train_pairs, held_pairs, args, device, checks)
     with timer.stage("binned"):
@@ -252,7 +252,7 @@ def run_smoke(args, device, pairs: list[tuple[str, str]], timer: streams.Timer) 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     pairs = load_pairs()  # before torch: a missing asset is a one-line exit 2
-    return smoke_main.run_checked_smoke(args, "tiny-reward-smoke", TINY_PALM,
+    return smoke_main.run_checked_smoke(args, "tiny-reward-smoke", probe_kit.TINY_PALM,
                                 lambda device, timer: run_smoke(args, device, pairs, timer), START,
                                 next_step=reporting.command("tiny-rlhf-smoke", "--trainer all"))
 
