@@ -73,6 +73,40 @@ def empty_dir(tmp_path: Path) -> Path:
     return d
 
 
+CANARY_LINES = 10      # a failed canary's report, at most (issue: it once embedded a 100-line trainer repr)
+CANARY_LINE_CHARS = 400
+
+
+def canary_failure(item, excinfo) -> str:
+    """A failed canary (a test registered with ``canary.covers``) in at most CANARY_LINES lines: the
+    test's line, the doc section it guards, and its own message (which names what to update),
+    without pytest's assertion introspection, where ``trainer.attr`` put the trainer's whole
+    module tree into the report; a library exception as its type and message."""
+    anchor, doc = item.function.anchor, sys.modules["canary"].DOC
+    frames = [e for e in excinfo.traceback if Path(str(e.path)) == Path(item.path)]
+    own = [e for e in frames if e.name == item.function.__name__] or frames  # the test's line, else a helper's
+    where = f"{Path(item.path).name}:{own[-1].lineno + 1}" if own else item.nodeid
+    if excinfo.errisinstance(AssertionError) or excinfo.typename == "Failed":
+        text = str(excinfo.value).split("\nassert ", 1)[0]
+    else:
+        text = f"the library raised {excinfo.typename}: {excinfo.value}"
+    lines = [ln if len(ln) <= CANARY_LINE_CHARS else ln[:CANARY_LINE_CHARS] + " ..." for ln in text.strip().splitlines()]
+    room = CANARY_LINES - 1
+    if len(lines) > room:
+        lines = lines[:room - 1] + [f"... ({len(lines) - room + 1} more lines)"]
+    return "\n".join([f"{where}: the canary of {doc}#{anchor} failed:", *lines])
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Canaries fail in a few lines (``canary_failure``); every other test as pytest reports it."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and call.excinfo is not None and hasattr(getattr(item, "function", None), "anchor"):
+        report.longrepr = canary_failure(item, call.excinfo)
+        report.sections = []  # its captured progress bars would be most of the report
+
+
 @pytest.fixture(autouse=True)
 def restore_sigint():
     """A helper's report (``emit``) makes Ctrl-C end the process with the report's exit code: right

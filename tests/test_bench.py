@@ -15,7 +15,7 @@ from importlib import metadata
 import pytest
 
 from conftest import BIN, REPO, SMOKE, load_script, run, run_json
-from test_trainers import assert_keys_documented
+from doc_tables import assert_keys_documented
 from skill_runtime import exits
 
 BENCH = REPO / "sub-skills" / "policy-optimization" / "scripts" / "bench_smoke.py"

@@ -1088,7 +1088,7 @@ def test_what_torchrun_makes_of_a_ranks_usage_error(empty_dir):
     doc = " ".join((SCRIPTS.parent / "references" / "multi-node.md").read_text(encoding="utf-8").split())
     assert "prints a `ChildFailedError` summary naming the first failed rank and its `exitcode`, and exits 1" in doc
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-                "--master_port", str(load_script(SCRIPTS / "ddp_launch.py", "ddp_launch").free_port())]
+                "--master_port", str(launch.free_port())]
     proc = run([*torchrun, str(SMOKE), "--bogus"], empty_dir, timeout=300)
     assert proc.returncode == 1 and proc.stdout == "", proc.stderr[-2000:]
     assert "ChildFailedError" in proc.stderr and re.search(r"exitcode\s*:\s*2\b", proc.stderr), proc.stderr[-2000:]

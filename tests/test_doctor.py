@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from conftest import BIN, REPO, run, run_json
-from test_trainers import assert_keys_documented
+from doc_tables import assert_keys_documented
 from palm_rlhf_skill import doctor
 from skill_runtime import placement, version_gate
 

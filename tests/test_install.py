@@ -16,7 +16,7 @@ import skills_ref
 from conftest import BIN, REPO, one_error_line, run, run_json
 from palm_rlhf_skill import install as inst
 from skill_tree import files_with_hashes, repo_skill_files
-from test_trainers import assert_keys_documented
+from doc_tables import assert_keys_documented
 
 NAME = "palm-rlhf-pytorch"
 SMOKE_IN_COPY = "sub-skills/policy-optimization/scripts/tiny_rlhf_smoke.py"

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from conftest import REPO, SMOKE, inprocess, load_script, run, run_json, usage_error_without_torch
-from test_trainers import flatten, section, table
+from doc_tables import documents, flatten, section, table
 from skill_runtime import placement, reporting
 from policy_optimization import learning_check, smoke_report, trainers
 
@@ -192,14 +192,14 @@ def test_calibration_usage_errors(empty_dir, argv):
 
 # references/workflows.md#learning-check against the script -------------------------------------------
 
+@documents(WORKFLOWS, "## Learning check", "### Measured pass rates")
 def test_docs_settings_and_rates_tables(smoke):
     calibrate = load_script(CALIBRATE, "calibrate_learning")
-    doc = WORKFLOWS.read_text(encoding="utf-8")
-    text = section(doc, "## Learning check")
+    text = section(WORKFLOWS, "## Learning check")
     assert "\n".join(calibrate.settings_table(learning_check.LEARN_SETTINGS)) in text
-    rows = table(doc, "## Learning check")  # the settings table
+    rows = table(WORKFLOWS, "## Learning check")  # the settings table
     assert [r[0] for r in rows] == TRAINERS == list(learning_check.LEARN_SETTINGS)
-    rates = [line for line in section(doc, "### Measured pass rates").splitlines() if line.startswith("| ")]
+    rates = [line for line in section(WORKFLOWS, "### Measured pass rates").splitlines() if line.startswith("| ")]
     header, *body = [[c.strip() for c in line.strip("| ").split(" | ")] for line in rates]
     assert header == list(calibrate.RATES_HEADER)
     assert [(r[0], r[1]) for r in body] == [(t, c) for t in TRAINERS for c in calibrate.CONTROLS]
@@ -212,8 +212,9 @@ def test_docs_settings_and_rates_tables(smoke):
             assert done == 0, (trainer, passed)
 
 
+@documents(WORKFLOWS, "## Learning check")
 def test_docs_describe_the_task_the_script_runs(smoke):
-    text = " ".join(section(WORKFLOWS.read_text(encoding="utf-8"), "## Learning check").split())
+    text = " ".join(section(WORKFLOWS, "## Learning check").split())
     palm = ", ".join(f"{k}={v}" for k, v in learning_check.LEARN_PALM.items())
     assert f"PaLM({palm})" in text
     assert f"token_fraction(range({learning_check.LEARN_TARGET_IDS[0]}, {learning_check.LEARN_TARGET_IDS[-1] + 1}))" in text
@@ -243,10 +244,10 @@ def test_sampling_facts_the_task_relies_on(smoke):
         assert len(first.unique()) == kept, vocab
 
 
+@documents(REPO / "references" / "reports.md", "## Keys every smoke report has", "## Learning check report")
 def test_documented_learning_json_matches_real_output(learn_all, smoke, capsys, monkeypatch, empty_dir):
-    doc = (REPO / "references" / "reports.md").read_text(encoding="utf-8")
     rows = {r[0].strip("`"): r for heading in ("## Keys every smoke report has", "## Learning check report")
-            for r in table(doc, heading)}
+            for r in table(REPO / "references" / "reports.md", heading)}
     copies = {key for key, r in rows.items() if r[2].startswith("single trainer")}
     found: dict[str, set] = {}
     _, all_report, _ = learn_all

@@ -27,7 +27,7 @@ check = sys.modules.get("check_skill") or load_script(REPO / "scripts" / "check_
 WORKFLOWS = SMOKE.parents[1] / "references" / "workflows.md"
 PALM_SMOKE = REPO / "sub-skills" / "palm-modeling" / "scripts" / "tiny_palm_smoke.py"
 REWARD_SMOKE = REPO / "sub-skills" / "reward-modeling" / "scripts" / "tiny_reward_smoke.py"
-CHECKED_SCRIPTS = [SMOKE, SMOKE.parent / "ddp_launch.py", PALM_SMOKE, REWARD_SMOKE,
+CHECKED_SCRIPTS = [SMOKE, PALM_SMOKE, REWARD_SMOKE,
                    *sorted((REPO / "scripts" / "skill_runtime").glob("*.py")),
                    *sorted((SMOKE.parent / "policy_optimization").rglob("*.py"))]
 
@@ -59,7 +59,7 @@ def emitted_check_names() -> set[str]:
                     value = node.values[keys.index("name")]
                     if isinstance(value, ast.Constant):
                         found.add(value.value)
-    source = SMOKE.read_text(encoding="utf-8")
+    source = (SMOKE.parent / "policy_optimization" / "smoke_checklist.py").read_text(encoding="utf-8")
     table = (SMOKE.parent / "policy_optimization" / "trainers.py").read_text(encoding="utf-8")
     groups = table.split("def trainable_groups", 1)[1].split("\ndef ", 1)[0]
     names = set(re.findall(r'"([a-z_]+)": ', groups)) | set(re.findall(r'groups\["([a-z_]+)"\]', groups))
@@ -252,16 +252,41 @@ def test_learn_estimate_is_the_calibration_tables_seconds_per_seed(smoke):
     assert table == smoke_estimate.LEARN_SECONDS_PER_SEED
 
 
-def test_estimate_line_before_a_run_over_30_s(smoke):
-    def note(argv):
-        stream = io.StringIO()
-        smoke_estimate.announce_estimate(smoke.build_parser().parse_args(argv), streams.Progress("tiny-rlhf-smoke", True, stream))
-        return stream.getvalue()
+def estimate_note(smoke, argv, monkeypatch, load: float | None = 0.0, cpus: int = 2) -> str:
+    """The estimate line ``announce_estimate`` prints for ``argv`` at a load average of ``load``
+    on ``cpus`` usable CPUs ('' when it prints none)."""
+    monkeypatch.setattr(smoke_estimate, "load_average", lambda: load)
+    monkeypatch.setattr(smoke_estimate.placement, "usable_cpus", lambda: cpus)
+    stream = io.StringIO()
+    smoke_estimate.announce_estimate(smoke.build_parser().parse_args(argv), streams.Progress("tiny-rlhf-smoke", True, stream))
+    return stream.getvalue()
+
+
+def test_estimate_line_before_a_run_over_30_s(smoke, monkeypatch):
+    note = lambda argv: estimate_note(smoke, argv, monkeypatch)  # a quiet machine
     assert note(["--trainer", "all"]) == "" and note(["--learn", "--trainer", "grpo"]) == ""
     big = note(["--trainer", "all", "--dim", "1024", "--depth", "4", "--new-tokens", "256"])  # issue 14's run
     assert big.startswith("tiny-rlhf-smoke: this run should take about ") and " min after the imports" in big
     assert "about" in note(["--learn", "--trainer", "all"])  # 5 seeds x the four trainers: over 30 s
     assert note(["--trainer", "all", "--dim", "1024", "--depth", "4", "--new-tokens", "256", "--json"]) == big
+
+
+def test_estimate_line_says_the_load_it_assumed(smoke, monkeypatch):
+    """Issue 22: the learning check's estimate was 3.3x low at load average 4 to 6 on 2 CPUs. The
+    line gives the quiet machine's figure, and under load how much longer the run may take."""
+    quiet_s = smoke_estimate.estimate_s(smoke.build_parser().parse_args(["--learn", "--trainer", "all"]))
+    quiet = estimate_note(smoke, ["--learn", "--trainer", "all"], monkeypatch, load=1.5)
+    assert quiet.rstrip().endswith(f"about {reporting.seconds_text(quiet_s)} after the imports on a quiet machine "
+                                   "(calibrate_learning.py's seconds per seed)"), quiet
+    busy = estimate_note(smoke, ["--learn", "--trainer", "all"], monkeypatch, load=6.0)
+    assert f"about {reporting.seconds_text(quiet_s)} after the imports on a quiet machine" in busy
+    assert busy.rstrip().endswith(f"the load average is 6.0 on 2 usable CPUs, so it may take up to 3.0 times that, "
+                                  f"{reporting.seconds_text(3 * quiet_s)}"), busy
+    assert estimate_note(smoke, ["--learn", "--trainer", "all"], monkeypatch, load=None) == quiet  # no load average
+    # under load a shorter run is announced too: GRPO's 5 seeds (3.3 s quiet) at 10 times the CPUs
+    assert estimate_note(smoke, ["--learn", "--trainer", "grpo"], monkeypatch, load=0.0) == ""
+    assert "up to 10.0 times" in estimate_note(smoke, ["--learn", "--trainer", "grpo"], monkeypatch, load=20.0)
+    assert smoke_estimate.load_factor(1.0, 2) == 1.0 and smoke_estimate.load_factor(5.0, 2) == 2.5
 
 
 # --- the commands the README and the SKILL.md files give -----------------------------------------
@@ -388,7 +413,7 @@ def test_readme_says_which_options_the_sibling_smokes_share():
     assert options["tiny-palm-smoke"] - common == own == options["tiny-reward-smoke"] - common
 
 
-LIBRARY_MODULES = [REPO / "scripts" / "skill_runtime", SMOKE.parent / "ddp_fixes.py", SMOKE.parent / "ddp_launch.py",
+LIBRARY_MODULES = [REPO / "scripts" / "skill_runtime", REPO / "scripts" / "probe_kit.py", SMOKE.parent / "ddp_fixes.py",
                    REPO / "sub-skills" / "reward-modeling" / "scripts" / "rule_reward.py"]
 
 

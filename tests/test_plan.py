@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import BIN, REPO, load_script, run, run_json, usage_error_without_torch
-from test_trainers import assert_keys_documented
+from doc_tables import assert_keys_documented
 
 SCRIPTS = REPO / "sub-skills" / "policy-optimization" / "scripts"
 PLAN = SCRIPTS / "plan_run.py"

@@ -15,10 +15,12 @@ import sys
 
 import pytest
 
+import doc_tables
 from conftest import SMOKE, run, run_json
+from doc_tables import code, documents, flatten, section, table
 import probe_kit
 from skill_runtime import exits, reporting, runner
-from policy_optimization import smoke_settings, trainers
+from policy_optimization import smoke_options, smoke_settings, trainers
 
 TRAINERS = list(trainers.TRAINERS)
 
@@ -266,67 +268,7 @@ def test_reward_shapes_each_trainer_accepts(smoke, name, shape, tmp_path, monkey
 # references/workflows.md against the script ------------------------------------------------------
 
 WORKFLOWS = SMOKE.parents[1] / "references" / "workflows.md"
-REPORTS = SMOKE.parents[3] / "references" / "reports.md"  # the --json keys of every helper
-PLACEHOLDERS = {"results": "<trainer>", "losses": "<loss>", "observed": "<optimizer>"}
-JSON_TYPES = {str: "string", bool: "boolean", int: "integer", float: "number", dict: "object",
-              list: "array", type(None): "null"}
-
-
-def section(markdown: str, heading: str) -> str:
-    """The text under ``heading`` (a full markdown heading line) up to the next heading."""
-    start = markdown.index(heading + "\n") + len(heading) + 1
-    end = re.search(r"^#{1,6} ", markdown[start:], re.MULTILINE)
-    return markdown[start:start + end.start()] if end else markdown[start:]
-
-
-def table(markdown: str, heading: str) -> list[list[str]]:
-    """Body rows of the first markdown table under ``heading``, cells stripped."""
-    rows = [line for line in section(markdown, heading).splitlines() if line.startswith("|")]
-    split = lambda row: re.split(r"(?<!\\)\|", row.strip()[1:-1])  # GFM: \| is a literal pipe
-    return [[cell.strip().replace("\\|", "|") for cell in split(row)] for row in rows[2:]]
-
-
-def code(cell: str) -> str:
-    match = re.fullmatch(r"`([^`]+)`", cell)
-    assert match, f"expected one `code` cell, got {cell!r}"
-    return match.group(1)
-
-
-def flatten(value, path: str, found: dict[str, set], copies: set[str] = frozenset(),
-            placeholders: dict[str, str] = PLACEHOLDERS) -> None:
-    """Record the JSON type of every key path, not below the paths in ``copies``; the keys of an
-    object named in ``placeholders`` (trainer, loss and optimizer keys by default) become its
-    placeholder."""
-    if path:
-        found.setdefault(path, set()).add(JSON_TYPES[type(value)])
-    if path in copies:
-        return
-    if isinstance(value, dict):
-        last = path.rsplit(".", 1)[-1]
-        for key, item in value.items():
-            name = placeholders.get(last, key)
-            flatten(item, f"{path}.{name}" if path else name, found, copies, placeholders)
-    elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-        for item in value:
-            for key, inner in item.items():
-                flatten(inner, f"{path}[].{key}", found, copies, placeholders)
-
-
-def assert_keys_documented(heading: str, reports: list[dict], placeholders: dict[str, str] | None = None) -> None:
-    """The key table under ``heading`` in reports.md against real reports: every key path they hold
-    is a row, every row is seen in one of them, and the JSON types agree. A row with no row below it
-    is a leaf: its meaning cell describes what it holds (not checked here), so a table documents
-    as deep as it means to and can still not drift."""
-    rows = {code(r[0]): r for r in table(REPORTS.read_text(encoding="utf-8"), heading)}
-    leaves = {k for k in rows if not any(o.startswith((k + ".", k + "[].")) for o in rows)}
-    found: dict[str, set] = {}
-    for report in reports:
-        flatten(report, "", found, leaves, placeholders or {})
-    assert set(found) == set(rows), (f"{heading}: undocumented: {sorted(set(found) - set(rows))}; "
-                                     f"documented but never seen: {sorted(set(rows) - set(found))}")
-    for key, types in found.items():
-        documented = {t.strip() for t in rows[key][1].split(" or ")}
-        assert types <= documented, f"{heading}: {key}: real {types}, documented {documented}"
+REPORTS = doc_tables.REPORTS  # the --json keys of every helper
 
 
 def report_keys(report: dict) -> list[str]:
@@ -334,10 +276,10 @@ def report_keys(report: dict) -> list[str]:
     return list(result)
 
 
+@documents(REPORTS, "## Keys every smoke report has", "## tiny-rlhf-smoke")
 def test_documented_json_schema_matches_real_output(reports, all_cli, smoke, tmp_path):
-    doc = REPORTS.read_text(encoding="utf-8")
     rows = {code(r[0]): r for heading in ("## Keys every smoke report has", "## tiny-rlhf-smoke")
-            for r in table(doc, heading)}
+            for r in table(REPORTS, heading)}
     copies = {key for key, r in rows.items() if r[2].startswith("single trainer")}
     code_, file_report = run_main(smoke, tmp_path, "--trainer", "grpo", "--construct-only",
                                   "--prompt-style", "file")
@@ -370,10 +312,11 @@ def test_documented_json_schema_matches_real_output(reports, all_cli, smoke, tmp
         assert types <= documented, f"{key}: real {types}, documented {documented}"
 
 
+@documents(REPORTS, "### Train smoke checks")
 def test_documented_checks_per_trainer_match_real_output(reports):
     """reports.md's table of train smoke checks: the trainers column says who runs each, in order;
     every check the runs emit has a doc section in the runtime's one map (CHECK_DOCS)."""
-    rows = table(REPORTS.read_text(encoding="utf-8"), "### Train smoke checks")
+    rows = table(REPORTS, "### Train smoke checks")
     for name, (_, report, _) in reports.items():
         shown = trainers.TRAINERS[name].display
         expected = [code(r[0]) for r in rows if r[1] == "all" or r[1] == shown]
@@ -381,14 +324,20 @@ def test_documented_checks_per_trainer_match_real_output(reports):
         assert {c["name"] for c in report["checks"]} <= set(reporting.CHECK_DOCS), name
 
 
+@documents(WORKFLOWS, "### Options")
 def test_documented_options_match_argparse(smoke):
-    rows = {code(r[0]): r for r in table(WORKFLOWS.read_text(encoding="utf-8"), "### Options")}
+    """workflows.md's Options table follows the one option table (smoke_options.OPTIONS), row for
+    row in its order, and both follow argparse: defaults, choices, the modes each applies to."""
+    doc_rows = table(WORKFLOWS, "### Options")
+    rows = {code(r[0]): r for r in doc_rows}
     actions = {max(a.option_strings, key=len): a for a in smoke.build_parser()._actions}
     assert set(rows) == set(actions)
+    assert [code(r[0]) for r in doc_rows] == ["--help"] + [o.flag for o in smoke_options.OPTIONS]
     for option, action in actions.items():
-        _, default, meaning = rows[option]
+        _, default, applies, meaning = rows[option]
         if option == "--help":
             continue
+        assert applies == smoke_options.doc_applies_to(smoke_options.BY_FLAG[option]), option
         if action.nargs == 0:  # store_true flags
             assert default == "off", option
         elif action.default is None:  # off: --nproc unset; or the value its help names as default
@@ -404,14 +353,55 @@ def test_documented_options_match_argparse(smoke):
             assert f"`{variant}` `{flag}=True`" in text, flag
 
 
+# a value each option takes that is not its default (flags take none)
+SAMPLE = {"--trainer": "grpo", "--grpo-variant": "spo", "--learn-control": "frozen", "--learn-seeds": "3",
+          "--prompt-style": "text", "--rollouts": "3", "--eos-token": "3", "--nproc": "2", "--dist-timeout": "5",
+          "--dim": "64", "--depth": "2", "--prompt-len": "5", "--new-tokens": "4"}
+MODE_ARGV = {"construct-only": ["--construct-only"], "train-smoke": [], "learn": ["--learn"]}
+
+
+def test_every_option_outside_its_modes_is_refused_before_torch(smoke):
+    """The refusals follow the option table: each option given in a mode it does not apply to is a
+    usage error naming the option (exit 2), and so is each option without its further condition."""
+    settable = [o for o in smoke_options.OPTIONS if not o.common and o.kwargs.get("action") != "store_true"]
+    assert {o.flag for o in settable} == set(SAMPLE)
+    for option in smoke_options.OPTIONS:
+        value = [SAMPLE[option.flag]] if option.flag in SAMPLE else []
+        for mode in set(smoke_settings.MODES) - option.modes:
+            if option.group == "mode":
+                continue  # argparse refuses two mode flags itself
+            with pytest.raises(exits.SkillError, match=rf"^{option.flag} applies to .*, not "):
+                smoke.main([*MODE_ARGV[mode], option.flag, *value])
+    for flag, argv in (("--grpo-variant", ["--trainer", "ppo", "--grpo-variant", "spo"]),
+                       ("--prompt-len", ["--prompt-style", "file", "--prompt-len", "5"]),
+                       ("--no-ddp-fixes", ["--no-ddp-fixes"]), ("--dist-timeout", ["--dist-timeout", "5"])):
+        condition = smoke_options.BY_FLAG[flag].only_with.replace("`", "")
+        with pytest.raises(exits.SkillError, match=f"^{flag} applies to {re.escape(condition)}$"):
+            smoke.main(argv)
+    assert {o.flag for o in smoke_options.OPTIONS if o.when} == {"--grpo-variant", "--prompt-len", "--no-ddp-fixes",
+                                                                 "--dist-timeout"}
+
+
+def test_report_config_follows_the_option_table(reports, all_cli):
+    """The train smoke report's config: the probe kit's tiny PaLM plus the options the table marks
+    ``config`` (at their values), and the torch threads."""
+    shown = {o.dest for o in smoke_options.OPTIONS if o.config}
+    assert shown == {"dim", "depth", "prompt_len", "new_tokens"}
+    for report in [r for _, r, _ in reports.values()] + [all_cli[1]]:
+        assert set(report["config"]) == set(probe_kit.TINY_PALM) | shown | {"cpu_threads"}
+        assert report["config"]["new_tokens"] == probe_kit.NEW_TOKENS and report["config"]["prompt_len"] is None
+        assert {k: report["config"][k] for k in probe_kit.TINY_PALM} == probe_kit.TINY_PALM
+
+
+@documents(WORKFLOWS, "### Exit codes")
 def test_documented_exit_codes_match_runtime():
-    rows = table(WORKFLOWS.read_text(encoding="utf-8"), "### Exit codes")
+    rows = table(WORKFLOWS, "### Exit codes")
     assert [int(r[0]) for r in rows] == [exits.EXIT_OK, exits.EXIT_CHECK_FAILED, exits.EXIT_USAGE, exits.EXIT_DEPENDENCY]
 
 
+@documents(WORKFLOWS, "## Optimizer-step arithmetic")
 def test_documented_step_table_matches_real_runs(reports, smoke):
-    doc = WORKFLOWS.read_text(encoding="utf-8")
-    rows = table(doc, "## Optimizer-step arithmetic")
+    rows = table(WORKFLOWS, "## Optimizer-step arithmetic")
     assert [r[0] for r in rows] == TRAINERS
     for name, minibatch, items, rollouts, steps, required in rows:
         spec, report = trainers.TRAINERS[name], reports[name][1]
@@ -424,8 +414,9 @@ def test_documented_step_table_matches_real_runs(reports, smoke):
         assert documented == observed, (name, steps, observed)
 
 
+@documents(WORKFLOWS, "### Prompt styles")
 def test_documented_prompt_styles(reports, smoke, tmp_path):
-    text = section(WORKFLOWS.read_text(encoding="utf-8"), "### Prompt styles")
+    text = section(WORKFLOWS, "### Prompt styles")
     assert "(4, max_len)" in text and reports["ppo"][1]["prompts"]["count"] == 4
     assert "12 prompts" in text and "`prompts.dropped_empty == 1`" in text
     for style, dropped in (("text", 0), ("file", 1)):
@@ -440,8 +431,9 @@ COLUMNS = list(trainers.TRAINERS)
 
 
 def selection_rows(heading: str) -> dict[str, dict[str, str]]:
-    rows = table(SELECTION.read_text(encoding="utf-8"), heading)
-    assert all(len(row) == 1 + len(COLUMNS) for row in rows), [row[0] for row in rows if len(row) != 5]
+    rows = table(SELECTION, heading)
+    assert all(len(row) == 1 + len(COLUMNS) for row in rows), \
+        (doc_tables.where(SELECTION, heading), [row[0] for row in rows if len(row) != 5])
     return {row[0]: dict(zip(COLUMNS, row[1:])) for row in rows}
 
 
@@ -451,6 +443,7 @@ def built(smoke):
     return {name: probe_kit.tiny_trainer(name) for name in trainers.TRAINERS}
 
 
+@documents(SELECTION, "## Decision table")
 def test_selection_classes_and_papers(smoke):
     import importlib
     import inspect
@@ -471,6 +464,7 @@ def test_selection_classes_and_papers(smoke):
     assert "arxiv.org/abs/2403.03950" in rows["paper cited in the source"]["ppo"]
 
 
+@documents(SELECTION, "## Decision table")
 def test_selection_group_sizes_and_defaults(smoke):
     import importlib
     import inspect
@@ -484,6 +478,7 @@ def test_selection_group_sizes_and_defaults(smoke):
             assert cell[name] == f"`{spec.group_kwarg}` + 1 (default {default} + 1)"
 
 
+@documents(SELECTION, "## Decision table")
 def test_selection_critic_optimizers_and_extra_models(built):
     from palm_rlhf_pytorch import PaLM
     from palm_rlhf_pytorch.flowrl import PartitionFunction
@@ -528,6 +523,7 @@ def test_selection_critic_optimizers_and_extra_models(built):
     assert all("kl_div_loss_weight" in inspect.getsource(type(built[n]).learn) for n in ("ppo", "grpo"))
 
 
+@documents(SELECTION, "## Decision table")
 def test_selection_experience_storage(built, reports):
     import inspect
 
@@ -542,6 +538,7 @@ def test_selection_experience_storage(built, reports):
     assert checks_of(reports["tpo"][1])["replay_buffer_in_private_dir"]["passed"]
 
 
+@documents(SELECTION, "## Decision table")
 def test_selection_reward_shape_rows_match_the_shape_test():
     rows = selection_rows("## Decision table")
     ok, fail = rows["reward shapes that run"], rows["reward shapes that fail"]
@@ -553,6 +550,7 @@ def test_selection_reward_shape_rows_match_the_shape_test():
     assert '`AssertionError` "rewards must be sequence level for TPO"' in fail["tpo"]
 
 
+@documents(SELECTION, "## Decision table")
 def test_selection_save_keeps_what_it_says(built, tmp_path):
     import inspect
     import torch
@@ -576,6 +574,7 @@ def test_selection_save_keeps_what_it_says(built, tmp_path):
     assert "partition function" in rows["`save()` does not keep"]["flowrl"]
 
 
+@documents(SELECTION, "## Measured figures")
 def test_selection_measured_counts_match_helper(reports):
     rows = selection_rows("## Measured figures")
     for name, (_, report, _) in reports.items():
@@ -587,9 +586,9 @@ def test_selection_measured_counts_match_helper(reports):
     assert rows["replay buffer on disk (bytes)"]["tpo"] == str(reports["tpo"][1]["replay_buffer"]["bytes"])
 
 
+@documents(SELECTION, "## Measured figures")
 def test_selection_measurement_snippet_runs(monkeypatch, capsys):
-    doc = SELECTION.read_text(encoding="utf-8")
-    body = re.search(r"<<'EOF'\n(.*?)\nEOF\n", section(doc, "## Measured figures"), re.S).group(1)
+    body = re.search(r"<<'EOF'\n(.*?)\nEOF\n", section(SELECTION, "## Measured figures"), re.S).group(1)
     monkeypatch.chdir(SMOKE.parents[3])  # the snippet runs from the skill root
     monkeypatch.setattr(sys, "argv", ["-", "grpo"])
     exec(compile(body, "trainer-selection.md snippet", "exec"), {})
