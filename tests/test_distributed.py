@@ -924,6 +924,33 @@ def test_launcher_world_from_environment(env, expected):
         assert (environ["RANK"], environ["WORLD_SIZE"], environ["LOCAL_RANK"]) == ("3", "4", "1")
 
 
+def test_a_world_without_local_rank_gets_one():
+    """RANK and WORLD_SIZE alone (a hand-made launcher): LOCAL_RANK is set to the local rank, 0,
+    since Accelerate's CPU path counts a process as a rank only with LOCAL_RANK or a WORLD_SIZE above 1."""
+    from accelerate import PartialState
+    environ = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29611"}
+    world = launch.launcher_world(environ)
+    assert (world.launcher, world.size, world.local_rank, world.is_main) == ("env", 1, 0, True)
+    assert environ["LOCAL_RANK"] == "0" and world.describe().startswith("rank 0 of 1 (env, node ")
+    kept = {**environ, "LOCAL_RANK": "3", "RANK": "3", "WORLD_SIZE": "4"}
+    assert launch.launcher_world(kept).local_rank == 3 and kept["LOCAL_RANK"] == "3"
+    source = inspect.getsource(PartialState._prepare_backend)
+    assert 'int(os.environ.get("LOCAL_RANK", -1)) != -1\n                or get_int_from_env(' in source
+
+
+def test_a_world_of_one_from_plain_variables_runs(empty_dir):
+    """Issue 22 item 1: ``RANK=0 WORLD_SIZE=1 MASTER_ADDR=... MASTER_PORT=... tiny-rlhf-smoke --json``
+    exited 1 with a traceback ("Default process group has not been initialized": on the CPU,
+    Accelerate took WORLD_SIZE=1 without LOCAL_RANK for a single process). It runs as a world of one."""
+    env = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(launch.free_port()),
+           "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+    proc, report = run_json([sys.executable, str(SMOKE), "--json"], empty_dir, env=env, timeout=400)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert report["status"] == "ok" and report["nproc"] == 1 and report["distributed_type"] == "MULTI_CPU"
+    assert (report["launcher"]["name"], report["launcher"]["world_size"]) == ("env", 1)
+    assert list(empty_dir.iterdir()) == []
+
+
 @pytest.mark.parametrize("argv, env, message", [
     (["--trainer", "grpo"], {"SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "2"},
      "srun started this smoke as task 0 of 2, but MASTER_ADDR and MASTER_PORT are not set"),

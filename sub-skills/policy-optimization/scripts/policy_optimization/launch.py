@@ -120,7 +120,7 @@ def launcher_world(environ: dict[str, str] | None = None, program: str = "this s
             f"rank {rank} of {size} ({launcher}): {unset} MASTER_ADDR (rank 0's host name) and MASTER_PORT "
             "(a free port), or start the ranks with torchrun (see distributed.md)")
     if launcher == "srun":  # what torch's env:// rendezvous and Accelerate read
-        environ.update(RANK=str(rank), WORLD_SIZE=str(size))
+        environ.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(local_rank))
     environ.setdefault("LOCAL_RANK", str(local_rank))  # Accelerate: a rank of a world, also a world of one
     return World(launcher, rank, size, local_rank, str(node), f"{environ['MASTER_ADDR']}:{environ['MASTER_PORT']}")
 
