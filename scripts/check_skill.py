@@ -451,6 +451,7 @@ BUDGET = {
     "reference tokens": {
         "references/glossary.md": 1000,
         "references/installation.md": 2250,
+        "references/probes.md": 1500,  # the probe kit and three worked probes: ~1190 tokens, plus about 25%
         "references/reports.md": 8500,
         "sub-skills/palm-modeling/references/lora-scopes.md": 1000,
         "sub-skills/palm-modeling/references/palm-api.md": 3750,  # 4th knowledge test: size, qk_scale, flash GPUs, label leak (~3670)

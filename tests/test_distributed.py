@@ -1022,7 +1022,7 @@ def test_nproc_above_cpu_cores_is_exit_2_one_line(empty_dir):
 def test_palm_weights_counts_what_palm_builds(dim, depth, heads, dim_head):
     import torch
     from palm_rlhf_pytorch import PaLM
-    config = dict(num_tokens=257, dim=dim, depth=depth, heads=heads, dim_head=dim_head)
+    config = {**probe_kit.TINY_PALM, "dim": dim, "depth": depth, "heads": heads, "dim_head": dim_head}
     with torch.device("meta"):
         assert smoke_estimate.palm_weights(config) == sum(p.numel() for p in PaLM(**config).parameters())
 

@@ -11,6 +11,7 @@ import warnings
 
 import pytest
 
+import probe_kit
 from conftest import BIN, REPO, inprocess, load_script, run, run_json, usage_error_without_torch
 
 SUBSKILL = REPO / "sub-skills" / "palm-modeling"
@@ -20,7 +21,7 @@ CHECK_NAMES = ["constructed", "next_token_loss_decreases", "generate_with_prompt
                "save_load_round_trip", "caller_directory_untouched"]
 TOP_KEYS = {"status", "device", "seed", "cpu_threads", "versions", "tested", "warnings", "config", "model", "loss",
             "generate", "lora", "save_load", "checks", "library_output", "timings_s"}
-TINY = dict(num_tokens=257, dim=32, depth=1, heads=2, dim_head=16)
+TINY = probe_kit.TINY_PALM  # the one tiny config (scripts/probe_kit.py)
 
 
 @pytest.fixture(scope="module")
@@ -225,11 +226,10 @@ def test_non_causal_return_loss_sees_the_label():
     """palm-api#forward: with causal=False position t attends to its label t+1, so training on
     uniform random tokens drives the loss below ln(63), the best a causal model can reach."""
     import torch
-    from palm_rlhf_pytorch import PaLM
     losses = {}
     for causal in (True, False):
         torch.manual_seed(0)
-        palm = PaLM(num_tokens=64, dim=32, depth=1, heads=2, dim_head=16, causal=causal)
+        palm = probe_kit.tiny_palm(num_tokens=64, causal=causal)  # 64 ids: 40 steps reach below ln(63)
         x = torch.randint(1, 64, (1, 8))
         y = x.clone()
         y[:, 5] = y[:, 5] % 63 + 1                                   # change token 5 only

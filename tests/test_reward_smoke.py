@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+import probe_kit
 from conftest import BIN, REPO, inprocess, load_script, run, run_json, usage_error_without_torch
 from skill_runtime import runner
 
@@ -22,7 +23,7 @@ CHECK_NAMES = ["scalar_rewards_shape", "scalar_mse_loss_decreases", "held_out_ac
                "implicit_prm_output_is_minus_bce", "base_palm_untouched", "caller_directory_untouched"]
 TOP_KEYS = {"status", "device", "seed", "cpu_threads", "versions", "tested", "warnings", "config", "scalar", "binned",
             "implicit_prm", "data", "checks", "library_output", "timings_s"}
-TINY = dict(num_tokens=257, dim=32, depth=1, heads=2, dim_head=16)
+TINY = probe_kit.TINY_PALM  # the one tiny config (scripts/probe_kit.py)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,8 @@ from policy_optimization import trainers
 RULE_REWARD = REPO / "sub-skills" / "reward-modeling" / "scripts" / "rule_reward.py"
 REWARD_API = REPO / "sub-skills" / "reward-modeling" / "references" / "reward-api.md"
 TRAINERS = list(trainers.TRAINERS)
-VOCAB, PROMPT_LEN, MAX_SEQ_LEN, GROUP, SAMPLES, EOS = 16, 4, 12, 4, 3, 3
+VOCAB = probe_kit.LEARN_PALM["num_tokens"]  # the learning check's 16 ids
+PROMPT_LEN, MAX_SEQ_LEN, GROUP, SAMPLES, EOS = 4, 12, 4, 3, 3
 
 
 @pytest.fixture(autouse=True)
@@ -34,19 +35,12 @@ def rules():
 
 
 def build(smoke, name, reward_model):
+    """Trainer ``name`` from the probe kit on the learning check's 16-id PaLM, groups of GROUP."""
     import torch
-    from palm_rlhf_pytorch import PaLM
-
-    spec = trainers.TRAINERS[name]
-    kwargs = dict(minibatch_size=4, **probe_kit.SMOKE_EXTRA.get(name, {}))
-    if name == "flowrl":
-        kwargs["partition_function_hidden_dim"] = 32
-    if spec.group_kwarg:
-        kwargs[spec.group_kwarg] = GROUP - 1
-    palm = PaLM(num_tokens=VOCAB, dim=32, depth=1, heads=2, dim_head=16)
-    return trainers.construct_trainer(spec, palm, reward_model,
-                                   {"prompt_token_ids": torch.randint(1, VOCAB, (4, PROMPT_LEN))},
-                                   {"cpu": True}, torch.device("cpu"), **kwargs)
+    group = GROUP if trainers.TRAINERS[name].group_kwarg else None
+    return probe_kit.tiny_trainer(name, palm=probe_kit.tiny_palm(**probe_kit.LEARN_PALM), reward_model=reward_model,
+                                  prompt_token_ids=torch.randint(1, VOCAB, (4, PROMPT_LEN)), group_size=group,
+                                  minibatch_size=4)
 
 
 def record_calls(module):
