@@ -22,7 +22,7 @@ import pytest
 from conftest import BIN, REPO, SMOKE, load_script, run, run_json
 import probe_kit
 from skill_runtime import exits, placement, streams, version_gate
-from policy_optimization import launch, smoke_checklist, smoke_estimate, smoke_ranks, smoke_report, smoke_settings, trainers
+from policy_optimization import launch, smoke_estimate, smoke_ranks, smoke_report, smoke_settings, trainers
 
 SCRIPTS = REPO / "sub-skills" / "policy-optimization" / "scripts"
 TRAINERS = list(trainers.TRAINERS)

@@ -245,14 +245,15 @@ def test_ctrl_c_right_after_the_report_exits_with_the_reports_code(empty_dir, mo
     helper at once with the report's exit code; 'no-such-kwarg' is grpo with a constructor that
     raises (exit 1)."""
     script = SMOKE
-    if trainer == "no-such-kwarg":  # a copy of the tree whose grpo row passes an unknown argument
+    if trainer == "no-such-kwarg":  # a copy of the tree whose grpo settings pass an unknown argument
         tree = empty_dir.parent / "tree"
         shutil.copytree(REPO, tree, ignore=shutil.ignore_patterns(".git", ".venv", "tests", "__pycache__"))
         script = tree / SMOKE.relative_to(REPO)
-        text = script.read_text(encoding="utf-8").replace(
-            '"grpo_num_times_sample_rewards", 4, GROUP_SAMPLES + 1)',
-            '"grpo_num_times_sample_rewards", 4, GROUP_SAMPLES + 1, {"no_such_argument": 1})')
-        script.write_text(text, encoding="utf-8")
+        kit = tree / "scripts" / "probe_kit.py"
+        old = 'SMOKE_EXTRA: dict[str, dict[str, Any]] = {"ppo": {"max_norm": None}}'
+        assert kit.read_text(encoding="utf-8").count(old) == 1
+        kit.write_text(kit.read_text(encoding="utf-8").replace(
+            old, old[:-1] + ', "grpo": {"no_such_argument": 1}}'), encoding="utf-8")
     proc = run([sys.executable, "-c", INTERRUPT_AFTER_REPORT, str(script),
                 str(script.parents[3] / "scripts"), "grpo"], empty_dir)
     assert proc.returncode == code, proc.stderr[-2000:]

@@ -30,6 +30,7 @@ def test_a_bare_copy_with_the_library_builds_every_trainer(tmp_path):
     """Only the tree (no package of ours on the path, -I: no PYTHONPATH, no cwd): the kit imports
     from the copy and builds each trainer."""
     copy = tmp_path / "skill"
+    copy.mkdir()
     for part in ("SKILL.md", "scripts", "sub-skills", "references"):
         (shutil.copytree if (REPO / part).is_dir() else shutil.copy)(REPO / part, copy / part)
     script = ("import sys, time; sys.path.insert(0, sys.argv[1]); import probe_kit; start = time.perf_counter(); "
@@ -40,7 +41,7 @@ def test_a_bare_copy_with_the_library_builds_every_trainer(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     where, *modules, seconds = proc.stdout.split()
     assert where == str(copy / "scripts" / "probe_kit.py")
-    assert modules == [spec.module for spec in trainers.TRAINERS.values()]
+    assert modules == [spec.load().__module__ for spec in trainers.TRAINERS.values()]
     assert float(seconds) < 60  # about a second each on a quiet machine
 
 
@@ -55,12 +56,13 @@ def test_tiny_trainer_has_the_smokes_settings(name):
     assert (palm.dim, palm.num_tokens) == (probe_kit.TINY_PALM["dim"], probe_kit.TINY_PALM["num_tokens"])
     if spec.group_kwarg:
         assert getattr(trainer, spec.group_kwarg) == probe_kit.GROUP_SAMPLES == smoke_settings.smoke_group(spec) - 1
+    first = lambda t: next(m for m in t.partition_function.modules() if type(m).__name__ == "Linear")
     if name == "flowrl":
-        assert trainer.partition_function.net[0].in_features == probe_kit.TINY_PALM["dim"]
+        assert first(trainer).in_features == probe_kit.TINY_PALM["dim"]
     other = probe_kit.tiny_trainer(name, palm=probe_kit.tiny_palm(dim=48), minibatch_size=3, epochs=2)
     assert (other.minibatch_size, other.epochs) == (3, 2)  # overrides win; FlowRL's width follows the PaLM
     if name == "flowrl":
-        assert other.partition_function.net[0].in_features == 48
+        assert first(other).in_features == 48
 
 
 def test_group_size_and_names_are_checked():
@@ -85,9 +87,10 @@ def test_one_home_for_the_tiny_configs():
     assert probe_kit.TINY_PALM == dict(num_tokens=257, dim=32, depth=1, heads=2, dim_head=16)
     assert probe_kit.TINY_PALM["num_tokens"] == byte_tokenizer.ByteTokenizer.vocab_size
     assert learning_check.LEARN_PALM == {**probe_kit.TINY_PALM, "num_tokens": 16}
+    planner = {"test_plan.py", "test_bench.py"}  # whole runs to plan and time, not the tiny config
     for path in ("sub-skills/policy-optimization/scripts/policy_optimization", "sub-skills/palm-modeling/scripts",
                  "sub-skills/reward-modeling/scripts", "tests"):
-        for source in sorted((REPO / path).rglob("*.py")):
+        for source in sorted(p for p in (REPO / path).rglob("*.py") if p.name not in planner | {"test_probe_kit.py"}):
             text = source.read_text(encoding="utf-8")
             assert not re.search(r"\bdim_head\s*=\s*\d|\"dim_head\":\s*\d", text), f"{source}: a tiny config of its own"
 

@@ -12,6 +12,7 @@ import sys
 import pytest
 
 import probe_kit
+from policy_optimization import trainers
 from conftest import BIN, REPO, inprocess, load_script, run, run_json, usage_error_without_torch
 from skill_runtime import runner
 
@@ -143,11 +144,10 @@ def test_trainers_declare_reward_model_and_reject_implicit_prm(tmp_path, monkeyp
     import torch
     from palm_rlhf_pytorch import ImplicitPRM, PaLM, RewardModel
     from beartype.roar import BeartypeCallHintParamViolation
-    for module, cls in [("palm_rlhf_pytorch.ppo", "RLHFTrainer"), ("palm_rlhf_pytorch.grpo", "RLHFTrainer"),
-                        ("palm_rlhf_pytorch.tpo", "RLHFTrainer"), ("palm_rlhf_pytorch.flowrl", "FlowRLTrainer")]:
-        trainer = getattr(importlib.import_module(module), cls)
+    for spec in trainers.TRAINERS.values():
+        trainer = spec.load()
         assert inspect.signature(trainer.__init__).parameters["reward_model"].annotation in (RewardModel, "RewardModel")
-        source = inspect.getsource(importlib.import_module(module))
+        source = inspect.getsource(sys.modules[trainer.__module__])
         assert "prompt_mask = prompt_mask" in source and "mask = mask" in source
     assert "rewards must be sequence level for TPO" in inspect.getsource(importlib.import_module("palm_rlhf_pytorch.tpo"))
     from palm_rlhf_pytorch import RLHFTrainer
@@ -156,11 +156,9 @@ def test_trainers_declare_reward_model_and_reject_implicit_prm(tmp_path, monkeyp
                     prompt_token_ids=torch.randint(1, 257, (2, 3)))
     assert "prompt_mask" not in inspect.signature(ImplicitPRM.forward).parameters
     # GRPO, TPO and FlowRL have no beartype: they accept an ImplicitPRM and fail at the first rollout
-    for module, cls, extra in [("palm_rlhf_pytorch.grpo", "RLHFTrainer", {}), ("palm_rlhf_pytorch.tpo", "RLHFTrainer", {}),
-                               ("palm_rlhf_pytorch.flowrl", "FlowRLTrainer", {"partition_function_hidden_dim": TINY["dim"]})]:
-        trainer = getattr(importlib.import_module(module), cls)(
-            palm=PaLM(**TINY), reward_model=ImplicitPRM(PaLM(**TINY)),
-            prompt_token_ids=torch.randint(1, 257, (2, 3)), **extra)
+    for name in [n for n in trainers.TRAINERS if n != "ppo"]:
+        trainer = probe_kit.tiny_trainer(name, reward_model=ImplicitPRM(probe_kit.tiny_palm()),
+                                         prompt_token_ids=torch.randint(1, TINY["num_tokens"], (2, 3)))
         with pytest.raises(TypeError, match="unexpected keyword argument 'prompt_mask'"):
             trainer.train(num_episodes=1, max_timesteps=1, update_timesteps=1, max_seq_len=6)
     from palm_rlhf_pytorch import ActorCritic
@@ -172,16 +170,14 @@ def test_trainers_declare_reward_model_and_reject_implicit_prm(tmp_path, monkeyp
 def test_grpo_trains_with_a_binned_reward_model(tmp_path, monkeypatch):
     import torch
     from palm_rlhf_pytorch import PaLM, RewardModel
-    from palm_rlhf_pytorch.grpo import RLHFTrainer
     monkeypatch.chdir(tmp_path)
     torch.manual_seed(0)
     palm = PaLM(**TINY)
     reward_model = RewardModel(palm, num_binned_output=5)
     scores = []
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        trainer = RLHFTrainer(palm=palm, reward_model=reward_model, prompt_token_ids=torch.randint(1, 257, (4, 3)),
-                              grpo_num_times_sample_rewards=3, minibatch_size=4, epochs=1,
-                              accelerate_kwargs={"cpu": True})
+        trainer = probe_kit.tiny_trainer("grpo", palm=palm, reward_model=reward_model,  # groups of 4, minibatch 4
+                                         prompt_token_ids=torch.randint(1, TINY["num_tokens"], (4, 3)))
         hook = trainer.reward_model.register_forward_hook(lambda _m, _i, out: scores.append(out))
         trainer.train(num_episodes=1, max_timesteps=2, update_timesteps=2, max_seq_len=8)
         hook.remove()

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import BIN, REPO, SMOKE, inprocess, run, run_json, usage_error_without_torch
 import probe_kit
-from skill_runtime import exits, runner, version_gate
+from skill_runtime import byte_tokenizer, exits, runner, version_gate
 from policy_optimization import smoke_prompts
 
 TOP_KEYS = {"status", "mode", "trainer", "device", "versions", "timings_s", "checks", "parameters",
@@ -86,7 +86,7 @@ def test_prompts_file_is_utf8_with_non_ascii():
 
 
 def test_byte_tokenizer_pads_right_and_never_uses_pad_id(smoke):
-    tok = smoke.tokenizer.ByteTokenizer()
+    tok = byte_tokenizer.ByteTokenizer()
     ids = tok(["ab", "", "é"])
     assert ids.dtype.is_floating_point is False and tuple(ids.shape) == (2, 2)
     assert ids.tolist() == [[ord("a") + 1, ord("b") + 1], [0xC3 + 1, 0xA9 + 1]]

@@ -4,6 +4,20 @@
   group arguments, display names) and the calls every helper makes on a built trainer.
 - ``evaluation``: the held-out reward of a policy, sampled with fixed seeds (the learning check's
   measure and the run kit's).
+- ``launch``: generic multi-process start-up: a launcher's world (``launcher_world``), and N local
+  ranks of a script under torchrun (``launch_script``), with resource checks and signal forwarding.
 
+The smoke helper (``tiny_rlhf_smoke.py``) in rooms along its own steps:
+
+- ``smoke_options``: every option once (argparse, the modes it applies to, the report's config).
+- ``smoke_settings``: modes, bounds, GRPO variants, rollouts and optimizer steps of the one learn().
+- ``smoke_prompts``: the prompt styles and the eos-in-prompt check.
+- ``smoke_checklist``: one trainer's train smoke: build, snapshot, update, compare, sample.
+- ``learning_check``: ``--learn``, the held-out reward rising over seeds.
+- ``smoke_report``: the JSON report, the plain text, the next step.
+- ``smoke_estimate``: seconds and memory of a run before it starts.
+- ``smoke_ranks``: the smoke as one rank of a world, and ``--nproc``.
+
+The tiny sizes all of them build are the probe kit's (``scripts/probe_kit.py`` at the skill root).
 Torch-free at import, like every module of the tree: the helpers' ``--help`` answers without it.
 """

@@ -385,7 +385,7 @@ def run_rank(args, env_info: dict[str, Any], world: launch.World) -> int:
             recorder = RankRecorder(args, fixes)
             try:
                 result = smoke_checklist.run_trainer(name, args, {"cpu": True} if cpu else {}, device, variants,
-                                           after_build=recorder.after_build, progress=progress)
+                                                     after_build=recorder.after_build, progress=progress)
             except Exception as exc:  # noqa: BLE001 - e.g. construction failed: report, keep ranks matched
                 result = {"trainer": name, "status": "failed", "timings_s": {}, "checks": [
                     {"name": "trainer_ran", "passed": False, "detail": exits.one_line(exc)}]}
