@@ -611,7 +611,7 @@ def test_workers_dying_without_report_is_a_failed_report(smoke, capsys, monkeypa
     monkeypatch.chdir(empty_dir)
     env = version_gate.check_versions()
     # the workers parse the forwarded arguments again; an unknown one makes each rank exit 2
-    code = launch.launch(smoke, args, ["--device", "cpu", "--bogus-for-workers"], env, streams.Progress("t", False))
+    code = smoke_ranks.run_nproc(SMOKE, args, ["--device", "cpu", "--bogus-for-workers"], env, streams.Progress("t", False))
     out = capsys.readouterr().out
     report = json.loads(out)
     assert code == 1 and report["status"] == "failed" and report["results"] == {}
@@ -922,6 +922,35 @@ def test_launcher_world_from_environment(env, expected):
     assert (world and (world.launcher, world.rank, world.size, world.local_rank, world.node, world.master)) == expected
     if expected and expected[0] == "srun":  # what torch's env:// rendezvous and Accelerate read
         assert (environ["RANK"], environ["WORLD_SIZE"], environ["LOCAL_RANK"]) == ("3", "4", "1")
+
+
+RANK_SCRIPT = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, sys.argv[1])
+    import skill_runtime  # the tree's import roots
+    from policy_optimization import launch
+    world = launch.launcher_world()
+    print(world.rank, world.size, world.launcher, world.is_main, *sys.argv[2:], flush=True)
+    if "--sleep" in sys.argv:
+        time.sleep(120)
+    sys.exit(3 if "--fail" in sys.argv and world.rank == 1 else 0)
+""")
+
+
+def test_launch_script_runs_n_ranks_of_any_script(tmp_path):
+    """The generic launcher the run kit reuses: N local ranks of a script, its argv without
+    --nproc, the exit code and output collected; each rank sees its world; a timeout stops them."""
+    script = tmp_path / "ranks.py"
+    script.write_text(RANK_SCRIPT)
+    argv = launch.without_nproc([str(REPO / "scripts"), "--nproc", "2", "x"])
+    done = launch.launch_script(script, argv, 2, "cpu", tmp_path)
+    assert done.returncode == 0, done.output_tail
+    assert sorted(done.stdout.split("\n"))[1:] == ["0 2 torchrun True x", "1 2 torchrun False x"]
+    assert done.master.startswith("127.0.0.1:") and done.command[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    failed = launch.launch_script(script, [*argv, "--fail"], 2, "cpu", tmp_path)
+    assert failed.returncode not in (0, None)
+    stopped = launch.launch_script(script, [*argv, "--sleep"], 1, "cpu", tmp_path, timeout_s=20)
+    assert stopped.returncode is None and stopped.stderr.endswith("stopped after 20 s")
 
 
 def test_a_world_without_local_rank_gets_one():
