@@ -16,9 +16,13 @@ import pytest
 
 from conftest import BIN, REPO, load_script, run, run_json, usage_error_without_torch
 from doc_tables import assert_keys_documented
+from skill_runtime import exits, placement
+from policy_optimization import (accuracy, builder, counting, measuring, prediction, probe, run_config,
+                                 trainers)
 
 SCRIPTS = REPO / "sub-skills" / "policy-optimization" / "scripts"
 PLAN = SCRIPTS / "plan_run.py"
+PACKAGE = SCRIPTS / "policy_optimization"
 PLANS = REPO / "sub-skills" / "policy-optimization" / "assets" / "plans"
 WORKFLOWS = REPO / "sub-skills" / "policy-optimization" / "references" / "workflows.md"
 
@@ -61,10 +65,15 @@ def tiny_config(tmp_path, trainer="ppo", episodes=1, timesteps=6, update=3, extr
     return path
 
 
+def build_trainer(res, kwargs, device, ids, meta=False):
+    """The trainer of ``builder.build`` on the prompt ids ``ids``."""
+    return builder.build(res, kwargs, device, meta=meta, prompt_ids=ids).trainer
+
+
 def resolved(plan, path):
-    config = plan.read_config(str(path))
-    plan.check_structure(config)
-    return plan.check_against_library(config)
+    config = run_config.read_config(str(path))
+    run_config.check_structure(config)
+    return run_config.check_against_library(config)
 
 
 # --- usage and config errors ---------------------------------------------------------------------
@@ -125,17 +134,17 @@ def test_a_config_over_the_cap_is_refused_without_reading_it_all(empty_dir, conf
     ("train", "update_timesteps", '"16"', "[train] update_timesteps: expected integer, got string"),
     ("train", "max_seq_len", "12.5", "[train] max_seq_len: expected integer, got number"),
     ("trainer", "actor_lr", "true", "[trainer] actor_lr: expected integer or number, got boolean"),
-    ("trainer", "accelerate_kwargs", "{}", "[trainer] accelerate_kwargs: set by the planner from --device"),
+    ("trainer", "accelerate_kwargs", "{}", "[trainer] accelerate_kwargs: set by the skill from --device"),
     ("train", "update_timesteps", "0", "[train] update_timesteps: must be at least 1"),
-    ("reward_model", "palm", "1", "[reward_model] palm: set by the planner"),
+    ("reward_model", "palm", "1", "[reward_model] palm: set by the skill"),
     ("train", "max_episodes", "2", "[train] max_episodes: not an argument of the installed RLHFTrainer.train"),
 ])
 def test_library_checked_errors_name_the_key(plan, tmp_path, section, key, value, expected):
-    config = plan.read_config(str(tiny_config(tmp_path)))
-    plan.apply_override(config, f"{section}.{key}={value}")
-    plan.check_structure(config)
-    with pytest.raises(plan.exits.SkillError) as err:
-        plan.check_against_library(config)
+    config = run_config.read_config(str(tiny_config(tmp_path)))
+    run_config.apply_override(config, f"{section}.{key}={value}")
+    run_config.check_structure(config)
+    with pytest.raises(exits.SkillError) as err:
+        run_config.check_against_library(config)
     assert err.value.exit_code == 2 and expected in str(err.value) and "\n" not in str(err.value), str(err.value)
 
 
@@ -150,14 +159,14 @@ def test_missing_required_palm_key_through_the_cli(tmp_path, empty_dir):
 
 
 def test_json_config_and_overrides(plan, tmp_path):
-    config = plan.read_config(str(tiny_config(tmp_path)))
+    config = run_config.read_config(str(tiny_config(tmp_path)))
     path = tmp_path / "run.json"
     path.write_text(json.dumps(config), encoding="utf-8")
-    loaded = plan.read_config(str(path))
-    plan.apply_override(loaded, "trainer.betas=[0.9, 0.99]")
-    plan.apply_override(loaded, "train.eos_token=7")
-    plan.check_structure(loaded)
-    res = plan.check_against_library(loaded)
+    loaded = run_config.read_config(str(path))
+    run_config.apply_override(loaded, "trainer.betas=[0.9, 0.99]")
+    run_config.apply_override(loaded, "train.eos_token=7")
+    run_config.check_structure(loaded)
+    res = run_config.check_against_library(loaded)
     assert res["trainer"]["betas"] == (0.9, 0.99) and res["train"]["eos_token"] == 7
     assert res["effective"]["train"]["temperature"] == 1.0  # library default filled in
     assert res["effective"]["trainer"]["epochs"] == 1
@@ -167,39 +176,39 @@ def test_json_config_and_overrides(plan, tmp_path):
 
 def test_counts_by_hand(plan):
     # FlowRL-like: 14 rollouts, learn every 6, groups of 4 items, minibatch 8, 2 epochs
-    c = plan.run_counts(rollouts=14, update_timesteps=6, items_per_rollout=4, minibatch_size=8, epochs=2)
+    c = counting.run_counts(rollouts=14, update_timesteps=6, items_per_rollout=4, minibatch_size=8, epochs=2)
     assert (c["learn_calls"], c["items_per_learn"], c["minibatches_per_epoch"]) == (2, 24, 3)
     assert (c["optimizer_steps_per_learn"], c["optimizer_steps"]) == (6, 12)
     assert (c["leftover_rollouts_dropped"], c["leftover_items_dropped"], c["max_items_held"]) == (2, 8, 24)
     assert c["last_minibatch_items"] == 8
     # PPO: 10 rollouts, learn every 5, minibatch 4: the last minibatch holds one experience
-    c = plan.run_counts(10, 5, 1, 4, 1)
+    c = counting.run_counts(10, 5, 1, 4, 1)
     assert (c["learn_calls"], c["optimizer_steps"], c["last_minibatch_items"]) == (2, 4, 1)
     # never learns: everything sampled is held to the end, then dropped
-    c = plan.run_counts(100, 5000, 11, 16, 1)
+    c = counting.run_counts(100, 5000, 11, 16, 1)
     assert (c["learn_calls"], c["optimizer_steps"], c["leftover_rollouts_dropped"], c["max_items_held"]) == \
         (0, 0, 100, 1100)
 
 
 def test_sampling_time_sums_every_step(plan):
     # t(n) = 1 + (n - 10) / 10 on [10, 20]: sum over n = 10..20 is 11 + 55/10
-    assert plan.steps_time([(10, 1.0), (20, 2.0)], 10, 20) == pytest.approx(16.5)
-    assert plan.steps_time([(10, 1.0)], 10, 14) == pytest.approx(5.0)       # one point: flat
-    assert plan.steps_time([(10, 1.0), (20, 2.0)], 21, 22) == pytest.approx(2.1 + 2.2)  # last slope
+    assert probe.steps_time([(10, 1.0), (20, 2.0)], 10, 20) == pytest.approx(16.5)
+    assert probe.steps_time([(10, 1.0)], 10, 14) == pytest.approx(5.0)       # one point: flat
+    assert probe.steps_time([(10, 1.0), (20, 2.0)], 21, 22) == pytest.approx(2.1 + 2.2)  # last slope
 
 
 def test_time_and_memory_prediction_by_hand(plan):
-    counts = plan.run_counts(rollouts=8, update_timesteps=4, items_per_rollout=2, minibatch_size=4, epochs=1)
+    counts = counting.run_counts(rollouts=8, update_timesteps=4, items_per_rollout=2, minibatch_size=4, epochs=1)
     measured = {"startup_s": 5.0, "construct_s": 1.0, "rollout_s": 0.5, "first_rollout_extra_s": 0.25,
                 "learn_item_s": 0.1, "first_learn_extra_s": 0.4}
-    wall = plan.predict_time(counts, measured, epochs=1)
+    wall = prediction.predict_time(counts, measured, epochs=1)
     # 5 + 1 + (8 * 0.5 + 0.25) + (2 learn() * 8 items * 0.1 + 0.4)
     assert wall["total_s"] == pytest.approx(5 + 1 + 4.25 + 2.0) and wall["lower_bound"] is False
-    assert plan.predict_time(counts, {"startup_s": 5.0, "construct_s": 1.0}, 1)["lower_bound"] is True
+    assert prediction.predict_time(counts, {"startup_s": 5.0, "construct_s": 1.0}, 1)["lower_bound"] is True
 
     params = {"optimizer_state_bytes": 200, "gradient_bytes": 100}
     probe = {"rollout_bytes": 50, "learn_bytes": 1300, "learn_items": 2}
-    memory = plan.predict_memory(counts, per_rollout=1000, buffer=False, base={"host": 10_000},
+    memory = prediction.predict_memory(counts, per_rollout=1000, buffer=False, base={"host": 10_000},
                                  params=params, probe=probe, minibatch_size=4)
     held, copy = 4 * 1000, 4 * 1000          # 4 rollouts of 2 experiences, stacked once more in learn()
     activations = (1300 - 2 * 500 - 300) * 4 // 2  # measured on 2 experiences, minibatch of 4
@@ -207,7 +216,7 @@ def test_time_and_memory_prediction_by_hand(plan):
     assert memory["parts"]["learn_copy"]["value"] == copy
     assert memory["parts"]["learn_activations"]["value"] == activations
     assert memory["pools"]["host"] == 10_000 + 300 + held + 50 + copy + activations
-    buffered = plan.predict_memory(counts, 1000, True, {"host": 10_000}, params, probe, 4)
+    buffered = prediction.predict_memory(counts, 1000, True, {"host": 10_000}, params, probe, 4)
     assert buffered["parts"]["learn_copy"]["value"] == 0  # TPO: learn() reads minibatches from the memmap
 
 
@@ -219,15 +228,15 @@ def tiny_trainer(plan, tmp_path, trainer):
 
 def plan_inputs(plan, path):
     res = resolved(plan, path)
-    kwargs, device = plan.placement.resolve_device("cpu")
-    ids = plan.prompt_token_ids(res, seed=0)
+    kwargs, device = placement.resolve_device("cpu")
+    ids = builder.prompt_token_ids(res, seed=0)
     return res, kwargs, device, ids
 
 
 def test_parameter_counts_by_hand(plan, tmp_path):
     """PaLM(num_tokens=64, dim=16, depth=1, heads=2, dim_head=8), LoRA r=8, PPO."""
     res, kwargs, device, ids = tiny_trainer(plan, tmp_path, "ppo")
-    report = plan.parameter_report(plan.build_trainer(res, kwargs, device, ids, meta=True))
+    report = counting.parameter_report(build_trainer(res, kwargs, device, ids, meta=True))
     d, v, h, dh, ff, r = 16, 64, 2, 8, 64, 8
     layer = d + d * (h * dh + 2 * dh + 2 * ff) + h * dh * d + ff * d   # norm, fused proj, attn_out, ff_out
     palm = v * d + layer + d                                           # tied embedding, final norm
@@ -251,8 +260,8 @@ def test_meta_counts_equal_a_real_build_when_only_some_tensors_are_large(plan, t
     path = tiny_config(tmp_path, trainer)
     path.write_text(path.read_text().replace("dim = 16", "dim = 64"), encoding="utf-8")
     res, kwargs, device, ids = plan_inputs(plan, path)
-    counted = plan.parameter_report(plan.build_trainer(res, kwargs, device, ids, meta=True))
-    real = plan.parameter_report(plan.build_trainer(res, kwargs, device, ids))
+    counted = counting.parameter_report(build_trainer(res, kwargs, device, ids, meta=True))
+    real = counting.parameter_report(build_trainer(res, kwargs, device, ids))
     assert counted["components"] == real["components"] and counted["total_numel"] == real["total_numel"]
 
 
@@ -262,10 +271,10 @@ def test_stored_bytes_by_hand_and_against_a_real_rollout(plan, tmp_path, monkeyp
     real rollout at the configured max_seq_len stores (vocabulary 64, prompt 5, max_seq_len 12)."""
     monkeypatch.chdir(tmp_path)  # TPO writes its replay buffer in the working directory
     res, kwargs, device, ids = tiny_trainer(plan, tmp_path, trainer)
-    built = plan.build_trainer(res, kwargs, device, ids)
-    probe = plan.Probe(built, res, device, plan.MemoryMeter(device), float("inf"))
-    stored = probe.stored_fields()
-    predicted = plan.stored_at(stored, probe.prompt_lens, 12)
+    built = build_trainer(res, kwargs, device, ids)
+    prober = probe.Probe(built, res, device, measuring.MemoryMeter(device), float("inf"))
+    stored = prober.stored_fields()
+    predicted = probe.stored_at(stored, prober.prompt_lens, 12)
     s, p, v, g, width = 12, 5, 64, 3, 5
     hand = {
         "ppo": {"sequence": s * 8, "prompt_mask": s, "mask": s, "action_prob": s * v * 4,
@@ -281,9 +290,9 @@ def test_stored_bytes_by_hand_and_against_a_real_rollout(plan, tmp_path, monkeyp
     assert stored["sequences_per_rollout"] == (1 if trainer == "ppo" else g)
     assert stored["items"] == (g if trainer in ("grpo", "flowrl") else 1)
     real: dict = {}
-    probe.train_once(1, 12, lambda got: real.update(plan.stored_sizes(got)))
+    prober.train_once(1, 12, lambda got: real.update(measuring.stored_sizes(got)))
     assert real["fields"] == predicted
-    probe.close()
+    prober.close()
 
 
 def test_plan_counts_match_the_real_run(plan, tmp_path, empty_dir):
@@ -312,12 +321,12 @@ def test_deadline_stops_every_forward_of_the_policy(plan, tmp_path):
     """The deadline hook sits on the token embedding: PaLM.generate calls forward() directly,
     which would skip a hook on the PaLM itself."""
     res, kwargs, device, ids = tiny_trainer(plan, tmp_path, "ppo")
-    built = plan.build_trainer(res, kwargs, device, ids)
-    probe = plan.Probe(built, res, device, plan.MemoryMeter(device), 0.0)
-    assert probe.sampling_steps(batch=1) == []
-    probe.deadline = float("inf")
-    assert [n for n, _ in probe.sampling_steps(batch=1)] == [5, 8, 11]  # mean prompt, midway, max_seq_len - 1
-    probe.close()
+    built = build_trainer(res, kwargs, device, ids)
+    prober = probe.Probe(built, res, device, measuring.MemoryMeter(device), 0.0)
+    assert prober.sampling_steps(batch=1) == []
+    prober.deadline = float("inf")
+    assert [n for n, _ in prober.sampling_steps(batch=1)] == [5, 8, 11]  # mean prompt, midway, max_seq_len - 1
+    prober.close()
 
 
 def test_probe_respects_probe_seconds(plan, tmp_path, capsys, monkeypatch):
@@ -366,17 +375,17 @@ def test_a_run_that_never_learns_is_flagged(tmp_path, empty_dir):
     ("flowrl", "trainer.partition_function_hidden_dim=768", "flowrl_partition_dim"),
 ])
 def test_settings_that_learn_nothing_are_flagged(plan, tmp_path, trainer, override, code):
-    config = plan.read_config(str(tiny_config(tmp_path, trainer)))
-    plan.apply_override(config, override)
-    plan.check_structure(config)
-    res = plan.check_against_library(config)
+    config = run_config.read_config(str(tiny_config(tmp_path, trainer)))
+    run_config.apply_override(config, override)
+    run_config.check_structure(config)
+    res = run_config.check_against_library(config)
     eff = res["effective"]["trainer"]
-    group = eff[plan.TRAINERS[trainer].group_kwarg] + 1 if plan.TRAINERS[trainer].group_kwarg else 1
-    counts = plan.run_counts(6, 3, group if trainer in ("grpo", "flowrl") else 1, eff["minibatch_size"], 1)
-    warnings = plan.build_warnings(trainer, res, counts, group, "AdoptAtan2", True, "")
+    group = eff[trainers.TRAINERS[trainer].group_kwarg] + 1 if trainers.TRAINERS[trainer].group_kwarg else 1
+    counts = counting.run_counts(6, 3, group if trainer in ("grpo", "flowrl") else 1, eff["minibatch_size"], 1)
+    warnings = prediction.build_warnings(trainer, res, counts, group, "AdoptAtan2", True, "")
     found = {w["code"]: w for w in warnings}
     assert code in found and found[code]["blocks_learning"] is True, warnings
-    status, _ = plan.verdict(True, counts, warnings, {"total_s": 1.0, "lower_bound": False}, 1, True, 2)
+    status, _ = prediction.verdict(True, counts, warnings, {"total_s": 1.0, "lower_bound": False}, 1, True, 2)
     assert status == "never_learns"
 
 
@@ -426,20 +435,20 @@ def test_counting_builds_on_meta_and_counts_what_a_real_build_holds(plan, tmp_pa
     head and partition function were real before), and equal a real build's at a tiny size."""
     import psutil
     res, kwargs, device, ids = tiny_trainer(plan, tmp_path, trainer)
-    meta = plan.parameter_report(plan.build_trainer(res, kwargs, device, ids, meta=True))
-    real = plan.parameter_report(plan.build_trainer(res, kwargs, device, ids))
+    meta = counting.parameter_report(build_trainer(res, kwargs, device, ids, meta=True))
+    real = counting.parameter_report(build_trainer(res, kwargs, device, ids))
     for key in ("total_numel", "trainable_numel", "weights_bytes", "optimizer_state_bytes"):
         assert meta[key] == real[key], key
-    config = plan.read_config(str(tiny_config(tmp_path, trainer)))
+    config = run_config.read_config(str(tiny_config(tmp_path, trainer)))
     for override in ("palm.dim=8192", "palm.depth=128", "palm.num_tokens=256", "prompts.count=100000000",
                      "trainer.partition_function_hidden_dim=8192" if trainer == "flowrl" else "train.max_seq_len=12"):
-        plan.apply_override(config, override)
-    plan.check_structure(config)
-    big = plan.check_against_library(config)
+        run_config.apply_override(config, override)
+    run_config.check_structure(config)
+    big = run_config.check_against_library(config)
     before = psutil.Process().memory_info().rss
-    trainer_on_meta = plan.build_trainer(big, kwargs, device, plan.prompt_token_ids(big, 0, meta=True), meta=True)
+    trainer_on_meta = build_trainer(big, kwargs, device, builder.prompt_token_ids(big, 0, meta=True), meta=True)
     grew = psutil.Process().memory_info().rss - before
-    report = plan.parameter_report(trainer_on_meta)
+    report = counting.parameter_report(trainer_on_meta)
     assert report["weights_bytes"] > 2**33 and grew < 64 * 2**20, (report["weights_bytes"], grew)
 
 
@@ -455,28 +464,28 @@ def test_prompt_ids_beyond_memory_are_counted_not_allocated(plan, tmp_path, caps
 
 def test_set_null_unsets_a_key(plan, tmp_path):
     """--set KEY=null: the library default applies again; and [prompts] can switch to a file."""
-    config = plan.read_config(str(tiny_config(tmp_path)))
-    plan.apply_override(config, "train.eos_token=7")
-    plan.apply_override(config, "train.eos_token=null")
+    config = run_config.read_config(str(tiny_config(tmp_path)))
+    run_config.apply_override(config, "train.eos_token=7")
+    run_config.apply_override(config, "train.eos_token=null")
     assert "eos_token" not in config["train"]
     prompts = tmp_path / "p.txt"
     prompts.write_text("hello\n", encoding="utf-8")
-    for text in ("prompts.count=null", "prompts.length=null", f"prompts.path={prompts}"):
-        plan.apply_override(config, text)
-    plan.check_structure(config)
-    assert config["prompts"] == {"path": str(prompts)}
+    for text in ("prompts.count=null", "prompts.length=null", f"prompts.file={prompts}"):
+        run_config.apply_override(config, text)
+    run_config.check_structure(config)
+    assert config["prompts"] == {"file": str(prompts)}
     config["train"]["eos_token"] = None  # a JSON config's null: named in JSON's words
-    with pytest.raises(plan.exits.SkillError, match=r"\[train\] eos_token: expected boolean or integer or number or "
+    with pytest.raises(exits.SkillError, match=r"\[train\] eos_token: expected boolean or integer or number or "
                                                  r"string, got null$"):
-        plan.check_against_library(config)
+        run_config.check_against_library(config)
 
 
 def test_a_run_longer_than_max_days_is_too_slow(plan):
-    counts = plan.run_counts(10**9, 4, 1, 4, 1)
+    counts = counting.run_counts(10**9, 4, 1, 4, 1)
     wall = {"total_s": 303_992 * 86400.0, "lower_bound": True}
-    status, line = plan.verdict(True, counts, [], wall, 1, True, 2, max_days=plan.MAX_DAYS)
+    status, line = prediction.verdict(True, counts, [], wall, 1, True, 2, max_days=prediction.MAX_DAYS)
     assert status == "too_slow" and line.startswith("too slow (over --max-days 30): predicted at least 303,992 days")
-    assert plan.verdict(True, counts, [], wall, 1, True, 2, max_days=10**6)[0] == "fits"
+    assert prediction.verdict(True, counts, [], wall, 1, True, 2, max_days=10**6)[0] == "fits"
 
 
 @pytest.mark.parametrize("trainer, extra, expect", [
@@ -490,15 +499,15 @@ def test_group_of_one_claims_hold_on_the_installed_library(plan, tmp_path, monke
     import math
     monkeypatch.chdir(tmp_path)
     res = resolved(plan, tiny_config(tmp_path, trainer, extra=extra))
-    kwargs, device = plan.placement.resolve_device("cpu")
-    built = plan.build_trainer(res, kwargs, device, plan.prompt_token_ids(res, seed=0))
-    probe = plan.Probe(built, res, device, plan.MemoryMeter(device), float("inf"))
+    kwargs, device = placement.resolve_device("cpu")
+    built = build_trainer(res, kwargs, device, builder.prompt_token_ids(res, seed=0))
+    prober = probe.Probe(built, res, device, measuring.MemoryMeter(device), float("inf"))
     seen = []
     if expect == "AssertionError":
         with pytest.raises(AssertionError):
-            probe.train_once(1, 8, seen.append)
+            prober.train_once(1, 8, seen.append)
         return
-    probe.train_once(1, 8, lambda stored: seen.extend(list(stored) if trainer != "tpo" else
+    prober.train_once(1, 8, lambda stored: seen.extend(list(stored) if trainer != "tpo" else
                                                         [stored.data["target_q"][0, 0].tolist()]))
     if expect == "zero":
         assert [float(m.group_relative_normalized_reward) for m in seen] == [0.0]
@@ -517,19 +526,19 @@ def test_ppo_minibatch_of_one_has_zero_advantage():
 
 
 def test_ignored_settings_and_minibatch_leftover_of_one(plan, tmp_path):
-    config = plan.read_config(str(tiny_config(tmp_path, "flowrl")))
+    config = run_config.read_config(str(tiny_config(tmp_path, "flowrl")))
     for text in ("trainer.kl_div_loss_weight=0.5", "trainer.beta_s=0.1", "train.max_batch_size=4"):
-        plan.apply_override(config, text)
-    plan.check_structure(config)
-    res = plan.check_against_library(config)
-    counts = plan.run_counts(6, 3, 3, 4, 1)
+        run_config.apply_override(config, text)
+    run_config.check_structure(config)
+    res = run_config.check_against_library(config)
+    counts = counting.run_counts(6, 3, 3, 4, 1)
     codes = [(w["code"], w["message"].split(" has no effect")[0]) for w in
-             plan.build_warnings("flowrl", res, counts, 3, "AdoptAtan2", True, "")]
+             prediction.build_warnings("flowrl", res, counts, 3, "AdoptAtan2", True, "")]
     assert ("ignored_setting", "[trainer] kl_div_loss_weight") in codes
     assert ("ignored_setting", "[trainer] beta_s") in codes
     assert ("ignored_setting", "[train] max_batch_size") in codes
     ppo = resolved(plan, tiny_config(tmp_path, "ppo", name="ppo.toml"))  # 5 experiences, minibatch 4
-    warnings = plan.build_warnings("ppo", ppo, plan.run_counts(10, 5, 1, 4, 1), 1, "AdoptAtan2", True, "")
+    warnings = prediction.build_warnings("ppo", ppo, counting.run_counts(10, 5, 1, 4, 1), 1, "AdoptAtan2", True, "")
     one = next(w for w in warnings if w["code"] == "minibatch_of_one")
     assert "last minibatch" in one["message"] and one["blocks_learning"] is False
 
@@ -542,7 +551,7 @@ def _between(source: str, needle: str, start: str, end: str) -> bool:
 
 
 def test_documented_warning_codes_are_the_ones_emitted(plan):
-    source = PLAN.read_text(encoding="utf-8")
+    source = "".join(path.read_text(encoding="utf-8") for path in sorted(PACKAGE.glob("*.py")))
     emitted = set(re.findall(r'"code": "([a-z_]+)"', source))
     doc = " ".join(WORKFLOWS.read_text(encoding="utf-8").split("\n## Plan a run\n", 1)[1].split())
     table = doc.split("| code | when |", 1)[1].split("Exit codes:", 1)[0]
@@ -553,9 +562,9 @@ def test_ignored_settings_table_matches_the_installed_source(plan):
     """Each IGNORED entry still holds for the installed library (a canary: upstream may start using one)."""
     import importlib
     checked = set()
-    for trainers, section, key, unless, _why in plan.IGNORED:
-        for name in trainers:
-            spec = plan.TRAINERS[name]
+    for names, section, key, unless, _why in prediction.IGNORED:
+        for name in names:
+            spec = trainers.TRAINERS[name]
             cls = getattr(importlib.import_module(spec.module), spec.class_name)
             assert key in inspect.signature(cls.train if section == "train" else cls.__init__).parameters
             if section == "train":
@@ -639,14 +648,14 @@ def test_plan_accuracy_rows_and_targets(plan, plan_wall, plan_peak, calls, ok):
     args = argparse.Namespace(plan_config=["accuracy-ppo.toml"], device="cpu", quiet=True, repeat=3)
     env = {"versions": {"python": "3", "torch": "t", "palm-rlhf-pytorch": "p"}, "warnings": []}
     bench = fake_bench(plan_wall, plan_peak, 10.0, 500.0, calls)
-    report, passed = plan.accuracy(bench, args, env)
+    report, passed = accuracy.accuracy(bench, args, env)
     row = report["rows"][0]
     assert passed is ok and row["ok"] is ok and report["status"] == ("ok" if ok else "failed")
     assert row["wall_error"] == pytest.approx(plan_wall / 10 - 1) and row["peak_error"] == pytest.approx(plan_peak / 500 - 1)
     assert row["repeat"] == 3 and len(row["wall_errors"]) == 3 and len(bench.calls) == 6
     plan_argv, real_argv = bench.calls[:2]
     assert "--execute" not in plan_argv and real_argv[-1] == "--execute" and "--cpu-threads" in plan_argv
-    assert plan.accuracy_table(report["rows"])[2].startswith("| accuracy-ppo.toml | ppo | 8 |")
+    assert accuracy.accuracy_table(report["rows"])[2].startswith("| accuracy-ppo.toml | ppo | 8 |")
 
 
 def test_plan_accuracy_wall_miss_on_a_busy_machine_is_inconclusive(plan):
@@ -658,11 +667,11 @@ def test_plan_accuracy_wall_miss_on_a_busy_machine_is_inconclusive(plan):
     for peak, verdict in ((460.0, "inconclusive"), (360.0, "fail")):
         bench = fake_bench(14.0, peak, 10.0, 500.0)  # +40% wall
         bench.load_average = staticmethod(lambda: 2.5)  # on 2 CPUs
-        report, passed = plan.accuracy(bench, args, env)
+        report, passed = accuracy.accuracy(bench, args, env)
         assert passed is False and report["rows"][0]["verdict"] == verdict
         assert report["status"] == {"inconclusive": "inconclusive", "fail": "failed"}[verdict]
     report["status"], report["rows"][0]["verdict"] = "inconclusive", "inconclusive"
-    assert "bench-smoke --plan-accuracy: INCONCLUSIVE (exit 75): accuracy-ppo.toml" in plan.accuracy_summary(report)
+    assert "bench-smoke --plan-accuracy: INCONCLUSIVE (exit 75): accuracy-ppo.toml" in accuracy.accuracy_summary(report)
 
 
 def test_bench_plan_accuracy_usage_errors(empty_dir):
@@ -674,19 +683,19 @@ def test_bench_plan_accuracy_usage_errors(empty_dir):
 def test_docs_accuracy_table_has_the_commands_shape_and_meets_the_targets(plan):
     text = WORKFLOWS.read_text(encoding="utf-8")
     check = load_script(REPO / "scripts" / "check_skill.py", "check_skill")
-    assert "plan-a-run" in check.anchors(WORKFLOWS) and text.count(plan.ACCURACY_TITLE) == 1
-    section = re.split(r"\n##+ ", text.split(plan.ACCURACY_TITLE, 1)[1], maxsplit=1)[0]
+    assert "plan-a-run" in check.anchors(WORKFLOWS) and text.count(accuracy.ACCURACY_TITLE) == 1
+    section = re.split(r"\n##+ ", text.split(accuracy.ACCURACY_TITLE, 1)[1], maxsplit=1)[0]
     assert "palm-rlhf-skill bench --plan-accuracy --markdown" in section
     assert f"palm-rlhf-pytorch {metadata.version('palm-rlhf-pytorch')}" in section
     rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in section.splitlines()
             if line.startswith("|")]
-    assert rows[0] == list(plan.ACCURACY_HEADER)
+    assert rows[0] == list(accuracy.ACCURACY_HEADER)
     body = rows[2:]
-    assert [r[0] for r in body] == list(plan.ACCURACY_CONFIGS) and len({r[1] for r in body}) >= 3
+    assert [r[0] for r in body] == list(accuracy.ACCURACY_CONFIGS) and len({r[1] for r in body}) >= 3
     for row in body:
         wall, peak = (float(row[i].rstrip("%")) / 100 for i in (6, 9))
-        assert abs(wall) <= plan.TARGETS["wall_error"] and abs(peak) <= plan.TARGETS["peak_error"], row
+        assert abs(wall) <= accuracy.TARGETS["wall_error"] and abs(peak) <= accuracy.TARGETS["peak_error"], row
         assert 10 <= float(row[5]) <= 90, row  # full runs of 10-60 s here (loaded machine: some slack)
         assert len(row[10].split()) >= 3, row  # the median of at least 3 plan-and-run pairs
-    for name in plan.ACCURACY_CONFIGS:
+    for name in accuracy.ACCURACY_CONFIGS:
         assert (PLANS / name).is_file()

@@ -14,6 +14,8 @@ class ByteTokenizer:
     Empty strings are dropped (counted in ``dropped_empty``): the trainers split ``prompts_path``
     on '\\n', so a file's trailing newline becomes an empty prompt whose rollout would crash.
     Raises SkillError(exit 2) when nothing is left to tokenize. Vocabulary: 257 ids (pad + 256 bytes).
+    ``decode(ids) -> str`` is the inverse: ids 1..256 back to bytes, pad and larger ids skipped,
+    bytes that are not UTF-8 replaced (U+FFFD).
     """
 
     vocab_size = 257
@@ -32,3 +34,8 @@ class ByteTokenizer:
         for i, row in enumerate(rows):
             out[i, :len(row)] = torch.tensor(row, dtype=torch.long)
         return out
+
+    def decode(self, ids) -> str:
+        """The text of ``ids`` (any iterable of ints, a 1-D tensor included): id i in 1..256 is byte
+        i - 1; 0 (pad) and ids beyond 256 (a larger vocabulary's) are skipped."""
+        return bytes(int(i) - 1 for i in ids if 1 <= int(i) <= 256).decode("utf-8", errors="replace")

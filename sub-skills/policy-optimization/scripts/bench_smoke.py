@@ -552,11 +552,11 @@ def main(argv: list[str] | None = None) -> int:
         raise exits.SkillError("--markdown applies to --scaling or --plan-accuracy (the docs sections they print)")
     if args.plan_config and not args.plan_accuracy:
         raise exits.SkillError("--plan-config applies to --plan-accuracy")
-    import plan_run as plan  # torch-free at import
-    unknown = [name for name in args.plan_config or [] if name not in plan.ACCURACY_CONFIGS]
+    from policy_optimization import accuracy  # torch-free at import
+    unknown = [name for name in args.plan_config or [] if name not in accuracy.ACCURACY_CONFIGS]
     if unknown:
         raise exits.SkillError(f"--plan-config {', '.join(unknown)}: not a shipped accuracy config; choose from "
-                            + ", ".join(plan.ACCURACY_CONFIGS))
+                            + ", ".join(accuracy.ACCURACY_CONFIGS))
     if not hasattr(os, "wait4"):
         raise exits.SkillError("the bench reads child rusage with os.wait4: Linux or macOS only")
     env = version_gate.check_versions(args.allow_untested)
@@ -566,12 +566,12 @@ def main(argv: list[str] | None = None) -> int:
     rerun = [a for a in (sys.argv[1:] if argv is None else argv) if a not in ("--json", "--markdown")]
     if args.plan_accuracy:  # the accuracy logic lives with the planner
         with workspace.private_workdir():
-            report, _ = plan.accuracy(sys.modules[__name__], args, env)
+            report, _ = accuracy.accuracy(sys.modules[__name__], args, env)
         report["argv"] = rerun
         if args.markdown:
-            sys.stdout.write(plan.accuracy_markdown(report))
+            sys.stdout.write(accuracy.accuracy_markdown(report))
         else:
-            runner.emit(report, args.json, plan.accuracy_summary, STATUS_EXIT[report["status"]])
+            runner.emit(report, args.json, accuracy.accuracy_summary, STATUS_EXIT[report["status"]])
         return STATUS_EXIT[report["status"]]
     with workspace.private_workdir():  # children inherit it: TPO's replay buffer never lands in the caller's
         report = (run_scaling if args.scaling else run_bench)(args, env)

@@ -6,6 +6,19 @@
   measure and the run kit's).
 - ``launch``: generic multi-process start-up: a launcher's world (``launcher_world``), and N local
   ranks of a script under torchrun (``launch_script``), with resource checks and signal forwarding.
+- ``run_config``: the run config of ``plan`` and ``train``, one parser: read, ``--set``,
+  structure (torch-free), then every key against the installed signatures.
+- ``programs``: the user programs a config names (tokenizer, reward on ids, reward on text),
+  loaded, signature-checked, and wrapped so their output is checked at each call.
+- ``builder``: from a resolved config, the PaLM, reward model, prompts, held-out prompts and
+  trainer (``build``), shared by the plan's probe and ``train``.
+- ``counting``: rollouts, learn() calls and optimizer steps of a run; parameters and bytes.
+- ``measuring``: process memory and its peak, available memory, what a rollout stores.
+- ``probe``: the bounded probe of a run at its real size.
+- ``prediction``: memory, wall time, warnings and the verdict from counts and measurements.
+- ``planner``: ``plan`` (count, probe, predict) and ``execute`` (the run for real).
+- ``plan_report``: the plan's plain report.
+- ``accuracy``: predictions against real runs (``bench --plan-accuracy``).
 
 The smoke helper (``tiny_rlhf_smoke.py``) in rooms along its own steps:
 

@@ -1,0 +1,82 @@
+"""The plan's plain report: counts, parameters, memory, time, warnings, then the verdict and the
+next step (``summary``); ``--execute``'s one line.
+
+Torch-free.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from skill_runtime import reporting
+
+MIB = 2**20
+
+
+def mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / MIB:,.1f}"
+
+
+def defaults_text(applied: list[dict[str, Any]]) -> str:
+    """``[train] num_episodes 50,000, max_timesteps 500; [palm] heads 8`` from ``defaults_applied``."""
+    tables: dict[str, list[str]] = {}
+    for d in applied:
+        value = f"{d['value']:,}" if isinstance(d["value"], int) and not isinstance(d["value"], bool) else d["value"]
+        tables.setdefault(d["section"], []).append(f"{d['key']} {value}")
+    return "; ".join(f"[{section}] " + ", ".join(items) for section, items in tables.items())
+
+
+def summary(report: dict[str, Any]) -> str:
+    """Human report: counts, parameters, memory, time, warnings, then the verdict and a next step."""
+    if "learn_calls" in report and "counts" not in report:  # --execute
+        s = report["seconds"]
+        return (f"plan-run --execute: {report['trainer']} on {report['device']}: {report['status'].upper()}"
+                + (f" ({report['error']})" if report["error"] else "")
+                + f"; {report['learn_calls']} learn() calls; {s['total']} s wall (train {s['train']} s); "
+                  f"peak RSS {report['peak_rss_mib']} MiB")
+    c, p, probe = report["counts"], report["parameters"], report["probe"]
+    lines = [f"plan-run: {report['trainer']} ({report['class_name']}) on {report['device']}; probe "
+             f"{probe['elapsed_s']} s of {probe['budget_s']:g} s ({probe['regime'] or 'not run'})",
+             "counts [computed]: " + (f"{c['rounds']:,} rounds, " if "run" in report.get("config", {}) else "")
+             + f"{c['rollouts']:,} rollouts; {c['learn_calls']:,} learn() calls of "
+             f"{c['items_per_learn']:,} experiences ({c['items_per_rollout']} per rollout, group size "
+             f"{c['group_size']}); {c['optimizer_steps_per_learn']:,} optimizer steps per learn(), "
+             f"{c['optimizer_steps']:,} in all; {c['leftover_rollouts_dropped']:,} leftover rollouts dropped",
+             f"parameters [computed]: {p['total_numel']:,} total, {p['trainable_numel']:,} trainable; weights "
+             f"{mib(p['weights_bytes'])} MiB (" + ", ".join(f"{k} {mib(v['bytes'])}" for k, v in p["components"].items())
+             + f"); optimizer state {mib(p['optimizer_state_bytes'])} MiB "
+               f"({', '.join(f'{k}: {v} per parameter' for k, v in p['optimizer_state_tensors_per_parameter'].items())})"
+               f", gradients {mib(p['gradient_bytes'])} MiB"]
+    if report.get("defaults_applied"):
+        lines.append("defaults [not set in the config]: " + defaults_text(report["defaults_applied"]))
+    stored = report["stored_per_rollout"]
+    if stored:
+        largest = max(stored["fields_bytes"], key=stored["fields_bytes"].get)
+        lines.append(f"stored per rollout [computed from the trainer's stored fields]: {mib(stored['bytes'])} MiB, "
+                     f"of which {largest} {mib(stored['fields_bytes'][largest])} MiB"
+                     + (f"; TPO replay buffer file {mib(stored['replay_buffer_file_bytes'])} MiB"
+                        if stored["replay_buffer"] else ""))
+    memory = report["memory"]
+    if memory:
+        parts = ", ".join(f"{k.replace('_', ' ')} {mib(v['value'])} [{v['basis']}]" for k, v in memory.items()
+                          if isinstance(v, dict) and "basis" in v and k != "base_bytes")
+        lines.append(f"memory (MiB): process before the rollouts {mib(memory['base_bytes']['value']['host'])} "
+                     f"[measured], {parts}")
+    t = report["time"]
+    unit = t["unit_s"]
+    shown = {k: v for k, v in t.items() if k != "unit_s" and (k != "eval" or "eval" in report.get("config", {}))}
+    lines.append("time: " + ", ".join(f"{k} {'-' if v is None else reporting.seconds_text(v)}" for k, v in shown.items())
+                 + " (startup and construct measured; the rest " + ("derived" if probe["regime"] else "not measured")
+                 + "); one rollout " + (reporting.seconds_text(unit["rollout_s"]) if "rollout_s" in unit else "-")
+                 + ", learn() per experience " + (f"{unit['learn_item_s']:.4f} s" if "learn_item_s" in unit else "-")
+                 + f" [{probe['regime'] or 'not measured'}]")
+    lines += [f"note: {n}" for n in probe["notes"]]
+    for w in report["warnings"]:
+        lines.append(f"warning: {w['message']}; fix: {w['fix']}" + (f" (see {w['doc']})" if w["doc"] else ""))
+    blocking = [w for w in report["warnings"] if w["blocks_learning"] or w["code"] == "memory_exceeds_device"]
+    nxt = (blocking[0]["fix"] + ", then plan again" if blocking else
+           "fewer rollouts (num_episodes, max_timesteps), smaller sizes or a faster device, then plan again "
+           "(or raise --max-days)" if report["status"] == "too_slow" else
+           "start the run; plan again after changing any size")
+    lines.append(f"verdict: {report['verdict']}; next: {nxt}")
+    return "\n".join(lines)
+

@@ -1,0 +1,164 @@
+"""User programs a run config names as ``"file.py:callable"``: the prompt tokenizer, a reward rule
+on ids, a reward rule on text. Loading checks the file imports, the callable exists and takes the
+arguments it will get (one line, exit 2, naming the file); the wrappers check what the callable
+returns each time it is called (``RewardProgramError`` naming the program and the shape).
+
+Torch-free at import; the wrappers import torch when called.
+"""
+from __future__ import annotations
+
+import importlib.util
+import inspect
+from pathlib import Path
+from typing import Any, Callable
+
+from skill_runtime import byte_tokenizer, exits
+
+# what each program key is called with, and its contract in words
+CONTRACTS = {
+    ("prompts", "tokenizer"): (1, "tokenizer(prompts: list[str]) -> (n, len) int64 ids padded with 0"),
+    ("reward", "program"): (2, "function(x (b, n) int64, response_mask (b, n) bool) -> (b,)"),
+    ("reward", "text_program"): (2, "function(prompt: str, response: str) -> float"),
+}
+
+
+class RewardProgramError(ValueError):
+    """A reward program returned something other than one real number per sequence."""
+
+
+def label(value: str) -> str:
+    """``rules.py:vowels`` for ``/abs/path/rules.py:vowels``: how messages name a program."""
+    file, _, name = value.rpartition(":")
+    return f"{Path(file).name}:{name}"
+
+
+def load_program(section: str, key: str, value: str) -> Callable:
+    """Import ``file.py`` of ``value`` (``"file.py:callable"``, the path absolute) as a fresh module
+    and return its ``callable``, after checking that it accepts the arguments of CONTRACTS.
+    Raises SkillError(2) naming the key and the file when the file is missing or fails to import
+    (any exception it raises), the callable is missing or not callable, or its signature cannot
+    take those arguments."""
+    file, _, name = value.rpartition(":")
+    where = f"config [{section}] {key}"
+    path = Path(file)
+    if not path.is_file():
+        raise exits.SkillError(f"{where}: {file}: no such file")
+    spec = importlib.util.spec_from_file_location(f"run_program_{section}_{key}_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise exits.SkillError(f"{where}: {file}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's file: any failure is one line
+        raise exits.SkillError(f"{where}: {file} fails to import: {exits.one_line(exc)}") from None
+    function = getattr(module, name, None)
+    if function is None:
+        raise exits.SkillError(f"{where}: {file} has no {name}")
+    if not callable(function):
+        raise exits.SkillError(f"{where}: {file}:{name} is a {type(function).__name__}, not callable")
+    count, contract = CONTRACTS[(section, key)]
+    try:
+        inspect.signature(function).bind(*range(count))
+    except TypeError as exc:
+        raise exits.SkillError(f"{where}: {label(value)} cannot be called as {contract}: {exc}") from None
+    except ValueError:  # a builtin without a signature: found out when called
+        pass
+    return function
+
+
+def tokenizer(resolved: dict[str, Any]):
+    """The prompt tokenizer: [prompts] tokenizer's callable, else the skill's ByteTokenizer."""
+    return resolved["programs"].get("prompts.tokenizer") or byte_tokenizer.ByteTokenizer()
+
+
+def checked_ids(ids, source: str, num_tokens: int):
+    """``ids`` from a tokenizer as a (n, len) int64 tensor with ids in [0, num_tokens).
+    Raises SkillError(2) naming ``source`` otherwise."""
+    import torch
+    try:
+        ids = torch.as_tensor(ids)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise exits.SkillError(f"{source}: the tokenizer returned {exits.one_line(exc)}") from None
+    if ids.dim() != 2 or ids.dtype != torch.long:
+        raise exits.SkillError(f"{source}: the tokenizer returned shape {tuple(ids.shape)} {ids.dtype}, expected "
+                               "(n, len) torch.int64 padded with 0")
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_tokens):
+        raise exits.SkillError(f"{source}: ids from {int(ids.min())} to {int(ids.max())}: [palm] num_tokens "
+                               f"{num_tokens} must be above the largest")
+    return ids
+
+
+def check_scores(scores, batch: int, name: str):
+    """``scores`` (what a reward program returned) as a (batch,) float32 tensor.
+    Raises RewardProgramError naming the program ``name`` and the shape or type it returned."""
+    import torch
+    try:
+        tensor = torch.as_tensor(scores)
+    except (TypeError, ValueError, RuntimeError):
+        raise RewardProgramError(f"reward program {name} returned {type(scores).__name__}, expected a ({batch},) "
+                                 "tensor or a sequence of numbers") from None
+    if tensor.is_complex() or not (tensor.is_floating_point() or tensor.dtype in (
+            torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool)):
+        raise RewardProgramError(f"reward program {name} returned dtype {tensor.dtype}, expected real numbers")
+    if tuple(tensor.shape) != (batch,):
+        raise RewardProgramError(f"reward program {name} returned shape {tuple(tensor.shape)}, expected ({batch},)")
+    return tensor.float()
+
+
+class IdsScore:
+    """``score(x, response_mask)`` for ``RuleReward``: the [reward] program, its output checked
+    (``check_scores``)."""
+
+    def __init__(self, function: Callable, name: str) -> None:
+        self.function, self.name = function, name
+
+    def __call__(self, x, response_mask):
+        return check_scores(self.function(x, response_mask), x.shape[0], self.name)
+
+
+class TextScore:
+    """``score(x, response_mask)`` for ``RuleReward`` from a [reward] text_program: each sequence
+    decoded into its prompt (the ids before the first response token) and its response (the ids
+    ``response_mask`` marks), then ``function(prompt, response) -> float`` per sequence. ``decode``
+    takes a list of ints. Raises RewardProgramError when the function returns no real number."""
+
+    def __init__(self, function: Callable, name: str, decode: Callable) -> None:
+        self.function, self.name, self.decode = function, name, decode
+
+    def __call__(self, x, response_mask):
+        values = []
+        for row, response in zip(x.tolist(), response_mask.tolist()):
+            first = response.index(True) if True in response else len(row)
+            prompt = self.decode(row[:first])
+            reply = self.decode([i for i, keep in zip(row, response) if keep])
+            value = self.function(prompt, reply)
+            try:
+                number = float(value)
+            except (TypeError, ValueError):
+                raise RewardProgramError(f"reward text_program {self.name} returned {type(value).__name__} "
+                                         f"{value!r:.40}, expected a number") from None
+            values.append(number)
+        return check_scores(values, x.shape[0], self.name)
+
+
+def rule_reward(resolved: dict[str, Any], anchor: bool):
+    """The ``RuleReward`` (reward-modeling/scripts/rule_reward.py) of [reward] program or
+    text_program, or None when [reward] names neither. With ``anchor`` it carries one parameter
+    nothing uses (``ddp_anchor``, a 0-d float32): under multi-process CPU Accelerate wraps every
+    model in DDP, which refuses a module without one
+    (references/troubleshooting.md#rule-reward-multi-cpu)."""
+    import torch
+    from rule_reward import RuleReward  # imports torch and the library
+
+    reward = resolved["reward"]
+    if "program" in reward:
+        score = IdsScore(resolved["programs"]["reward.program"], label(reward["program"]))
+    elif "text_program" in reward:
+        score = TextScore(resolved["programs"]["reward.text_program"], label(reward["text_program"]),
+                          tokenizer(resolved).decode)
+    else:
+        return None
+    model = RuleReward(score)
+    if anchor:
+        model.ddp_anchor = torch.nn.Parameter(torch.zeros(()))
+    return model

@@ -1,0 +1,422 @@
+"""The run config: one parser shared by ``palm-rlhf-skill plan`` and ``palm-rlhf-skill train``.
+
+A run config is TOML (or JSON, by its ``.json`` suffix) with the tables [palm], [reward_model],
+[reward], [trainer], [prompts], [train], [eval] and [run] (references/workflows.md#plan-a-run has
+the table of every key). Two steps:
+
+1. ``load(path, overrides)``: torch-free. Read the file (``read_config``), apply ``--set``
+   overrides (``apply_override``), check the sections and the skill's own keys
+   (``check_structure``) and make the file paths absolute (relative to the config file).
+2. ``check_against_library(config)``: every [palm], [reward_model], [trainer] and [train] key
+   against ``inspect.signature`` of the installed constructors (imports torch and the library),
+   the user programs loaded and their signatures checked (``programs``). Returns the resolved
+   config (a dict, below) that ``builder.build`` and the planner take.
+
+Every bad input is one line, ``SkillError`` exit 2, naming the key or the file.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from skill_runtime import exits, options
+from policy_optimization import trainers
+
+SECTIONS = ("palm", "reward_model", "reward", "trainer", "prompts", "train", "eval", "run")
+REQUIRED_SECTIONS = ("palm", "trainer", "prompts")
+# The skill's own keys (not arguments of a library function): their type per table. [palm]
+# also holds PaLM's arguments beside its own ``checkpoint``.
+OWN_KEYS: dict[str, dict[str, type]] = {
+    "palm": {"checkpoint": str},
+    "prompts": {"count": int, "length": int, "file": str, "tokenizer": str},
+    "reward": {"program": str, "text_program": str, "checkpoint": str},
+    "eval": {"prompts_file": str, "every": int, "samples": int},
+    "run": {"rounds": int, "checkpoint_every": int, "seed": int},
+}
+LIBRARY_SECTIONS = ("palm", "reward_model", "trainer", "train")  # checked against signatures
+# the skill's defaults for its own keys (listed in a plan's ``defaults_applied`` when used)
+OWN_DEFAULTS = {("eval", "every"): 1, ("eval", "samples"): 1, ("run", "seed"): 0}
+# keys naming a file, relative to the config file; "file.py:callable" keeps its callable part
+PATH_KEYS = (("palm", "checkpoint"), ("prompts", "file"), ("prompts", "tokenizer"), ("reward", "program"),
+             ("reward", "text_program"), ("reward", "checkpoint"), ("eval", "prompts_file"))
+SIZE_KEYS = ("heads", "dim_head", "ff_mult")  # PaLM arguments that size the model beside dim and depth
+PROGRAM_KEYS = (("prompts", "tokenizer"), ("reward", "program"), ("reward", "text_program"))
+REWARD_SOURCES = ("program", "text_program", "checkpoint")
+# constructor arguments the skill supplies itself, with where the config sets them instead
+SUPPLIED = {"palm": "[palm]", "reward_model": "[reward_model] or [reward]", "prompts": "[prompts]",
+            "prompts_path": "[prompts] file", "prompt_token_ids": "[prompts]",
+            "tokenizer": "[prompts] tokenizer", "accelerate_kwargs": "--device",
+            "critic": "nothing (a PaLM object)", "actor_critic": "nothing (a module object)"}
+# lowest accepted value of a key; below it the library divides by zero or builds nothing
+MIN_VALUE = {("palm", "dim"): 1, ("palm", "num_tokens"): 2, ("palm", "depth"): 1,
+             ("palm", "heads"): 1, ("palm", "dim_head"): 1, ("trainer", "minibatch_size"): 1,
+             ("trainer", "epochs"): 0, ("train", "num_episodes"): 0, ("train", "max_timesteps"): 0,
+             ("train", "update_timesteps"): 1, ("train", "max_seq_len"): 1,
+             ("train", "max_episodes"): 1, ("prompts", "count"): 1, ("prompts", "length"): 1,
+             ("eval", "every"): 1, ("eval", "samples"): 1, ("run", "rounds"): 1,
+             ("run", "checkpoint_every"): 1, ("run", "seed"): 0}
+MAX_VALUE = {("run", "seed"): options.MAX_SEED}
+MAX_CONFIG_BYTES = 2**20  # 1 MiB: a config is a few KiB; /dev/zero or a stray dump is refused
+PLANS = Path(__file__).resolve().parents[2] / "assets" / "plans"  # the shipped configs
+
+
+# --- reading ---------------------------------------------------------------------------------------
+
+def read_config(path: str) -> dict[str, Any]:
+    """Parse ``path``: JSON when it ends in .json, else TOML; ``-`` or /dev/stdin is standard input.
+    At most ``MAX_CONFIG_BYTES`` + 1 bytes are read. A FIFO or other non-regular file that is not
+    standard input would block until a writer opens it: refused (a device such as /dev/zero is read
+    up to the cap, then refused as too large).
+    Raises SkillError(2) when it cannot be read, is a FIFO or socket, is larger than the cap, cannot
+    be parsed, or is not a table of tables."""
+    import stat
+    import sys
+    stdin = path in ("-", "/dev/stdin")
+    file = Path(path)
+    try:
+        if not stdin:
+            mode = file.stat().st_mode
+            if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+                raise exits.SkillError(f"config {path}: a named pipe or socket, which blocks until a writer opens "
+                                       "it: pass a regular file, or pipe the config into --config -")
+        if stdin:
+            data = sys.stdin.buffer.read(MAX_CONFIG_BYTES + 1)
+        else:
+            with file.open("rb") as stream:
+                data = stream.read(MAX_CONFIG_BYTES + 1)
+        if len(data) > MAX_CONFIG_BYTES:
+            raise exits.SkillError(f"config {path}: larger than {MAX_CONFIG_BYTES // 2**20} MiB, the most a config "
+                                   "may be (a config is a few KiB): pass the TOML or JSON config file")
+        text = data.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        shipped = f" (the shipped configs are in {PLANS})" if isinstance(exc, FileNotFoundError) else ""
+        raise exits.SkillError(f"config {path}: cannot read it: {exits.one_line(exc)}{shipped}") from None
+    if file.suffix.lower() == ".json":
+        try:
+            config = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise exits.SkillError(f"config {path}: not valid JSON: {exc}") from None
+    else:
+        import tomllib as toml
+        try:
+            config = toml.loads(text)
+        except toml.TOMLDecodeError as exc:
+            raise exits.SkillError(f"config {path}: not valid TOML: {exc}") from None
+    if not isinstance(config, dict):
+        raise exits.SkillError(f"config {path}: the top level must be a table of [palm], [trainer], ... tables")
+    return config
+
+
+def apply_override(config: dict[str, Any], text: str) -> None:
+    """Apply ``--set SECTION.KEY=VALUE``; VALUE is read as JSON (numbers, true/false, "text", [1, 2]),
+    else kept as a string; ``null`` removes the key (the default applies again).
+    Raises SkillError(2) for a malformed override."""
+    name, sep, raw = text.partition("=")
+    section, dot, key = name.strip().partition(".")
+    if not sep or not dot or not key or section not in SECTIONS:
+        raise exits.SkillError(f"--set {text!r}: expected SECTION.KEY=VALUE with SECTION one of {', '.join(SECTIONS)}")
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw.strip()
+    table = config.setdefault(section, {})
+    if not isinstance(table, dict):
+        raise exits.SkillError(f"config [{section}]: must be a table")
+    if value is None:  # null: unset it, so the default applies (or [prompts] file replaces count)
+        table.pop(key.strip(), None)
+    else:
+        table[key.strip()] = value
+
+
+def load(path: str, overrides: list[str] | None = None) -> dict[str, Any]:
+    """``read_config``, the overrides, ``check_structure``, then every file path made absolute
+    (relative to the config file's folder; for standard input the current directory). Torch-free.
+    Returns the config (a dict of tables). Raises SkillError(2)."""
+    config = read_config(path)
+    for text in overrides or []:
+        apply_override(config, text)
+    check_structure(config)
+    base = Path.cwd() if path in ("-", "/dev/stdin") else Path(path).resolve().parent
+    for section, key in PATH_KEYS:
+        if key in config.get(section, {}):
+            config[section][key] = absolute(config[section][key], base, (section, key) in PROGRAM_KEYS)
+    return config
+
+
+def absolute(value: str, base: Path, program: bool) -> str:
+    """``value`` (a path, or ``file.py:callable`` when ``program``) with its path made absolute
+    against ``base``."""
+    file, sep, name = value.rpartition(":") if program else (value, "", "")
+    return str((base / Path(file).expanduser()).resolve()) + sep + name
+
+
+# --- structure (no torch) --------------------------------------------------------------------------
+
+def type_name(value: Any) -> str:
+    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array",
+            dict: "table", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def check_minimum(section: str, key: str, value: Any) -> None:
+    low, high = MIN_VALUE.get((section, key)), MAX_VALUE.get((section, key))
+    if low is not None and isinstance(value, int) and value < low:
+        raise exits.SkillError(f"config [{section}] {key}: must be at least {low}, got {value}")
+    if high is not None and isinstance(value, int) and value > high:
+        raise exits.SkillError(f"config [{section}] {key}: must be at most {high}, got {value}")
+
+
+def check_own_keys(config: dict[str, Any], section: str) -> None:
+    """The skill's own keys of ``section`` (OWN_KEYS): known, of their type, above their minimum;
+    in [palm] the other keys are PaLM's (checked against its signature later)."""
+    own = OWN_KEYS[section]
+    for key, value in config.get(section, {}).items():
+        if key not in own:
+            if section == "palm":
+                continue
+            if section == "prompts" and key == "path":
+                raise exits.SkillError("config [prompts] path: renamed: the key is now file (one prompt per line, "
+                                       "UTF-8)")
+            raise exits.SkillError(f"config [{section}] {key}: unknown key; the keys are {', '.join(own)}")
+        want = own[key]
+        if type(value) is not want:
+            raise exits.SkillError(f"config [{section}] {key}: expected {type_name(want())}, got {type_name(value)}")
+        if want is str and ((section, key) in PROGRAM_KEYS) and not program_syntax(value):
+            raise exits.SkillError(f"config [{section}] {key}: expected \"file.py:callable\", got {value!r}")
+        check_minimum(section, key, value)
+
+
+def program_syntax(value: str) -> bool:
+    file, sep, name = value.rpartition(":")
+    return bool(sep and file and name.isidentifier())
+
+
+def check_structure(config: dict[str, Any]) -> None:
+    """Sections, the trainer name, the skill's own keys and how they combine, before torch is
+    imported. Raises SkillError(2) naming the first bad section or key."""
+    for name in config:
+        if name not in SECTIONS:
+            raise exits.SkillError(f"config: unknown section [{name}]; the sections are {', '.join(SECTIONS)}")
+        if not isinstance(config[name], dict):
+            raise exits.SkillError(f"config [{name}]: must be a table, got {type_name(config[name])}")
+    for name in REQUIRED_SECTIONS:
+        if name not in config:
+            raise exits.SkillError(f"config: missing section [{name}]")
+    trainer = config["trainer"].get("name")
+    if trainer not in trainers.TRAINERS:
+        got = "missing" if trainer is None else repr(trainer)
+        raise exits.SkillError(f"config [trainer] name: {got}; choose one of {', '.join(trainers.TRAINERS)}")
+    for section in OWN_KEYS:
+        check_own_keys(config, section)
+    check_prompts(config["prompts"])
+    check_reward(config)
+    check_rounds(config)
+
+
+def check_prompts(prompts: dict[str, Any]) -> None:
+    if ("file" in prompts) == ("count" in prompts or "length" in prompts):
+        raise exits.SkillError("config [prompts]: give either file, or both count and length")
+    if "file" not in prompts and not {"count", "length"} <= set(prompts):
+        missing = "count" if "count" not in prompts else "length"
+        raise exits.SkillError(f"config [prompts] {missing}: missing (count and length go together)")
+    if "tokenizer" in prompts and "file" not in prompts:
+        raise exits.SkillError("config [prompts] tokenizer: applies to [prompts] file (count and length are "
+                               "random ids)")
+
+
+def check_reward(config: dict[str, Any]) -> None:
+    given = [k for k in REWARD_SOURCES if k in config.get("reward", {})]
+    if len(given) > 1:
+        raise exits.SkillError(f"config [reward]: {' and '.join(given)}: give exactly one of "
+                               f"{', '.join(REWARD_SOURCES)}")
+    if given and given[0] != "checkpoint" and config.get("reward_model"):
+        raise exits.SkillError(f"config [reward_model]: builds a RewardModel, which [reward] {given[0]} replaces: "
+                               "remove one of them")
+
+
+def check_rounds(config: dict[str, Any]) -> None:
+    """[run] and [eval]: rounds required in [run]; [train] num_episodes is then [run]'s; [eval]
+    needs [run] (it scores every ``every`` rounds) and a prompts_file."""
+    run, evaluation = config.get("run"), config.get("eval")
+    if run is not None:
+        if "rounds" not in run:
+            raise exits.SkillError("config [run] rounds: missing (a run is rounds rounds of train())")
+        if "num_episodes" in config.get("train", {}):
+            raise exits.SkillError("config [train] num_episodes: not allowed with [run]: [run] rounds sets it (each "
+                                   "round is one train(num_episodes=1, ...))")
+    if evaluation is not None:
+        if run is None:
+            raise exits.SkillError("config [eval]: needs [run] (held-out prompts are scored every `every` rounds)")
+        if "prompts_file" not in evaluation:
+            raise exits.SkillError("config [eval] prompts_file: missing (the held-out prompts, one per line)")
+
+
+# --- against the installed library (imports torch) ----------------------------------------------------
+
+def check_value(section: str, key: str, value: Any, default: Any, required: bool) -> Any:
+    """Check one value against the installed parameter's default (its type is the contract:
+    palm-rlhf-pytorch annotates almost nothing). Returns the value to pass (lists become tuples
+    where the default is a tuple). Raises SkillError(2) naming the key."""
+    where = f"config [{section}] {key}"
+    if required:
+        expected = (int,)
+    elif callable(default) and not isinstance(default, type):
+        raise exits.SkillError(f"{where}: a Python callable; it cannot be set from a config file")
+    elif isinstance(default, bool):
+        expected = (bool,)
+    elif isinstance(default, int):
+        expected = (int,)
+    elif isinstance(default, float):
+        expected = (int, float)
+    elif isinstance(default, str):
+        expected = (str,)
+    elif isinstance(default, tuple):
+        expected = (list,)
+    elif isinstance(default, dict):
+        expected = (dict,)
+    elif default is None:  # max_norm, dr_grpo_constant, eos_token, ...: any plain value
+        expected = (bool, int, float, str)
+    else:
+        expected = (type(default),)
+    if type(value) not in expected or (isinstance(value, bool) and bool not in expected):
+        want = " or ".join(type_name(t()) for t in expected)
+        raise exits.SkillError(f"{where}: expected {want}, got {type_name(value)}"
+                               + ("" if value is None else f" {value!r}"))
+    check_minimum(section, key, value)
+    return tuple(value) if isinstance(default, tuple) else value
+
+
+def signature_params(target) -> dict[str, Any]:
+    import inspect
+    return {n: p for n, p in inspect.signature(target).parameters.items()
+            if n != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+
+
+def check_section(section: str, target, given: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``given`` against ``target``'s signature: (values to pass, values with the defaults filled in)."""
+    params = signature_params(target)
+    values = {}
+    for key, value in given.items():
+        if key in SUPPLIED and section in ("trainer", "reward_model"):
+            raise exits.SkillError(f"config [{section}] {key}: set by the skill from {SUPPLIED[key]}")
+        if key not in params:
+            known = ", ".join(n for n in params if n not in SUPPLIED)
+            raise exits.SkillError(f"config [{section}] {key}: not an argument of the installed "
+                                   f"{getattr(target, '__qualname__', section)}; known: {known}")
+        param = params[key]
+        values[key] = check_value(section, key, value, param.default, param.default is param.empty)
+    missing = [n for n, p in params.items() if p.default is p.empty and n not in values and n not in SUPPLIED]
+    if missing:
+        raise exits.SkillError(f"config [{section}] {missing[0]}: missing (required by the installed library)")
+    return values, {**{n: p.default for n, p in params.items() if p.default is not p.empty}, **values}
+
+
+def check_against_library(config: dict[str, Any]) -> dict[str, Any]:
+    """Every [palm], [reward_model], [trainer] and [train] key against ``inspect.signature`` of the
+    installed ``PaLM``, ``RewardModel``, trainer class and its ``train()``, so the skill cannot
+    drift from the library; then the user programs ([prompts] tokenizer, [reward] program or
+    text_program) imported and their signatures checked (``programs.load_program``).
+
+    Returns the resolved config, a dict: ``name`` (the trainer), ``trainer_class``; per library
+    section the user's values (``palm``, ``reward_model``, ``trainer``, ``train``); ``effective``
+    (those four with the library defaults filled in); ``prompts``, ``reward``, ``eval``, ``run`` (the
+    skill's own tables, with OWN_DEFAULTS filled in for eval and run); ``palm_checkpoint`` (a path
+    or None); ``programs`` ({key: the loaded callable}); ``round`` (``round_counts``, or None
+    without [run]); ``defaults_applied`` (``defaults_applied``).
+    Raises SkillError(2) naming the first unknown key, wrong type, or unusable program or file."""
+    from palm_rlhf_pytorch import PaLM, RewardModel
+    from policy_optimization import programs
+
+    name = config["trainer"]["name"]
+    trainer_cls = trainers.TRAINERS[name].load()
+    targets = {"palm": PaLM.__init__, "reward_model": RewardModel.__init__,
+               "trainer": trainer_cls.__init__, "train": trainer_cls.train}
+    palm_given = {k: v for k, v in config.get("palm", {}).items() if k not in OWN_KEYS["palm"]}
+    resolved: dict[str, Any] = {"name": name, "trainer_class": trainer_cls, "effective": {},
+                                "palm_checkpoint": config["palm"].get("checkpoint")}
+    for section, target in targets.items():
+        given = palm_given if section == "palm" else {
+            k: v for k, v in config.get(section, {}).items() if not (section == "trainer" and k == "name")}
+        resolved[section], resolved["effective"][section] = check_section(section, target, given)
+    resolved["prompts"] = dict(config["prompts"])
+    resolved["reward"] = dict(config.get("reward", {}))
+    resolved["eval"] = None if "eval" not in config else {
+        "every": OWN_DEFAULTS[("eval", "every")], "samples": OWN_DEFAULTS[("eval", "samples")], **config["eval"]}
+    resolved["run"] = None if "run" not in config else {"seed": OWN_DEFAULTS[("run", "seed")], **config["run"]}
+    for section, key in PATH_KEYS:
+        if key in config.get(section, {}) and (section, key) not in PROGRAM_KEYS:
+            must_exist(section, key, config[section][key])
+    resolved["programs"] = {f"{section}.{key}": programs.load_program(section, key, config[section][key])
+                            for section, key in PROGRAM_KEYS if key in config.get(section, {})}
+    if "reward.text_program" in resolved["programs"]:
+        tokenizer = resolved["programs"].get("prompts.tokenizer")
+        if tokenizer is not None and not callable(getattr(tokenizer, "decode", None)):
+            raise exits.SkillError(f"config [reward] text_program: needs a tokenizer that decodes; "
+                                   f"[prompts] tokenizer {config['prompts']['tokenizer']} has no decode(ids) -> str")
+    resolved["round"] = round_counts(resolved)
+    resolved["defaults_applied"] = defaults_applied(config, resolved)
+    return resolved
+
+
+def must_exist(section: str, key: str, path: str) -> None:
+    if not Path(path).is_file():
+        raise exits.SkillError(f"config [{section}] {key}: {path}: no such file")
+
+
+def round_counts(resolved: dict[str, Any]) -> dict[str, int] | None:
+    """One round of [run]: ``{rounds, max_timesteps, update_timesteps}``; a round is one
+    ``train(num_episodes=1, max_timesteps=M, update_timesteps=U, ...)`` with M = [train]
+    max_timesteps if given, else U = [train] update_timesteps (the library default when absent),
+    so one learn() per round. None without [run]."""
+    if resolved["run"] is None:
+        return None
+    update = resolved["effective"]["train"]["update_timesteps"]
+    return {"rounds": resolved["run"]["rounds"], "max_timesteps": resolved["train"].get("max_timesteps", update),
+            "update_timesteps": update}
+
+
+def train_kwargs(resolved: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of one ``train()`` call: [train] as given, or with [run] one round's
+    (num_episodes 1, max_timesteps and update_timesteps of ``round_counts``)."""
+    rnd = resolved["round"]
+    if rnd is None:
+        return dict(resolved["train"])
+    return {**resolved["train"], "num_episodes": 1, "max_timesteps": rnd["max_timesteps"],
+            "update_timesteps": rnd["update_timesteps"]}
+
+
+def eval_points(rounds: int, every: int) -> list[int]:
+    """The rounds after which [eval] scores the held-out prompts: 0 (before the first round, the
+    baseline), then every ``every`` rounds, and the last round."""
+    return sorted({0, *range(every, rounds + 1, every), rounds})
+
+
+def defaults_applied(config: dict[str, Any], resolved: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every value the run uses that the config did not set: the [train] arguments of the
+    installed train() (num_episodes, max_timesteps, update_timesteps, max_seq_len, ...; with [run]
+    num_episodes and max_timesteps are the round's), the PaLM arguments that size the model
+    (SIZE_KEYS), [trainer] arguments that decide what is
+    stored or learned (group size, minibatch_size, epochs), and the skill's own defaults.
+    Returns ``[{section, key, value, source}]``; ``source`` is ``library`` or ``skill``."""
+    out = []
+    rnd = resolved["round"]
+    for key, value in resolved["effective"]["train"].items():
+        if key in config.get("train", {}):
+            continue
+        if rnd is not None and key == "num_episodes":
+            continue  # [run] rounds sets it
+        if rnd is not None and key == "max_timesteps":
+            value, source = rnd["max_timesteps"], "skill"  # = update_timesteps: one learn() per round
+        else:
+            source = "library"
+        out.append({"section": "train", "key": key, "value": value, "source": source})
+    spec = trainers.TRAINERS[resolved["name"]]
+    for section, keys in (("palm", SIZE_KEYS), ("trainer", (spec.group_kwarg, "minibatch_size", "epochs"))):
+        for key in filter(None, keys):
+            if key not in config[section]:
+                out.append({"section": section, "key": key, "value": resolved["effective"][section][key],
+                            "source": "library"})
+    for (section, key), value in OWN_DEFAULTS.items():
+        if section in config and key not in config[section]:
+            out.append({"section": section, "key": key, "value": value, "source": "skill"})
+    return out
