@@ -10,11 +10,13 @@ from pathlib import Path
 import pytest
 
 from conftest import BIN, REPO, load_script, run, run_json
-from skill_runtime import version_gate
+from skill_check import api, budget, generated, markdown, paths, skills
+from skill_check import report as check_report
+from skill_runtime import runner, version_gate
 
 SCRIPT = REPO / "scripts" / "check_skill.py"
 check = load_script(SCRIPT, "check_skill")
-RECORD = check.version_gate.load_api_record()
+RECORD = version_gate.load_api_record()
 
 
 def library_copy(tmp_path: Path, edit: tuple[str, str, str]) -> Path:
@@ -32,7 +34,7 @@ def library_copy(tmp_path: Path, edit: tuple[str, str, str]) -> Path:
 
 
 def test_record_matches_installed_library():
-    assert check.compare_api(RECORD, check.installed_api(RECORD)) == []
+    assert api.compare_api(RECORD, api.installed_api(RECORD)) == []
     assert len(RECORD["api"]) == 8
     assert {"tested_version", "supported", "tested_with", "library"} <= RECORD.keys()
 
@@ -45,30 +47,30 @@ API_REFERENCE = "sub-skills/policy-optimization/references/api-reference.md"
 
 
 def test_reference_equals_rendering_of_record():
-    files = check.markdown_files()
-    assert check.compare_docs(RECORD, files) == []
+    files = markdown.markdown_files()
+    assert generated.compare_docs(RECORD, files) == []
     homes = {}
     for path in files:
-        for m in check.generated_blocks(path.read_text(encoding="utf-8")):
+        for m in generated.generated_blocks(path.read_text(encoding="utf-8")):
             homes.setdefault(m["symbol"], []).append(path.relative_to(REPO).as_posix())
     assert homes == {symbol: [OWNERS.get(symbol, API_REFERENCE)] for symbol in RECORD["api"]}
 
 
 def test_record_json_is_the_canonical_formatting():
-    assert check.record_json(RECORD) == (REPO / "scripts" / "api_record.json").read_text()
+    assert api.record_json(RECORD) == (REPO / "scripts" / "api_record.json").read_text()
 
 
 def test_skill_files_validate_with_skills_ref(tmp_path):
     import skills_ref
-    skills = check.skill_files()
-    assert {p.relative_to(REPO).as_posix() for p in skills} >= {"SKILL.md", "sub-skills/policy-optimization/SKILL.md"}
-    assert check.validate_skills(skills) == []
-    if REPO.name != check.ROOT_SKILL_NAME:  # without the symlink the root fails on its folder name
+    found = markdown.skill_files()
+    assert {p.relative_to(REPO).as_posix() for p in found} >= {"SKILL.md", "sub-skills/policy-optimization/SKILL.md"}
+    assert skills.validate_skills(found) == []
+    if REPO.name != skills.ROOT_SKILL_NAME:  # without the symlink the root fails on its folder name
         assert any("must match skill name" in e for e in skills_ref.validate(REPO))
     bad = tmp_path / "bad-skill"
     bad.mkdir()
     (bad / "SKILL.md").write_text("---\nname: bad-skill\ndescription: x\nfoo: 1\n---\nbody\n")
-    assert any("foo" in d["installed"] for d in check.validate_skills([bad / "SKILL.md"]))
+    assert any("foo" in d["installed"] for d in skills.validate_skills([bad / "SKILL.md"]))
 
 
 def test_broken_link_path_and_anchor_are_drift(tmp_path):
@@ -76,7 +78,7 @@ def test_broken_link_path_and_anchor_are_drift(tmp_path):
     (tmp_path / "there.md").write_text("# A heading\n")
     md.write_text("[ok](there.md#a-heading) [gone](missing.md) [anchor](there.md#nope) `nope/file.py`\n"
                   "```bash\npython scripts/also_missing.py --json\n```\n")
-    drift, checked = check.check_paths([md])
+    drift, checked = paths.check_paths([md])
     symbols = sorted(d["symbol"] for d in drift)
     assert symbols == ["link missing.md", "link there.md#nope", "path nope/file.py",
                        "path scripts/also_missing.py"] and checked == 5
@@ -102,7 +104,7 @@ def test_edited_default_in_library_copy_exits_1(tmp_path, empty_dir):
     assert proc.returncode == 1 and report["status"] == "drift", proc.stderr[-2000:]
     line = ("scripts/api_record.json: palm_rlhf_pytorch.RLHFTrainer.__init__(eps_clip): "
             "documented default 0.2, installed default 0.3")
-    assert line in [check.drift_line(d) for d in report["drift"]], report["drift"]  # the text-mode line
+    assert line in [check_report.drift_line(d) for d in report["drift"]], report["drift"]  # the text-mode line
     # the copy shadows the installed library: refused (exit 3) unless --allow-untested, then compared and said
     assert any(w.startswith(f"{lib / 'palm_rlhf_pytorch'} shadows the installed palm_rlhf_pytorch")
                for w in report["warnings"]), report["warnings"]
@@ -133,22 +135,22 @@ def test_help_and_usage_error_without_torch():
 
 
 def test_library_missing_exits_3(monkeypatch, capsys):
-    real = check.version_gate.installed_version
+    real = version_gate.installed_version
     monkeypatch.setattr(version_gate, "installed_version", lambda d: None if d == "palm-rlhf-pytorch" else real(d))
-    assert check.runner.run_cli(check.main, []) == 3
+    assert runner.run_cli(check.main, []) == 3
     assert "palm-rlhf-pytorch is not installed" in capsys.readouterr().err
 
 
 def test_untested_version_warns(monkeypatch):
-    real = check.version_gate.installed_version
+    real = version_gate.installed_version
     monkeypatch.setattr(version_gate, "installed_version", lambda d: "0.9.1" if d == "palm-rlhf-pytorch" else real(d))
-    report = check.run_checks()
+    report = check_report.run_checks()
     assert any("outside the tested range" in w for w in report["warnings"])
 
 
 def test_skills_ref_missing_exits_3(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "skills_ref.parser", None)  # import fails as if not installed
-    assert check.runner.run_cli(check.main, []) == 3
+    assert runner.run_cli(check.main, []) == 3
     assert "skills-ref is not installed" in capsys.readouterr().err
 
 
@@ -162,21 +164,21 @@ def test_write_docs_refuses_an_installed_copy(empty_dir):
 # --- context budget ----------------------------------------------------------------------------------
 
 def test_budget_table_rows_name_existing_references():
-    references = {check.rel(p) for p in check.markdown_files() if "references" in p.relative_to(REPO).parts}
-    listed = set(check.BUDGET["reference tokens"]) - {"*"}
+    references = {markdown.rel(p) for p in markdown.markdown_files() if "references" in p.relative_to(REPO).parts}
+    listed = set(budget.BUDGET["reference tokens"]) - {"*"}
     assert listed == references, "one row per reference in BUDGET (scripts/check_skill.py)"
 
 
 def test_budget_rows_cover_every_part_an_agent_loads():
-    rows, drift = check.context_budget(check.markdown_files())
+    rows, drift = budget.context_budget(markdown.markdown_files())
     assert drift == []
     parts = {(r["file"], r["part"]) for r in rows}
-    skills = {check.rel(p) for p in check.skill_files()}
+    bodies = {markdown.rel(p) for p in markdown.skill_files()}
     assert parts == ({("SKILL.md", "name and description (always loaded)")}
-                     | {(s, "body") for s in skills}
-                     | {(f, "reference") for f in check.BUDGET["reference tokens"] if f != "*"})
+                     | {(s, "body") for s in bodies}
+                     | {(f, "reference") for f in budget.BUDGET["reference tokens"] if f != "*"})
     always = next(r for r in rows if r["part"].startswith("name and description"))
-    meta, _ = check.frontmatter_and_body(REPO / "SKILL.md")
+    meta, _ = skills.frontmatter_and_body(REPO / "SKILL.md")
     assert always["chars"] == len(meta["name"]) + len(meta["description"]) and always["tokens"] == -(-always["chars"] // 4)
 
 
@@ -187,13 +189,13 @@ def test_budget_rows_cover_every_part_an_agent_loads():
     ("sub-skills/policy-optimization/references/workflows.md", "sub-skills/policy-optimization/references/workflows.md"),
 ])
 def test_over_budget_is_drift_and_exit_1(monkeypatch, capsys, key, file):
-    budget = {**check.BUDGET, "reference tokens": dict(check.BUDGET["reference tokens"])}
-    if key in budget:
-        budget[key] = 10
+    limits = {**budget.BUDGET, "reference tokens": dict(budget.BUDGET["reference tokens"])}
+    if key in limits:
+        limits[key] = 10
     else:
-        budget["reference tokens"][key] = 10
-    monkeypatch.setattr(check, "BUDGET", budget)
-    assert check.runner.run_cli(check.main, []) == 1
+        limits["reference tokens"][key] = 10
+    monkeypatch.setattr(budget, "BUDGET", limits)
+    assert runner.run_cli(check.main, []) == 1
     out, err = capsys.readouterr()
     lines = [line for line in out.splitlines() if line.startswith(f"{file}: context budget")]
     assert len(lines) >= 1 and "documented" in lines[0], out
@@ -204,8 +206,8 @@ def test_over_budget_is_drift_and_exit_1(monkeypatch, capsys, key, file):
 def test_readme_states_the_budget_limits():
     layout = (REPO / "README.md").read_text(encoding="utf-8").split("## Layout", 1)[1]
     text = " ".join(layout.split())
-    assert f"limit {check.BUDGET['root description chars']:,} characters of description" in text
-    assert (f"limit under {check.BUDGET['body lines'] + 1} lines and {check.BUDGET['body tokens']:,} tokens"
+    assert f"limit {budget.BUDGET['root description chars']:,} characters of description" in text
+    assert (f"limit under {budget.BUDGET['body lines'] + 1} lines and {budget.BUDGET['body tokens']:,} tokens"
             in text)
-    limits = [v for k, v in check.BUDGET["reference tokens"].items() if k != "*"]
+    limits = [v for k, v in budget.BUDGET["reference tokens"].items() if k != "*"]
     assert f"limits {min(limits):,}-{max(limits):,} per file" in text
