@@ -8,10 +8,16 @@ is printed as one line ``file: symbol: documented X, installed Y``:
 2. Rendered docs: every generated signature block equals its rendering from the record.
 3. SKILL.md files: validated with ``skills-ref``.
 4. Paths: every relative link (and its ``#anchor``) and named file exists.
-5. Context budget: the size of what an agent loads, within ``skill_check.budget.BUDGET``.
+5. Arguments: every argument of the record has a behaviour entry in the reference that owns it.
+6. Citations: every cited ``file.py:N-M`` holds the code recorded in ``scripts/citations.json``,
+   and every reference section cites the library lines behind its claim.
+7. Derived facts: numbers in prose that follow from a library default match the installed
+   defaults; a default stated in prose is one the library has.
+8. Context budget: the size of what an agent loads, within ``skill_check.budget.BUDGET``.
 
-It also reports the installed and tested versions and warns when the installed library is outside
-the tested range.
+It also reports the installed and tested versions, warns when the installed library is outside
+the tested range, and warns when it is run from a source checkout whose installed copy (the tree
+``palm-rlhf-skill check`` reads) differs from it: reinstall.
 
 Usage:
     check_skill.py                       # report on stdout: drift lines, then the verdict
@@ -19,6 +25,7 @@ Usage:
     check_skill.py --dump-installed      # the installed API in the record's format (to update it)
     check_skill.py --render SYMBOL       # the markdown signature block for one record symbol
     check_skill.py --write-docs          # rewrite the generated blocks in the markdown from the record
+    check_skill.py --write-citations     # record the cited lines' text (scripts/citations.json)
 """
 from __future__ import annotations
 
@@ -28,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import skill_runtime  # noqa: E402
-from skill_check import api, generated, markdown, report  # noqa: E402
+from skill_check import api, citations, generated, markdown, report  # noqa: E402
 from skill_runtime import exits, options, runner, streams, version_gate  # noqa: E402,F401
 
 # The names other test files read as ``check_skill.X`` (read only; patch the skill_check modules).
@@ -55,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--render", metavar="SYMBOL", help="print the markdown block for one record symbol")
     mode.add_argument("--write-docs", action="store_true",
                       help="rewrite the generated signature blocks in the markdown from the record")
+    mode.add_argument("--write-citations", action="store_true",
+                      help="record the text of every cited library line (scripts/citations.json), once checked")
     options.add_allow_untested_option(parser)  # check: range always allowed; a shadow (an edited library copy) compared
     return parser
 
@@ -69,11 +78,15 @@ def main(argv: list[str] | None = None) -> int:
                                 + ", ".join(record["api"]))
         sys.stdout.write(generated.render_symbol(record, args.render))
         return exits.EXIT_OK
-    if args.write_docs:
+    if args.write_docs or args.write_citations:
+        flag = "--write-docs" if args.write_docs else "--write-citations"
         if not (skill_runtime.SKILL_ROOT / "pyproject.toml").is_file():
-            raise exits.SkillError("--write-docs rewrites the repository's markdown: run it in a source "
-                                f"checkout, not in an installed copy ({skill_runtime.SKILL_ROOT})")
-        for path in generated.write_docs(record, markdown.markdown_files()):
+            raise exits.SkillError(f"{flag} rewrites the repository's files: run it in a source "
+                                   f"checkout, not in an installed copy ({skill_runtime.SKILL_ROOT})")
+        if args.write_citations:
+            version_gate.check_versions(allow_untested=True, allow_shadowed=args.allow_untested)
+            sys.stdout.write(f"rewrote {markdown.rel(citations.write_record(markdown.markdown_files()))}\n")
+        for path in generated.write_docs(record, markdown.markdown_files()) if args.write_docs else []:
             sys.stdout.write(f"rewrote {markdown.rel(path)}\n")
         return exits.EXIT_OK
     if args.dump_installed:

@@ -104,23 +104,21 @@ def sections(path: Path) -> list[Section]:
 
 @lru_cache(maxsize=64)
 def _sections(path: str, _mtime: int) -> tuple[Section, ...]:
-    raw = Path(path).read_text(encoding="utf-8")
-    prose = strip_code_blocks(raw)
+    raw = Path(path).read_text(encoding="utf-8").split("\n")
+    prose = strip_code_blocks("\n".join(raw)).split("\n")  # same lines, fenced blocks blank
     name = rel(Path(path))
-    heads = list(HEADING.finditer(prose))
+    starts = [(i, m) for i, line in enumerate(prose) if (m := HEADING.fullmatch(line))]
+    bounds = [(0, None)] + starts
     out = []
-    bounds = [(None, 0)] + [(m, m.start()) for m in heads]
-    for i, (m, start) in enumerate(bounds):
-        end = bounds[i + 1][1] if i + 1 < len(bounds) else len(raw)
-        line = raw.count("\n", 0, start) + 1
+    for k, (i, m) in enumerate(bounds):
+        end = bounds[k + 1][0] if k + 1 < len(bounds) else len(raw)
         if m is None:
             level, title, anchor = 0, "", ""
         else:
             level, title = len(m["hashes"]), m["title"]
-            above = prose[:start].rstrip("\n").rsplit("\n", 1)[-1]
-            explicit = EXPLICIT_ID.search(above)
+            explicit = EXPLICIT_ID.search(prose[i - 1]) if i else None
             anchor = explicit["id"] if explicit else slug(title)
-        out.append(Section(name, level, title, anchor, line, raw[start:end], prose[start:end]))
+        out.append(Section(name, level, title, anchor, i + 1, "\n".join(raw[i:end]), "\n".join(prose[i:end])))
     return tuple(out)
 
 

@@ -1,9 +1,10 @@
 """Every check in order, the report (``--json``) and its plain text."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from skill_check import api, budget, generated, markdown, paths, skills
+from skill_check import ROOT, api, arguments, budget, citations, derived, generated, install_state, markdown, paths, skills
 from skill_runtime import reporting, version_gate
 
 
@@ -13,26 +14,33 @@ def run_checks(allow_shadowed: bool = False) -> dict[str, Any]:
     its modules, unless ``allow_shadowed`` (``--allow-untested``: compare with that copy, e.g. a
     maintainer's edited library on PYTHONPATH, with a warning)."""
     env = version_gate.check_versions(allow_untested=True, allow_shadowed=allow_shadowed)
+    state = install_state.install_state(ROOT, Path.cwd())
+    warnings = env["warnings"] + [w for w in [install_state.warning(state)] if w]
     record = version_gate.load_api_record()
     files = markdown.markdown_files()
+    references = markdown.reference_files()
     installed = api.installed_api(record)
-    api_drift = api.compare_api(record, installed)
-    doc_drift = generated.compare_docs(record, files)
-    skill_drift = skills.validate_skills(markdown.skill_files())
+    argument_drift, entries = arguments.check_arguments(record, files)
+    citation_drift, cited = citations.check_citations(files)
     path_drift, paths_checked = paths.check_paths(files)
     parts, budget_drift = budget.context_budget(files)
-    drift = api_drift + doc_drift + skill_drift + path_drift + budget_drift
+    drift = (api.compare_api(record, installed) + generated.compare_docs(record, files)
+             + skills.validate_skills(markdown.skill_files()) + path_drift + argument_drift + citation_drift
+             + citations.uncited_sections(references) + derived.check_facts(record, installed, ROOT)
+             + derived.check_default_claims(installed, files) + budget_drift)
     methods = sum(len(e["methods"]) for e in record["api"].values())
     return {
         "status": "ok" if not drift else "drift",
         "versions": env["versions"],
         "tested": env["tested"],
-        "warnings": env["warnings"],
+        "warnings": warnings,
+        "install": state,
         "counts": {"symbols": len(record["api"]), "methods": methods,
                    "generated_blocks": sum(len(list(generated.generated_blocks(f.read_text(encoding="utf-8"))))
                                            for f in files),
                    "skill_files": len(markdown.skill_files()), "markdown_files": len(files),
-                   "links_and_paths": paths_checked},
+                   "links_and_paths": paths_checked, "argument_entries": entries, "citations": cited,
+                   "derived_facts": len(derived.FACTS)},
         "budget": {"chars_per_token": budget.CHARS_PER_TOKEN, "parts": parts, "claude_details": budget.claude_details()},
         "drift": drift,
     }
@@ -53,14 +61,18 @@ def summary(report: dict[str, Any]) -> str:
     lines += [f"warning: {w}" for w in report["warnings"]]
     lines += budget_lines(report["budget"])
     checked = (f"{c['symbols']} symbols / {c['methods']} methods, {c['generated_blocks']} generated blocks, "
-               f"{c['skill_files']} SKILL.md, {c['links_and_paths']} links and paths in {c['markdown_files']} "
+               f"{c['argument_entries']} argument entries, {c['citations']} citations, {c['derived_facts']} derived "
+               f"facts, {c['skill_files']} SKILL.md, {c['links_and_paths']} links and paths in {c['markdown_files']} "
                "markdown files and the context budget")
+    stale = report["install"]["stale"]
     if report["status"] == "ok":
         lines.append(f"check: OK (exit 0): the docs match the installed library ({checked}); next: "
-                     + reporting.FIRST_COMMAND)
+                     + ("reinstall from the checkout, then check again (warning above)" if stale
+                        else reporting.FIRST_COMMAND))
     else:
-        lines.append(f"check: DRIFT (exit 1): {len(report['drift'])} difference(s), listed above ({checked}); "
-                     "next: fix the docs or the record (scripts/api_record.json) where each line points")
+        lines.append(f"check: DRIFT (exit 1): {len(report['drift'])} difference(s), listed above ({checked}); next: "
+                     + ("these are the installed copy's: reinstall from the checkout and check again (warning above)"
+                        if stale else "fix the docs or the record (scripts/api_record.json) where each line points"))
     return "\n".join(lines)
 
 
