@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import BIN, REPO, load_script, run, run_json
-from skill_check import api, budget, generated, markdown, paths, skills
+from skill_check import api, arguments, budget, citations, derived, generated, install_state, markdown, paths, skills
 from skill_check import report as check_report
 from skill_runtime import runner, version_gate
 
@@ -19,18 +19,38 @@ check = load_script(SCRIPT, "check_skill")
 RECORD = version_gate.load_api_record()
 
 
-def library_copy(tmp_path: Path, edit: tuple[str, str, str]) -> Path:
-    """A copy of the installed palm_rlhf_pytorch with one textual edit, for PYTHONPATH (the real
-    install is never touched). ``edit`` is (file, old, new); ``old`` must occur exactly once."""
+def library_copy(tmp_path: Path, *edits: tuple[str, str, str]) -> Path:
+    """A copy of the installed palm_rlhf_pytorch with textual edits, for PYTHONPATH (the real
+    install is never touched). Each edit is (file, old, new); ``old`` must occur exactly once."""
     import palm_rlhf_pytorch
     lib = tmp_path / "lib"
     shutil.copytree(Path(palm_rlhf_pytorch.__file__).parent, lib / "palm_rlhf_pytorch",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    target = lib / "palm_rlhf_pytorch" / edit[0]
-    text = target.read_text()
-    assert text.count(edit[1]) == 1, f"{edit[1]!r} not unique in {edit[0]}"
-    target.write_text(text.replace(edit[1], edit[2]))
+    for file, old, new in edits:
+        target = lib / "palm_rlhf_pytorch" / file
+        text = target.read_text()
+        assert text.count(old) == 1, f"{old!r} not unique in {file}"
+        target.write_text(text.replace(old, new))
     return lib
+
+
+def tree_copy(dest: Path, project: bool = False) -> Path:
+    """A copy of the skill tree (what the wheel ships; with ``project``, also pyproject.toml, so it
+    reads as a source checkout) at ``dest``, byte-code caches left out."""
+    for item in install_state.TREE_ITEMS + (("pyproject.toml",) if project else ()):
+        source = REPO / item
+        if source.is_dir():
+            shutil.copytree(source, dest / item, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            dest.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / item)
+    return dest
+
+
+def edit_file(path: Path, old: str, new: str) -> None:
+    text = path.read_text(encoding="utf-8")
+    assert text.count(old) == 1, f"{old!r} not unique in {path}"
+    path.write_text(text.replace(old, new), encoding="utf-8")
 
 
 def test_record_matches_installed_library():
@@ -211,3 +231,144 @@ def test_readme_states_the_budget_limits():
             in text)
     limits = [v for k, v in budget.BUDGET["reference tokens"].items() if k != "*"]
     assert f"limits {min(limits):,}-{max(limits):,} per file" in text
+
+
+# --- the package: one module per check, a thin entry ---------------------------------------------
+
+def test_checker_is_small_modules_behind_a_thin_entry():
+    modules = sorted((REPO / "scripts" / "skill_check").glob("*.py"))
+    assert {m.stem for m in modules} >= {"api", "arguments", "budget", "citations", "derived", "generated",
+                                         "install_state", "markdown", "paths", "report", "skills"}
+    sizes = {m.name: len(m.read_text(encoding="utf-8").splitlines()) for m in modules}
+    assert max(sizes.values()) <= 600, sizes
+    assert len(SCRIPT.read_text(encoding="utf-8").splitlines()) <= 150
+
+
+# --- argument entries, citations, derived facts on this tree -------------------------------------
+
+def test_every_argument_has_an_entry_in_the_reference_that_owns_it():
+    drift, entries = arguments.check_arguments(RECORD, markdown.markdown_files())
+    assert drift == [] and entries >= 100
+    params = {(s, m, p["name"]) for s, e in RECORD["api"].items() for m, d in e["methods"].items() for p in d["params"]}
+    assert len(params) >= 240  # every argument of the record, *args and **kwargs included
+
+
+def test_every_reference_section_cites_its_library_lines():
+    assert citations.uncited_sections(markdown.reference_files()) == []
+    for key in citations.NO_LIBRARY_CLAIM:
+        file, _, anchor = key.partition("#")
+        assert not anchor or anchor in markdown.anchors(REPO / file), f"NO_LIBRARY_CLAIM names a missing section: {key}"
+    assert len(citations.NO_LIBRARY_CLAIM) <= 20  # a short list: sections about this tree's own helpers
+
+
+def test_citations_match_the_recorded_lines():
+    """scripts/citations.json holds exactly the tree's citations, each as the installed code reads."""
+    files = markdown.markdown_files()
+    drift, checked = citations.check_citations(files)
+    assert drift == [] and checked >= 300
+    assert citations.record_of(files) == citations.load_record(), \
+        "scripts/citations.json is not the tree's: check the new citations, then run check_skill.py --write-citations"
+
+
+def test_derived_facts_and_stated_defaults_match_the_library():
+    installed = api.installed_api(RECORD)
+    assert derived.check_facts(RECORD, installed, REPO) == []
+    assert derived.check_default_claims(installed, markdown.markdown_files()) == []
+    assert len(derived.FACTS) >= 50
+
+
+def test_default_claims_are_read_from_prose():
+    names = {"kl_div_loss_weight", "pad_value", "max_episodes", "update_timesteps"}
+    text = ("`kl_div_loss_weight` of PPO's `RLHFTrainer` (default 0.7). With the default `pad_value=0`, ... "
+            "`max_episodes` (a `train()` argument, default 4). Default `update_timesteps=5000`: ... "
+            "`pad_value=-1` is a fix, not a default.")
+    assert [(n, v) for _, n, v in derived.default_claims(text, names)] == [
+        ("kl_div_loss_weight", "0.7"), ("max_episodes", "4"), ("pad_value", "0"), ("update_timesteps", "5000")]
+
+
+# --- the issue's proofs: a changed library, an edited tree -----------------------------------------
+
+TS = "sub-skills/policy-optimization/references/troubleshooting.md"
+SEL = "sub-skills/policy-optimization/references/trainer-selection.md"
+GROUP_SIZE_PLACES = {f"{TS}#equal-rewards-group", f"{TS}#printed-losses", f"{TS}#stored-probabilities-memory",
+                     f"{TS}#group-size-per-rollout", f"{SEL}#decision-table", f"{SEL}#decision-points"}
+
+
+def derived_places(report: dict) -> set[str]:
+    return {d["file"] for d in report["drift"] if d["symbol"].startswith("derived fact")}
+
+
+@pytest.mark.parametrize("edit, places", [
+    (("grpo.py", "grpo_num_times_sample_rewards = 10,", "grpo_num_times_sample_rewards = 7,"), GROUP_SIZE_PLACES),
+    (("flowrl.py", "beta = 15.0,", "beta = 10.0,"),
+     {f"{TS}#equal-rewards-group", f"{TS}#flowrl-printed-balance", f"{TS}#flowrl-probabilities", f"{SEL}#decision-points"}),
+], ids=["grpo-group-size", "flowrl-beta"])
+def test_changed_default_names_every_stale_place(tmp_path, empty_dir, edit, places):
+    """Issue 21: a library whose default moved names every section whose prose follows from it."""
+    lib = library_copy(tmp_path, edit)
+    proc, report = run_json([sys.executable, str(SCRIPT), "--json", "--allow-untested"], empty_dir,
+                            env={"PYTHONPATH": str(lib)})
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert derived_places(report) == places, sorted(derived_places(report) ^ places)
+    lines = [check_report.drift_line(d) for d in report["drift"] if d["symbol"].startswith("derived fact")]
+    assert lines and all(": documented " in line and "installed defaults give " in line for line in lines), lines
+    if edit[0] == "grpo.py":
+        assert (f"{TS}#equal-rewards-group: derived fact grpo_group: documented \"GRPO's default group of 11\", "
+                "installed defaults give \"GRPO's default group of 8\"") in " ".join(lines), lines
+
+
+def test_edited_cited_code_names_the_sections_citing_it(tmp_path, empty_dir):
+    lib = library_copy(tmp_path, ("grpo.py", "    assert (den >= 0).all()\n", "    assert (den >= 0.).all()\n"))
+    proc, report = run_json([sys.executable, str(SCRIPT), "--json", "--allow-untested"], empty_dir,
+                            env={"PYTHONPATH": str(lib)})
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    cited = [d for d in report["drift"] if d["symbol"] == "citation palm_rlhf_pytorch/grpo.py:204"]
+    assert [d["file"] for d in cited] == [f"{TS}#group-of-one"], report["drift"]
+    assert "assert (den >= 0.).all()" in cited[0]["installed"] and "changed" in cited[0]["installed"]
+
+
+def test_edited_tree_copy_names_each_kind_of_drift(tmp_path, empty_dir):
+    """A copy of the tree checks itself: a deleted argument row, a wrong default in the glossary,
+    an argument row citing unrelated lines, a citation moved to unrecorded lines, a section
+    without a citation and an edited derived number each fail, naming file and section."""
+    tree = tree_copy(tmp_path / "tree")
+    ar = tree / arguments.API_REFERENCE
+    text = ar.read_text(encoding="utf-8")
+    row = next(line for line in text.splitlines() if line.startswith("| `eps_clip` |"))
+    edit_file(ar, row + "\n", "")
+    edit_file(ar, "| `grpo.py:485` |", "| `grpo.py:486` |")
+    edit_file(tree / "references/glossary.md", "(default 0.1)", "(default 0.7)")
+    edit_file(tree / TS, "`safe_div`, `palm_rlhf_pytorch/grpo.py:204`", "`safe_div`, `palm_rlhf_pytorch/grpo.py:205`")
+    edit_file(tree / "sub-skills/policy-optimization/references/distributed.md", "\n## Seeding\n",
+              "\n## A new claim\nGRPO shards the prompts.\n\n## Seeding\n")
+    edit_file(tree / SEL, "(11 by default)", "(12 by default)")
+    proc, report = run_json([sys.executable, str(tree / "scripts" / "check_skill.py"), "--json"], empty_dir)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    lines = [check_report.drift_line(d) for d in report["drift"]]
+    for symbol in ("palm_rlhf_pytorch.RLHFTrainer", "palm_rlhf_pytorch.grpo.RLHFTrainer",
+                   "palm_rlhf_pytorch.flowrl.FlowRLTrainer"):
+        assert (f"{arguments.API_REFERENCE}: {symbol}.__init__(eps_clip): documented no behaviour entry, "
+                "installed an argument (default 0.2)") in lines, lines
+    want = ["references/glossary.md#glossary: default of `kl_div_loss_weight`: documented 0.7, installed 0.1",
+            f"{arguments.API_REFERENCE}:", "argument entry `epochs`: citation grpo.py:486",
+            f"{TS}#group-of-one: citation palm_rlhf_pytorch/grpo.py:205: documented recorded cited lines",
+            "distributed.md#a-new-claim: section citations: documented 'A new claim' cites no library lines",
+            f"{SEL}#decision-points: derived fact grpo_group"]
+    for piece in want:
+        assert any(piece in line for line in lines), (piece, lines)
+
+
+def test_stale_install_says_reinstall(tmp_path):
+    """Issue 22: check run from a checkout whose installed copy differs says so, and what to do."""
+    checkout = tree_copy(tmp_path / "checkout", project=True)
+    (checkout / "references" / "glossary.md").write_text("# Glossary\n\nedited\n", encoding="utf-8")
+    proc = run([sys.executable, str(SCRIPT)], checkout / "references")
+    out = proc.stdout.splitlines()
+    warning = next(line for line in out if line.startswith("warning: stale install"))
+    assert f"checkout at {checkout}" in warning and "references/glossary.md" in warning and "reinstall" in warning
+    assert "reinstall from the checkout" in out[-1], out[-1]
+    state = install_state.install_state(REPO, checkout)
+    assert state["stale"] and state["differing"] == ["references/glossary.md"]
+    same = tree_copy(tmp_path / "same", project=True)
+    assert install_state.install_state(REPO, same)["stale"] is False
+    assert install_state.install_state(REPO, REPO)["checkout"] is None  # run from the tree it checks

@@ -24,6 +24,7 @@ import importlib.util
 import json
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -92,12 +93,18 @@ def citations(md: Path) -> Iterator[Citation]:
                        row if row.lstrip().startswith("|") else "")
 
 
+@lru_cache(maxsize=None)
+def source_lines(path: str) -> tuple[str, ...] | None:
+    """The lines of the installed file a citation names (None when it is missing), read once."""
+    found = source_file(path)
+    return tuple(found.read_text(encoding="utf-8").splitlines()) if found else None
+
+
 def cited_text(citation: Citation) -> str | None:
     """The cited lines joined by newlines, or None when the file or a line is missing."""
-    path = source_file(citation.path)
-    if path is None:
+    lines = source_lines(citation.path)
+    if lines is None:
         return None
-    lines = path.read_text(encoding="utf-8").splitlines()
     if any(b > len(lines) or a < 1 or a > b for a, b in citation.spans):
         return None
     return "\n".join("\n".join(lines[a - 1:b]) for a, b in citation.spans)

@@ -20,12 +20,13 @@ def run_checks(allow_shadowed: bool = False) -> dict[str, Any]:
     files = markdown.markdown_files()
     references = markdown.reference_files()
     installed = api.installed_api(record)
+    skill_drift = skills.validate_skills(markdown.skill_files())  # first: exit 3 without skills-ref
     argument_drift, entries = arguments.check_arguments(record, files)
     citation_drift, cited = citations.check_citations(files)
     path_drift, paths_checked = paths.check_paths(files)
     parts, budget_drift = budget.context_budget(files)
     drift = (api.compare_api(record, installed) + generated.compare_docs(record, files)
-             + skills.validate_skills(markdown.skill_files()) + path_drift + argument_drift + citation_drift
+             + skill_drift + path_drift + argument_drift + citation_drift
              + citations.uncited_sections(references) + derived.check_facts(record, installed, ROOT)
              + derived.check_default_claims(installed, files) + budget_drift)
     methods = sum(len(e["methods"]) for e in record["api"].values())
