@@ -372,3 +372,11 @@ def test_stale_install_says_reinstall(tmp_path):
     same = tree_copy(tmp_path / "same", project=True)
     assert install_state.install_state(REPO, same)["stale"] is False
     assert install_state.install_state(REPO, REPO)["checkout"] is None  # run from the tree it checks
+
+
+def test_version_mentions_follow_the_record():
+    files = markdown.markdown_files()
+    assert derived.check_version_mentions(RECORD, files) == []
+    moved = {**RECORD, "tested_version": "0.8.1"}
+    named = {d["file"] for d in derived.check_version_mentions(moved, files)}
+    assert {"SKILL.md#palm-rlhf-pytorch", "references/glossary.md#glossary"} <= named, sorted(named)

@@ -1,6 +1,6 @@
 """Numbers and names in prose that follow from a library default: one source, the library.
 
-Two checks:
+Three checks:
 
 1. ``FACTS``: each derived number the references state (a group size, a memory figure, a loss at
    the start) is a template rendered from the *installed* library's defaults; the section it is
@@ -10,6 +10,7 @@ Two checks:
 2. Default claims: a record argument named in prose next to the word "default" with a value
    (``\u0060kl_div_loss_weight\u0060 (default 0.1)``, ``the default \u0060pad_value=0\u0060``) must
    carry a default that argument has in the installed library, in some symbol of the record.
+3. Versions: "palm-rlhf-pytorch X.Y.Z" in prose is the record's tested version.
 """
 from __future__ import annotations
 
@@ -260,4 +261,21 @@ def check_default_claims(installed: dict[str, Any], files: list[Path]) -> list[d
             have = sorted({f"{d!r}" for _, d in by_name[name]})
             drift.append({"file": where, "symbol": f"default of `{name}`", "documented": value.rstrip("."),
                           "installed": " or ".join(have) + " (" + ", ".join(s for s, _ in by_name[name][:3]) + ")"})
+    return drift
+
+
+VERSION = re.compile(r"\b(?:palm-rlhf-pytorch|in) (?P<version>\d+\.\d+\.\d+)\b")
+
+
+def check_version_mentions(record: dict[str, Any], files: list[Path]) -> list[dict[str, str]]:
+    """Drift for every ``palm-rlhf-pytorch X.Y.Z`` (or "in X.Y.Z") in prose that is not the record's
+    tested version: the docs state what was tested, so a new tested version names each page."""
+    drift = []
+    for md in files:
+        prose = markdown.strip_code_blocks(md.read_text(encoding="utf-8"))
+        for m in VERSION.finditer(prose):
+            if m["version"] != record["tested_version"]:
+                where = markdown.section_at(md, prose.count("\n", 0, m.start()) + 1).where
+                drift.append({"file": where, "symbol": "library version", "documented": m["version"],
+                              "installed": f"tested_version {record['tested_version']} in scripts/api_record.json"})
     return drift
