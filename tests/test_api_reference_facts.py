@@ -1,6 +1,7 @@
 """Facts that sub-skills/policy-optimization/references/api-reference.md states in words (its code
 blocks run in test_doc_code_blocks.py): TPO's ``tpo_eta``, GRPO's entropy bonus and score
-centering, PPO's ``value_clip`` units. Each failure names the section to update. Tiny CPU models.
+centering, PPO's ``value_clip`` units, arguments accepted and ignored, the trainers' ``generate``
+arguments. Each failure names the section to update. Tiny CPU models.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 
 import palm_rlhf_pytorch.grpo as grpo
 import palm_rlhf_pytorch.ppo as ppo
-from palm_rlhf_pytorch import RewardModel
+from palm_rlhf_pytorch import ActorCritic, ImplicitPRM, RewardModel
 from canary import VOCAB, ConstantReward, LastTokenReward, make, reseed, tiny_palm
 from policy_optimization import trainers
 
@@ -69,7 +70,7 @@ def test_grpo_entropy_bonus_is_capped_by_the_advantage(monkeypatch, reward, equa
     kappa = trainer.entropy_to_advantage_kappa
     capped = bool((bonus <= advantages.abs()[:, None] / kappa + 1e-6).all() and (bonus >= 0).all())
     assert capped and (bonus.abs().sum() == 0) == equal, \
-        fix("grpo-rlhftrainer", f"advantages {advantages.tolist()}, bonus sum {bonus.sum():.4f}")
+        fix("grpo-tpo-flowrl", f"advantages {advantages.tolist()}, bonus sum {bonus.sum():.4f}")
 
 
 def test_grpo_score_centering_combines_with_the_entropy_bonus():
@@ -78,7 +79,7 @@ def test_grpo_score_centering_combines_with_the_entropy_bonus():
     trainer.train(num_episodes=1, max_timesteps=1, update_timesteps=1, max_seq_len=8)
     src = inspect.getsource(grpo)
     assert "cancels systematic drift caused by training-inference mismatch" in src, \
-        fix("grpo-rlhftrainer", "score centering's stated purpose")
+        fix("grpo-tpo-flowrl", "score centering's stated purpose")
 
 
 def test_ppo_value_clip_is_in_reward_units():
@@ -87,7 +88,7 @@ def test_ppo_value_clip_is_in_reward_units():
     src = inspect.getsource(ppo.RLHFTrainer.learn)
     decode = src.index("transform_from_logits")
     clip = src.index(".clamp(-self.value_clip, self.value_clip)")
-    assert decode < clip, fix("ppo-rlhftrainer", "value_clip no longer clips the decoded value")
+    assert decode < clip, fix("actorcritic-and-ppo", "value_clip no longer clips the decoded value")
 
 
 def test_reward_model_needs_a_2d_prompt_mask():
@@ -134,3 +135,58 @@ def test_log_with_alone_logs_nothing(name, capsys):
     assert "self.print(f'" in learn and not re.search(r"accelerate\.(gather|reduce)|all_reduce|all_gather", learn), fix(
         "logging-per-update-statistics", "the printed loss is now gathered across ranks")
     assert "is_local_main_process" in inspect.getsource(accelerate.state.PartialState.print)
+
+
+# --- argument rows (api-reference.md#arguments, palm-api.md, implicit-prm.md) that no other test runs --
+
+PA = "sub-skills/palm-modeling/references/palm-api.md"
+IP = "sub-skills/reward-modeling/references/implicit-prm.md"
+
+
+@pytest.mark.parametrize("name", ["ppo", "grpo", "tpo", "flowrl"])
+def test_trainer_generate_extra_arguments_raise(name):
+    """#shared-by-the-four-trainers: an extra positional argument lands on max_seq_len again, and
+    use_tqdm collides with the actor's own."""
+    trainer = make(name)
+    prompt = torch.tensor([5, 6, 7, 8])
+    with pytest.raises(TypeError, match="max_seq_len"):
+        trainer.generate(8, 1.0, prompt=prompt)
+    with pytest.raises(TypeError, match="use_tqdm"):
+        trainer.generate(8, prompt=prompt, use_tqdm=False)
+    assert trainer.generate(8, prompt=prompt, num_samples=2).shape == (8,), fix("shared-by-the-four-trainers", "generate")
+
+
+def test_prompts_path_takes_a_path_except_in_ppo(tmp_path):
+    from beartype.roar import BeartypeCallHintParamViolation
+    from pathlib import Path
+    path = tmp_path / "prompts.txt"
+    path.write_text("ab\ncd")
+    tokenize = lambda prompts: torch.randint(1, 64, (len(prompts), 3))  # noqa: E731
+    make("grpo", prompt_token_ids=None, prompts_path=Path(path), tokenizer=tokenize)
+    with pytest.raises(BeartypeCallHintParamViolation):
+        make("ppo", prompt_token_ids=None, prompts_path=Path(path), tokenizer=tokenize)
+    make("ppo", prompt_token_ids=None, prompts_path=str(path), tokenizer=tokenize)
+
+
+def test_critic_palm_is_shared_and_its_dropout_wins():
+    palm = tiny_palm()
+    ac = ActorCritic(palm, critic=palm, actor_dropout=0.1, critic_dropout=0.3)
+    assert ac.critic is palm and {"actor", "critic"} <= set(palm.finetune_modules), fix("actorcritic-and-ppo", "critic=palm")
+    assert {m.p for m in palm.modules() if isinstance(m, torch.nn.Dropout)} == {0.3}, fix("actorcritic-and-ppo", "dropout")
+
+
+def test_palm_argument_rows():
+    palm = tiny_palm()
+    x = torch.randint(1, 64, (2, 6))
+    assert palm(x, return_loss=True, return_only_embedding=True).shape == (2, 5, 32), \
+        f"{PA}#forward: return_only_embedding no longer wins over return_loss"
+    assert palm(x, return_loss=True, return_logits_with_embedding=True).ndim == 0, \
+        f"{PA}#forward: return_logits_with_embedding is no longer ignored with return_loss"
+    out = palm.generate(6, prompt=torch.tensor([[5, 7, 9]]), eos_token=7, pad_value=0.5, return_seq_without_prompt=False)
+    assert out.dtype == torch.long and out.tolist() == [[5, 7, 0, 0]], f"{PA}#generate: pad_value 0.5 gave {out.tolist()}"
+
+
+def test_implicit_prm_ref_model_model_freezes_the_policy():
+    policy = tiny_palm()
+    ImplicitPRM(policy, ref_model=policy)
+    assert not any(p.requires_grad for p in policy.parameters()), f"{IP}#what-it-computes: ref_model=model"

@@ -576,6 +576,7 @@ def test_rule_reward_multi_cpu(name, ddp_cases):
 # --- the doc and the canaries cover each other -----------------------------------------------------
 
 import test_silent_failures  # noqa: E402,F401  (registers the silent-failure canaries in COVERED)
+import test_reference_gaps  # noqa: E402,F401  (registers the canaries of issue 21's troubleshooting sections)
 
 INDEXES = {"symptom-index", "silent-failures"}  # navigation sections: no canary of their own
 

@@ -10,29 +10,51 @@ from pathlib import Path
 import pytest
 
 from conftest import BIN, REPO, load_script, run, run_json
-from skill_runtime import version_gate
+from skill_check import api, arguments, budget, citations, derived, generated, install_state, markdown, paths, skills
+from skill_check import report as check_report
+from skill_runtime import runner, version_gate
 
 SCRIPT = REPO / "scripts" / "check_skill.py"
 check = load_script(SCRIPT, "check_skill")
-RECORD = check.version_gate.load_api_record()
+RECORD = version_gate.load_api_record()
 
 
-def library_copy(tmp_path: Path, edit: tuple[str, str, str]) -> Path:
-    """A copy of the installed palm_rlhf_pytorch with one textual edit, for PYTHONPATH (the real
-    install is never touched). ``edit`` is (file, old, new); ``old`` must occur exactly once."""
+def library_copy(tmp_path: Path, *edits: tuple[str, str, str]) -> Path:
+    """A copy of the installed palm_rlhf_pytorch with textual edits, for PYTHONPATH (the real
+    install is never touched). Each edit is (file, old, new); ``old`` must occur exactly once."""
     import palm_rlhf_pytorch
     lib = tmp_path / "lib"
     shutil.copytree(Path(palm_rlhf_pytorch.__file__).parent, lib / "palm_rlhf_pytorch",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    target = lib / "palm_rlhf_pytorch" / edit[0]
-    text = target.read_text()
-    assert text.count(edit[1]) == 1, f"{edit[1]!r} not unique in {edit[0]}"
-    target.write_text(text.replace(edit[1], edit[2]))
+    for file, old, new in edits:
+        target = lib / "palm_rlhf_pytorch" / file
+        text = target.read_text()
+        assert text.count(old) == 1, f"{old!r} not unique in {file}"
+        target.write_text(text.replace(old, new))
     return lib
 
 
+def tree_copy(dest: Path, project: bool = False) -> Path:
+    """A copy of the skill tree (what the wheel ships; with ``project``, also pyproject.toml, so it
+    reads as a source checkout) at ``dest``, byte-code caches left out."""
+    for item in install_state.TREE_ITEMS + (("pyproject.toml",) if project else ()):
+        source = REPO / item
+        if source.is_dir():
+            shutil.copytree(source, dest / item, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            dest.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / item)
+    return dest
+
+
+def edit_file(path: Path, old: str, new: str) -> None:
+    text = path.read_text(encoding="utf-8")
+    assert text.count(old) == 1, f"{old!r} not unique in {path}"
+    path.write_text(text.replace(old, new), encoding="utf-8")
+
+
 def test_record_matches_installed_library():
-    assert check.compare_api(RECORD, check.installed_api(RECORD)) == []
+    assert api.compare_api(RECORD, api.installed_api(RECORD)) == []
     assert len(RECORD["api"]) == 8
     assert {"tested_version", "supported", "tested_with", "library"} <= RECORD.keys()
 
@@ -45,30 +67,30 @@ API_REFERENCE = "sub-skills/policy-optimization/references/api-reference.md"
 
 
 def test_reference_equals_rendering_of_record():
-    files = check.markdown_files()
-    assert check.compare_docs(RECORD, files) == []
+    files = markdown.markdown_files()
+    assert generated.compare_docs(RECORD, files) == []
     homes = {}
     for path in files:
-        for m in check.generated_blocks(path.read_text(encoding="utf-8")):
+        for m in generated.generated_blocks(path.read_text(encoding="utf-8")):
             homes.setdefault(m["symbol"], []).append(path.relative_to(REPO).as_posix())
     assert homes == {symbol: [OWNERS.get(symbol, API_REFERENCE)] for symbol in RECORD["api"]}
 
 
 def test_record_json_is_the_canonical_formatting():
-    assert check.record_json(RECORD) == (REPO / "scripts" / "api_record.json").read_text()
+    assert api.record_json(RECORD) == (REPO / "scripts" / "api_record.json").read_text()
 
 
 def test_skill_files_validate_with_skills_ref(tmp_path):
     import skills_ref
-    skills = check.skill_files()
-    assert {p.relative_to(REPO).as_posix() for p in skills} >= {"SKILL.md", "sub-skills/policy-optimization/SKILL.md"}
-    assert check.validate_skills(skills) == []
-    if REPO.name != check.ROOT_SKILL_NAME:  # without the symlink the root fails on its folder name
+    found = markdown.skill_files()
+    assert {p.relative_to(REPO).as_posix() for p in found} >= {"SKILL.md", "sub-skills/policy-optimization/SKILL.md"}
+    assert skills.validate_skills(found) == []
+    if REPO.name != skills.ROOT_SKILL_NAME:  # without the symlink the root fails on its folder name
         assert any("must match skill name" in e for e in skills_ref.validate(REPO))
     bad = tmp_path / "bad-skill"
     bad.mkdir()
     (bad / "SKILL.md").write_text("---\nname: bad-skill\ndescription: x\nfoo: 1\n---\nbody\n")
-    assert any("foo" in d["installed"] for d in check.validate_skills([bad / "SKILL.md"]))
+    assert any("foo" in d["installed"] for d in skills.validate_skills([bad / "SKILL.md"]))
 
 
 def test_broken_link_path_and_anchor_are_drift(tmp_path):
@@ -76,7 +98,7 @@ def test_broken_link_path_and_anchor_are_drift(tmp_path):
     (tmp_path / "there.md").write_text("# A heading\n")
     md.write_text("[ok](there.md#a-heading) [gone](missing.md) [anchor](there.md#nope) `nope/file.py`\n"
                   "```bash\npython scripts/also_missing.py --json\n```\n")
-    drift, checked = check.check_paths([md])
+    drift, checked = paths.check_paths([md])
     symbols = sorted(d["symbol"] for d in drift)
     assert symbols == ["link missing.md", "link there.md#nope", "path nope/file.py",
                        "path scripts/also_missing.py"] and checked == 5
@@ -102,7 +124,7 @@ def test_edited_default_in_library_copy_exits_1(tmp_path, empty_dir):
     assert proc.returncode == 1 and report["status"] == "drift", proc.stderr[-2000:]
     line = ("scripts/api_record.json: palm_rlhf_pytorch.RLHFTrainer.__init__(eps_clip): "
             "documented default 0.2, installed default 0.3")
-    assert line in [check.drift_line(d) for d in report["drift"]], report["drift"]  # the text-mode line
+    assert line in [check_report.drift_line(d) for d in report["drift"]], report["drift"]  # the text-mode line
     # the copy shadows the installed library: refused (exit 3) unless --allow-untested, then compared and said
     assert any(w.startswith(f"{lib / 'palm_rlhf_pytorch'} shadows the installed palm_rlhf_pytorch")
                for w in report["warnings"]), report["warnings"]
@@ -133,22 +155,22 @@ def test_help_and_usage_error_without_torch():
 
 
 def test_library_missing_exits_3(monkeypatch, capsys):
-    real = check.version_gate.installed_version
+    real = version_gate.installed_version
     monkeypatch.setattr(version_gate, "installed_version", lambda d: None if d == "palm-rlhf-pytorch" else real(d))
-    assert check.runner.run_cli(check.main, []) == 3
+    assert runner.run_cli(check.main, []) == 3
     assert "palm-rlhf-pytorch is not installed" in capsys.readouterr().err
 
 
 def test_untested_version_warns(monkeypatch):
-    real = check.version_gate.installed_version
+    real = version_gate.installed_version
     monkeypatch.setattr(version_gate, "installed_version", lambda d: "0.9.1" if d == "palm-rlhf-pytorch" else real(d))
-    report = check.run_checks()
+    report = check_report.run_checks()
     assert any("outside the tested range" in w for w in report["warnings"])
 
 
 def test_skills_ref_missing_exits_3(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "skills_ref.parser", None)  # import fails as if not installed
-    assert check.runner.run_cli(check.main, []) == 3
+    assert runner.run_cli(check.main, []) == 3
     assert "skills-ref is not installed" in capsys.readouterr().err
 
 
@@ -162,21 +184,21 @@ def test_write_docs_refuses_an_installed_copy(empty_dir):
 # --- context budget ----------------------------------------------------------------------------------
 
 def test_budget_table_rows_name_existing_references():
-    references = {check.rel(p) for p in check.markdown_files() if "references" in p.relative_to(REPO).parts}
-    listed = set(check.BUDGET["reference tokens"]) - {"*"}
+    references = {markdown.rel(p) for p in markdown.markdown_files() if "references" in p.relative_to(REPO).parts}
+    listed = set(budget.BUDGET["reference tokens"]) - {"*"}
     assert listed == references, "one row per reference in BUDGET (scripts/check_skill.py)"
 
 
 def test_budget_rows_cover_every_part_an_agent_loads():
-    rows, drift = check.context_budget(check.markdown_files())
+    rows, drift = budget.context_budget(markdown.markdown_files())
     assert drift == []
     parts = {(r["file"], r["part"]) for r in rows}
-    skills = {check.rel(p) for p in check.skill_files()}
+    bodies = {markdown.rel(p) for p in markdown.skill_files()}
     assert parts == ({("SKILL.md", "name and description (always loaded)")}
-                     | {(s, "body") for s in skills}
-                     | {(f, "reference") for f in check.BUDGET["reference tokens"] if f != "*"})
+                     | {(s, "body") for s in bodies}
+                     | {(f, "reference") for f in budget.BUDGET["reference tokens"] if f != "*"})
     always = next(r for r in rows if r["part"].startswith("name and description"))
-    meta, _ = check.frontmatter_and_body(REPO / "SKILL.md")
+    meta, _ = skills.frontmatter_and_body(REPO / "SKILL.md")
     assert always["chars"] == len(meta["name"]) + len(meta["description"]) and always["tokens"] == -(-always["chars"] // 4)
 
 
@@ -187,13 +209,13 @@ def test_budget_rows_cover_every_part_an_agent_loads():
     ("sub-skills/policy-optimization/references/workflows.md", "sub-skills/policy-optimization/references/workflows.md"),
 ])
 def test_over_budget_is_drift_and_exit_1(monkeypatch, capsys, key, file):
-    budget = {**check.BUDGET, "reference tokens": dict(check.BUDGET["reference tokens"])}
-    if key in budget:
-        budget[key] = 10
+    limits = {**budget.BUDGET, "reference tokens": dict(budget.BUDGET["reference tokens"])}
+    if key in limits:
+        limits[key] = 10
     else:
-        budget["reference tokens"][key] = 10
-    monkeypatch.setattr(check, "BUDGET", budget)
-    assert check.runner.run_cli(check.main, []) == 1
+        limits["reference tokens"][key] = 10
+    monkeypatch.setattr(budget, "BUDGET", limits)
+    assert runner.run_cli(check.main, []) == 1
     out, err = capsys.readouterr()
     lines = [line for line in out.splitlines() if line.startswith(f"{file}: context budget")]
     assert len(lines) >= 1 and "documented" in lines[0], out
@@ -204,8 +226,157 @@ def test_over_budget_is_drift_and_exit_1(monkeypatch, capsys, key, file):
 def test_readme_states_the_budget_limits():
     layout = (REPO / "README.md").read_text(encoding="utf-8").split("## Layout", 1)[1]
     text = " ".join(layout.split())
-    assert f"limit {check.BUDGET['root description chars']:,} characters of description" in text
-    assert (f"limit under {check.BUDGET['body lines'] + 1} lines and {check.BUDGET['body tokens']:,} tokens"
+    assert f"limit {budget.BUDGET['root description chars']:,} characters of description" in text
+    assert (f"limit under {budget.BUDGET['body lines'] + 1} lines and {budget.BUDGET['body tokens']:,} tokens"
             in text)
-    limits = [v for k, v in check.BUDGET["reference tokens"].items() if k != "*"]
+    limits = [v for k, v in budget.BUDGET["reference tokens"].items() if k != "*"]
     assert f"limits {min(limits):,}-{max(limits):,} per file" in text
+
+
+# --- the package: one module per check, a thin entry ---------------------------------------------
+
+def test_checker_is_small_modules_behind_a_thin_entry():
+    modules = sorted((REPO / "scripts" / "skill_check").glob("*.py"))
+    assert {m.stem for m in modules} >= {"api", "arguments", "budget", "citations", "derived", "generated",
+                                         "install_state", "markdown", "paths", "report", "skills"}
+    sizes = {m.name: len(m.read_text(encoding="utf-8").splitlines()) for m in modules}
+    assert max(sizes.values()) <= 600, sizes
+    assert len(SCRIPT.read_text(encoding="utf-8").splitlines()) <= 150
+
+
+# --- argument entries, citations, derived facts on this tree -------------------------------------
+
+def test_every_argument_has_an_entry_in_the_reference_that_owns_it():
+    drift, entries = arguments.check_arguments(RECORD, markdown.markdown_files())
+    assert drift == [] and entries >= 100
+    params = {(s, m, p["name"]) for s, e in RECORD["api"].items() for m, d in e["methods"].items() for p in d["params"]}
+    assert len(params) >= 240  # every argument of the record, *args and **kwargs included
+
+
+def test_every_reference_section_cites_its_library_lines():
+    assert citations.uncited_sections(markdown.reference_files()) == []
+    for key in citations.NO_LIBRARY_CLAIM:
+        file, _, anchor = key.partition("#")
+        assert not anchor or anchor in markdown.anchors(REPO / file), f"NO_LIBRARY_CLAIM names a missing section: {key}"
+    assert len(citations.NO_LIBRARY_CLAIM) <= 20  # a short list: sections about this tree's own helpers
+
+
+def test_citations_match_the_recorded_lines():
+    """scripts/citations.json holds exactly the tree's citations, each as the installed code reads."""
+    files = markdown.markdown_files()
+    drift, checked = citations.check_citations(files)
+    assert drift == [] and checked >= 300
+    assert citations.record_of(files) == citations.load_record(), \
+        "scripts/citations.json is not the tree's: check the new citations, then run check_skill.py --write-citations"
+
+
+def test_derived_facts_and_stated_defaults_match_the_library():
+    installed = api.installed_api(RECORD)
+    assert derived.check_facts(RECORD, installed, REPO) == []
+    assert derived.check_default_claims(installed, markdown.markdown_files()) == []
+    assert len(derived.FACTS) >= 50
+
+
+def test_default_claims_are_read_from_prose():
+    names = {"kl_div_loss_weight", "pad_value", "max_episodes", "update_timesteps"}
+    text = ("`kl_div_loss_weight` of PPO's `RLHFTrainer` (default 0.7). With the default `pad_value=0`, ... "
+            "`max_episodes` (a `train()` argument, default 4). Default `update_timesteps=5000`: ... "
+            "`pad_value=-1` is a fix, not a default.")
+    assert [(n, v) for _, n, v in derived.default_claims(text, names)] == [
+        ("kl_div_loss_weight", "0.7"), ("max_episodes", "4"), ("pad_value", "0"), ("update_timesteps", "5000")]
+
+
+# --- the issue's proofs: a changed library, an edited tree -----------------------------------------
+
+TS = "sub-skills/policy-optimization/references/troubleshooting.md"
+SEL = "sub-skills/policy-optimization/references/trainer-selection.md"
+GROUP_SIZE_PLACES = {f"{TS}#equal-rewards-group", f"{TS}#printed-losses", f"{TS}#stored-probabilities-memory",
+                     f"{TS}#group-size-per-rollout", f"{SEL}#decision-table", f"{SEL}#decision-points"}
+
+
+def derived_places(report: dict) -> set[str]:
+    return {d["file"] for d in report["drift"] if d["symbol"].startswith("derived fact")}
+
+
+@pytest.mark.parametrize("edit, places", [
+    (("grpo.py", "grpo_num_times_sample_rewards = 10,", "grpo_num_times_sample_rewards = 7,"), GROUP_SIZE_PLACES),
+    (("flowrl.py", "beta = 15.0,", "beta = 10.0,"),
+     {f"{TS}#equal-rewards-group", f"{TS}#flowrl-printed-balance", f"{TS}#flowrl-probabilities", f"{SEL}#decision-points"}),
+], ids=["grpo-group-size", "flowrl-beta"])
+def test_changed_default_names_every_stale_place(tmp_path, empty_dir, edit, places):
+    """Issue 21: a library whose default moved names every section whose prose follows from it."""
+    lib = library_copy(tmp_path, edit)
+    proc, report = run_json([sys.executable, str(SCRIPT), "--json", "--allow-untested"], empty_dir,
+                            env={"PYTHONPATH": str(lib)})
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert derived_places(report) == places, sorted(derived_places(report) ^ places)
+    lines = [check_report.drift_line(d) for d in report["drift"] if d["symbol"].startswith("derived fact")]
+    assert lines and all(": documented " in line and "installed defaults give " in line for line in lines), lines
+    if edit[0] == "grpo.py":
+        assert (f"{TS}#equal-rewards-group: derived fact grpo_group: documented \"GRPO's default group of 11\", "
+                "installed defaults give \"GRPO's default group of 8\"") in " ".join(lines), lines
+
+
+def test_edited_cited_code_names_the_sections_citing_it(tmp_path, empty_dir):
+    lib = library_copy(tmp_path, ("grpo.py", "    assert (den >= 0).all()\n", "    assert (den >= 0.).all()\n"))
+    proc, report = run_json([sys.executable, str(SCRIPT), "--json", "--allow-untested"], empty_dir,
+                            env={"PYTHONPATH": str(lib)})
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    cited = [d for d in report["drift"] if d["symbol"] == "citation palm_rlhf_pytorch/grpo.py:204"]
+    assert [d["file"] for d in cited] == [f"{TS}#group-of-one"], report["drift"]
+    assert "assert (den >= 0.).all()" in cited[0]["installed"] and "changed" in cited[0]["installed"]
+
+
+def test_edited_tree_copy_names_each_kind_of_drift(tmp_path, empty_dir):
+    """A copy of the tree checks itself: a deleted argument row, a wrong default in the glossary,
+    an argument row citing unrelated lines, a citation moved to unrecorded lines, a section
+    without a citation and an edited derived number each fail, naming file and section."""
+    tree = tree_copy(tmp_path / "tree")
+    ar = tree / arguments.API_REFERENCE
+    text = ar.read_text(encoding="utf-8")
+    row = next(line for line in text.splitlines() if line.startswith("| `eps_clip` |"))
+    edit_file(ar, row + "\n", "")
+    edit_file(ar, "| `grpo.py:485` |", "| `grpo.py:486` |")
+    edit_file(tree / "references/glossary.md", "(default 0.1)", "(default 0.7)")
+    edit_file(tree / TS, "`safe_div`, `palm_rlhf_pytorch/grpo.py:204`", "`safe_div`, `palm_rlhf_pytorch/grpo.py:205`")
+    edit_file(tree / "sub-skills/policy-optimization/references/distributed.md", "\n## Seeding\n",
+              "\n## A new claim\nGRPO shards the prompts.\n\n## Seeding\n")
+    edit_file(tree / SEL, "(11 by default)", "(12 by default)")
+    proc, report = run_json([sys.executable, str(tree / "scripts" / "check_skill.py"), "--json"], empty_dir)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    lines = [check_report.drift_line(d) for d in report["drift"]]
+    for symbol in ("palm_rlhf_pytorch.RLHFTrainer", "palm_rlhf_pytorch.grpo.RLHFTrainer",
+                   "palm_rlhf_pytorch.flowrl.FlowRLTrainer"):
+        assert (f"{arguments.API_REFERENCE}: {symbol}.__init__(eps_clip): documented no behaviour entry, "
+                "installed an argument (default 0.2)") in lines, lines
+    want = ["references/glossary.md#glossary: default of `kl_div_loss_weight`: documented 0.7, installed 0.1",
+            f"{arguments.API_REFERENCE}:", "argument entry `epochs`: citation grpo.py:486",
+            f"{TS}#group-of-one: citation palm_rlhf_pytorch/grpo.py:205: documented recorded cited lines",
+            "distributed.md#a-new-claim: section citations: documented 'A new claim' cites no library lines",
+            f"{SEL}#decision-points: derived fact grpo_group"]
+    for piece in want:
+        assert any(piece in line for line in lines), (piece, lines)
+
+
+def test_stale_install_says_reinstall(tmp_path):
+    """Issue 22: check run from a checkout whose installed copy differs says so, and what to do."""
+    checkout = tree_copy(tmp_path / "checkout", project=True)
+    (checkout / "references" / "glossary.md").write_text("# Glossary\n\nedited\n", encoding="utf-8")
+    proc = run([sys.executable, str(SCRIPT)], checkout / "references")
+    out = proc.stdout.splitlines()
+    warning = next(line for line in out if line.startswith("warning: stale install"))
+    assert f"checkout at {checkout}" in warning and "references/glossary.md" in warning and "reinstall" in warning
+    assert "reinstall from the checkout" in out[-1], out[-1]
+    state = install_state.install_state(REPO, checkout)
+    assert state["stale"] and state["differing"] == ["references/glossary.md"]
+    same = tree_copy(tmp_path / "same", project=True)
+    assert install_state.install_state(REPO, same)["stale"] is False
+    assert install_state.install_state(REPO, REPO)["checkout"] is None  # run from the tree it checks
+
+
+def test_version_mentions_follow_the_record():
+    files = markdown.markdown_files()
+    assert derived.check_version_mentions(RECORD, files) == []
+    moved = {**RECORD, "tested_version": "0.8.1"}
+    named = {d["file"] for d in derived.check_version_mentions(moved, files)}
+    assert {"SKILL.md#palm-rlhf-pytorch", "references/glossary.md#glossary"} <= named, sorted(named)

@@ -1,0 +1,136 @@
+"""The context budget: the size of what an agent loads, against the one table ``BUDGET``."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from skill_check import ROOT, markdown, skills
+from skill_runtime import exits
+
+# Agents preload every skill's name and description; a SKILL.md body loads when the skill is
+# used, a reference when the body's load condition sends the agent there. Tokens are estimated as
+# characters / CHARS_PER_TOKEN (Claude Code's `plugin details` projects ~116 tokens for the root's
+# 445 characters of name and description: 3.8 characters a token). The budget, in one table:
+CHARS_PER_TOKEN = 4
+BUDGET = {
+    "root description chars": 1024,  # Agent Skills spec: a description is at most 1,024 characters
+    "body lines": 499,               # Agent Skills guidance: a SKILL.md body under 500 lines
+    "body tokens": 5000,             # ... and about 5,000 tokens
+    # Each reference: its size on 2026-11-30, after the routing rework and the split of the
+    # --json schemas (reports.md), the several-machine recipes (multi-node.md) and the sizing table
+    # (sizing.md) out of workflows.md and distributed.md, plus 15%, rounded up to 250 tokens.
+    # reports.md: 7204 tokens after the key tables of plan, plan --execute, doctor, bench and list
+    # were added (QA D6; each compared with a real report by a test), plus 15%.
+    # api-reference.md: 5250 -> 5500 after the held-out check (LR-schedule and best-of-n recipes,
+    # tpo_eta, GRPO entropy bonus and value_clip semantics: ~5350 tokens, trimmed), plus headroom.
+    # distributed.md 4250 -> 4750 and reward-api.md 4250 -> 4750 after the third knowledge test
+    # (batch per rank, seeding, checkpoints, bf16; reward modules the trainers accept, binned
+    # sampling attributes): ~4400 and ~4310 tokens, plus about 10%.
+    # Issue 21 (every argument has an entry; eight gaps; every section cites its lines), after moving
+    # prose that the argument rows now hold out of the sections: api-reference.md 5500 -> 9250
+    # (entries for the 177 arguments of ActorCritic and the four trainers, shared rows written once:
+    # ~3500 tokens; your own ActorCritic), palm-api.md 3750 -> 4750 (argument tables in place of the
+    # constructor and forward tables and the generate bullets; rotary cache, return_loss NaN),
+    # lora-scopes.md 1000 -> 1350 (merging a trainer's LoRA, with its runnable block),
+    # distributed.md 4750 -> 5500 (bf16 weights), trainer-selection.md 2750 -> 3350 (weight copies,
+    # the decision table's lines), troubleshooting.md 15750 -> 17750 (freezing a built trainer,
+    # FlowRL's printed numbers, seven symptom rows, citations for 17 sections); each ~3% headroom.
+    # A reference not listed gets "*".
+    "reference tokens": {
+        "references/glossary.md": 1000,
+        "references/installation.md": 2250,
+        "references/probes.md": 1500,  # the probe kit and three worked probes: ~1190 tokens, plus about 25%
+        "references/reports.md": 8500,
+        "sub-skills/palm-modeling/references/lora-scopes.md": 1350,
+        "sub-skills/palm-modeling/references/palm-api.md": 4750,  # 4th knowledge test: size, qk_scale, flash GPUs, label leak (~3670)
+        "sub-skills/policy-optimization/references/api-reference.md": 9250,
+        "sub-skills/policy-optimization/references/distributed.md": 5500,
+        "sub-skills/policy-optimization/references/multi-node.md": 1500,
+        "sub-skills/policy-optimization/references/sizing.md": 1000,
+        "sub-skills/policy-optimization/references/trainer-selection.md": 3350,
+        "sub-skills/policy-optimization/references/troubleshooting.md": 17750,
+        "sub-skills/policy-optimization/references/workflows.md": 8250,
+        "sub-skills/reward-modeling/references/implicit-prm.md": 1500,
+        "sub-skills/reward-modeling/references/reward-api.md": 4750,
+        "*": 2000,
+    },
+}
+CLAUDE_DETAILS_TIMEOUT_S = 60
+
+
+def tokens(chars: int) -> int:
+    """Approximate tokens for ``chars`` characters (``CHARS_PER_TOKEN`` a token, rounded up)."""
+    return -(-chars // CHARS_PER_TOKEN)
+
+
+def context_budget(files: list[Path]) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """Size of each part an agent loads, against ``BUDGET``: the root's name and description
+    (always loaded), each SKILL.md body, each reference. Returns (rows, drift): rows are
+    ``{file, part, lines, chars, tokens, limit, within}``; drift names every part over its limit."""
+    rows = []
+    for md in files:
+        name = markdown.rel(md)
+        if md.name == "SKILL.md":
+            meta, body = skills.frontmatter_and_body(md)
+            if md.parent.resolve() == ROOT.resolve():
+                chars = len(meta.get("name", "")) + len(meta.get("description", ""))
+                limit = BUDGET["root description chars"]
+                rows.append({"file": name, "part": "name and description (always loaded)", "lines": None,
+                             "chars": chars, "tokens": tokens(chars), "limit": f"description <= {limit} chars",
+                             "within": len(meta.get("description", "")) <= limit})
+            lines = len(body.splitlines())
+            rows.append({"file": name, "part": "body", "lines": lines, "chars": len(body),
+                         "tokens": tokens(len(body)),
+                         "limit": f"< {BUDGET['body lines'] + 1} lines, <= {BUDGET['body tokens']} tokens",
+                         "within": lines <= BUDGET["body lines"] and tokens(len(body)) <= BUDGET["body tokens"]})
+        elif "references" in md.relative_to(ROOT).parts:
+            text = md.read_text(encoding="utf-8")
+            limit = BUDGET["reference tokens"].get(name, BUDGET["reference tokens"]["*"])
+            rows.append({"file": name, "part": "reference", "lines": len(text.splitlines()), "chars": len(text),
+                         "tokens": tokens(len(text)), "limit": f"<= {limit} tokens",
+                         "within": tokens(len(text)) <= limit})
+    drift = [{"file": r["file"], "symbol": f"context budget ({r['part']})", "documented": r["limit"],
+              "installed": f"{r['lines']} lines, " * (r["lines"] is not None) + f"{r['chars']} chars, ~{r['tokens']} tokens"}
+             for r in rows if not r["within"]]
+    return rows, drift
+
+
+def claude_details(root: Path = ROOT) -> dict[str, Any]:
+    """Claude Code's own projection of the plugin's token cost: ``claude --plugin-dir ROOT plugin
+    details NAME`` when a ``claude`` executable is on PATH and ROOT holds the plugin manifest
+    (``.claude-plugin/plugin.json``, in a source checkout; installed copies have none). It reads
+    only local files; a throwaway HOME keeps it from writing the user's settings and telemetry.
+    Returns ``{"always_on_tokens", "on_invoke_tokens"}`` (per session; per use of the skill), or
+    ``{"unavailable": why}``. Never raises."""
+    manifest = root / ".claude-plugin" / "plugin.json"
+    claude = shutil.which("claude")
+    if claude is None or not manifest.is_file():
+        return {"unavailable": "no `claude` on PATH" if claude is None else
+                f"no plugin manifest in {root} (a source checkout has .claude-plugin/plugin.json)"}
+    name = json.loads(manifest.read_text(encoding="utf-8"))["name"]
+    with tempfile.TemporaryDirectory(prefix="palm-rlhf-skill-claude-") as home:
+        env = {**os.environ, "HOME": home, "DISABLE_TELEMETRY": "1",
+               "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1"}
+        try:
+            proc = subprocess.run([claude, "--plugin-dir", str(root), "plugin", "details", name],
+                                  capture_output=True, text=True, timeout=CLAUDE_DETAILS_TIMEOUT_S, env=env)
+        except (OSError, subprocess.TimeoutExpired) as err:
+            return {"unavailable": f"claude plugin details failed: {exits.one_line(err)}"}
+    count = r"~(\d+(?:\.\d+)?k?)"  # Claude Code rounds: "~116", "~1.8k"
+    always = re.search(rf"Always-on:\s+{count} tok", proc.stdout)
+    row = re.search(rf"^\s+{re.escape(name)}\s+{count}\s+{count}\s*$", proc.stdout, re.MULTILINE)
+    if proc.returncode != 0 or not always or not row:
+        return {"unavailable": f"claude plugin details exit {proc.returncode}: "
+                               + (proc.stderr.strip().splitlines() or ["unexpected output"])[-1]}
+    return {"always_on_tokens": _rounded_tokens(always.group(1)), "on_invoke_tokens": _rounded_tokens(row.group(2))}
+
+
+def _rounded_tokens(text: str) -> int:
+    """A token count as ``claude plugin details`` prints it (``"116"``, ``"1.8k"``) as an int."""
+    return round(float(text[:-1]) * 1000) if text.endswith("k") else int(text)

@@ -1,0 +1,95 @@
+"""Every check in order, the report (``--json``) and its plain text."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from skill_check import ROOT, api, arguments, budget, citations, derived, generated, install_state, markdown, paths, skills
+from skill_runtime import reporting, version_gate
+
+
+def run_checks(allow_shadowed: bool = False) -> dict[str, Any]:
+    """Every check; returns the report. The docs are compared with any installed version. Raises
+    SkillError(3) when the library is missing, or when a file on the import path shadows one of
+    its modules, unless ``allow_shadowed`` (``--allow-untested``: compare with that copy, e.g. a
+    maintainer's edited library on PYTHONPATH, with a warning)."""
+    env = version_gate.check_versions(allow_untested=True, allow_shadowed=allow_shadowed)
+    state = install_state.install_state(ROOT, Path.cwd())
+    warnings = env["warnings"] + [w for w in [install_state.warning(state)] if w]
+    record = version_gate.load_api_record()
+    files = markdown.markdown_files()
+    references = markdown.reference_files()
+    installed = api.installed_api(record)
+    skill_drift = skills.validate_skills(markdown.skill_files())  # first: exit 3 without skills-ref
+    argument_drift, entries = arguments.check_arguments(record, files)
+    citation_drift, cited = citations.check_citations(files)
+    path_drift, paths_checked = paths.check_paths(files)
+    parts, budget_drift = budget.context_budget(files)
+    drift = (api.compare_api(record, installed) + generated.compare_docs(record, files)
+             + skill_drift + path_drift + argument_drift + citation_drift
+             + citations.uncited_sections(references) + derived.check_facts(record, installed, ROOT)
+             + derived.check_default_claims(installed, files) + derived.check_version_mentions(record, files)
+             + budget_drift)
+    methods = sum(len(e["methods"]) for e in record["api"].values())
+    return {
+        "status": "ok" if not drift else "drift",
+        "versions": env["versions"],
+        "tested": env["tested"],
+        "warnings": warnings,
+        "install": state,
+        "counts": {"symbols": len(record["api"]), "methods": methods,
+                   "generated_blocks": sum(len(list(generated.generated_blocks(f.read_text(encoding="utf-8"))))
+                                           for f in files),
+                   "skill_files": len(markdown.skill_files()), "markdown_files": len(files),
+                   "links_and_paths": paths_checked, "argument_entries": entries, "citations": cited,
+                   "derived_facts": len(derived.FACTS)},
+        "budget": {"chars_per_token": budget.CHARS_PER_TOKEN, "parts": parts, "claude_details": budget.claude_details()},
+        "drift": drift,
+    }
+
+
+def drift_line(d: dict[str, str]) -> str:
+    """One drift as ``file: symbol: documented X, installed Y``."""
+    return f"{d['file']}: {d['symbol']}: documented {d['documented']}, installed {d['installed']}"
+
+
+def summary(report: dict[str, Any]) -> str:
+    """The plain report: each drift in full, versions, warnings, the context budget (parts within
+    their limit counted, those over it in full), then the verdict with the next step."""
+    v, t, c = report["versions"], report["tested"], report["counts"]
+    lines = [drift_line(d) for d in report["drift"]]
+    lines.append(f"palm-rlhf-pytorch installed {v['palm-rlhf-pytorch']}, tested {t['palm-rlhf-pytorch']} "
+                 f"(supported {t['supported']}); torch {v['torch']}")
+    lines += [f"warning: {w}" for w in report["warnings"]]
+    lines += budget_lines(report["budget"])
+    checked = (f"{c['symbols']} symbols / {c['methods']} methods, {c['generated_blocks']} generated blocks, "
+               f"{c['argument_entries']} argument entries, {c['citations']} citations, {c['derived_facts']} derived "
+               f"facts, {c['skill_files']} SKILL.md, {c['links_and_paths']} links and paths in {c['markdown_files']} "
+               "markdown files and the context budget")
+    stale = report["install"]["stale"]
+    if report["status"] == "ok":
+        lines.append(f"check: OK (exit 0): the docs match the installed library ({checked}); next: "
+                     + ("reinstall from the checkout, then check again (warning above)" if stale
+                        else reporting.FIRST_COMMAND))
+    else:
+        lines.append(f"check: DRIFT (exit 1): {len(report['drift'])} difference(s), listed above ({checked}); next: "
+                     + ("these are the installed copy's: reinstall from the checkout and check again (warning above)"
+                        if stale else "fix the docs or the record (scripts/api_record.json) where each line points"))
+    return "\n".join(lines)
+
+
+def budget_lines(report_budget: dict[str, Any]) -> list[str]:
+    """The context budget: how many parts are within their limits, each part over its limit in
+    full, and Claude Code's projection."""
+    parts = report_budget["parts"]
+    over = [r for r in parts if not r["within"]]
+    lines = [f"context budget (~tokens = chars / {report_budget['chars_per_token']}): {len(parts) - len(over)} of "
+             f"{len(parts)} parts within their limits (--json lists every part)"]
+    for r in over:
+        size = (f"{r['lines']} lines, " if r["lines"] is not None else "") + f"{r['chars']} chars, ~{r['tokens']} tok"
+        lines.append(f"  OVER {r['file']} {r['part']}: {size} ({r['limit']})")
+    details = report_budget["claude_details"]
+    lines.append("  claude plugin details: " + (
+        f"~{details['always_on_tokens']} tok always on, ~{details['on_invoke_tokens']} tok when the skill is used"
+        if "always_on_tokens" in details else f"not read ({details['unavailable']})"))
+    return lines
