@@ -98,17 +98,23 @@ def main(argv: list[str] | None = None) -> int:
     import torch  # noqa: F401  (the run's imports)
     from skill_runtime import placement
     threads = placement.torch_threads(args.cpu_threads) if args.cpu_threads else _same_threads()
+    prepared = loop.prepare(config, run_dir, bool(args.resume), args.force, args.set, run_options)
     with workspace.private_workdir(), threads:  # the library's relative paths (TPO's replay buffer) go there
         with progress.stage("build the trainer" + (" and restore the last checkpoint" if args.resume else "")):
-            run = loop.Run.open(config, run_dir, args.device, resume=bool(args.resume), force=args.force,
-                                overrides=args.set, options=run_options)
-        status, reason = run.rounds(progress)
+            run = loop.Run.build(prepared, args.device)
+        try:
+            status, reason = run.rounds(progress)
+        except exits.SkillError as err:  # a round failed: the summary says so, the last checkpoint stays
+            run.finish("failed", str(err))
+            raise
         summary = run.finish(status, reason)
     summary["versions"], summary["warnings"] = env["versions"], env["warnings"]
     code = {"finished": exits.EXIT_OK, "paused": exits.EXIT_OK, "stopped": exits.EXIT_CHECK_FAILED,
             "interrupted": exits.EXIT_INTERRUPTED}[status]
     if status == "interrupted" and "SIGTERM" in (reason or ""):
         code = exits.EXIT_TERMINATED
+    if not run.main:  # one rank of several: rank 0 reports
+        return code
     return runner.emit(summary, args.json, plain_summary, code)
 
 

@@ -17,11 +17,13 @@ resumed run computes bitwise what the uninterrupted one does (tests/test_run_kit
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from policy_optimization.run import rundir
 from skill_runtime import exits, streams
@@ -86,7 +88,7 @@ def save(trainer, run: rundir.RunDir, round_: int, state: dict[str, Any]) -> Pat
         shutil.rmtree(partial, ignore_errors=True)
     accelerate.wait_for_everyone()
     try:
-        with streams.capture_library_output():
+        with streams.capture_library_output(), tied_embedding_note_silenced():
             accelerate.save_state(str(partial))
         accelerate.wait_for_everyone()
         if accelerate.is_main_process:
@@ -102,6 +104,29 @@ def save(trainer, run: rundir.RunDir, round_: int, state: dict[str, Any]) -> Pat
         raise
     accelerate.wait_for_everyone()
     return final
+
+
+class _DropTiedNote(logging.Filter):
+    """Drops Accelerate's "Removed shared tensor {...to_logits.weight} while saving" warning."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Removed shared tensor" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def tied_embedding_note_silenced() -> Iterator[None]:
+    """While saving: Accelerate logs "Removed shared tensor {'actor_palm.to_logits.weight'} while
+    saving" (accelerate/utils/other.py ``save``) because every PaLM ties ``to_logits.weight`` to
+    ``token_emb.weight`` (palm.py) and safetensors stores a shared tensor once. It is harmless:
+    loading restores the tie (tests/test_run_kit.py checks ``to_logits.weight is token_emb.weight``
+    and the value); training-run.md#checkpoints says so."""
+    logger = logging.getLogger("accelerate.utils.other")
+    note = _DropTiedNote()
+    logger.addFilter(note)
+    try:
+        yield
+    finally:
+        logger.removeFilter(note)
 
 
 def read_state(checkpoint: Path) -> dict[str, Any]:

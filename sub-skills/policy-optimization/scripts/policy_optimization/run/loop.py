@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +39,19 @@ class Options:
     stop_on: frozenset[str] = frozenset()
     until: int | None = None
     progress: bool = True
-    say: Callable[[str], None] = field(default=lambda line: streams.write_stderr(f"{PROG}: {line}\n"))
+    say: Callable[[str], None] = field(default_factory=lambda: stderr_lines(sys.stderr))
+
+
+def stderr_lines(stream) -> Callable[[str], None]:
+    """``say`` for ``Options``: one line ``palm-rlhf-skill train: ...`` on ``stream``, bound now, so
+    a line said while the library's output is captured (a signal during a round) still reaches the
+    terminal; best effort (``streams.BestEffortStream``)."""
+    bound = streams.BestEffortStream(stream)
+
+    def say(line: str) -> None:
+        bound.write(f"{PROG}: {line}\n")
+        bound.flush()
+    return say
 
 
 class StopRequested(Exception):
@@ -109,47 +122,37 @@ class Run:
     @classmethod
     def open(cls, config_path: str | None, run_dir: str | Path, device_spec: str = "auto", resume: bool = False,
              force: bool = False, overrides: list[str] | None = None, options: Options | None = None) -> "Run":
-        """Prepare the run directory (``rundir.prepare``), load the config (``config_path``, or on
-        ``resume`` without it the one the run stored), build the trainer (``builder.build``) on
-        ``device_spec``, and either restore the latest checkpoint (``resume``) or score the held-out
-        prompts once before training (row 0). Raises SkillError: 2 for a bad config, directory or
-        changed config on resume; 3 for a tracker package that is missing."""
-        options = options or Options()
-        run = rundir.prepare(run_dir, resume, force)
-        stored = json.loads((run.path / CONFIG_FILE).read_text(encoding="utf-8")) \
-            if resume and (run.path / CONFIG_FILE).is_file() else None
-        if config_path is None and stored is None:
-            raise exits.SkillError(f"--resume {run_dir}: no {CONFIG_FILE} there to resume from: give --config FILE")
-        config = run_config.load(config_path, overrides) if config_path else stored["config"]
-        if "run" not in config:
-            raise exits.SkillError("config [run] rounds: missing: train runs the config in rounds ([run] rounds = N)")
-        loaded = {"config": config, "files": file_digests(config)}
-        if stored is not None:
-            changed = changed_keys(stored, loaded)
-            if changed:
-                raise exits.SkillError(f"--resume {run_dir}: the config changed since the run started: "
-                                       f"{', '.join(changed)}: resume with the run's own config, or start over with --force")
-        if options.log_with:
-            trackers.check_available(options.log_with)
-        resolved = run_config.check_against_library(config)
+        """``prepare`` then ``build``: a run ready for ``rounds``."""
+        return cls.build(prepare(config_path, run_dir, resume, force, overrides, options or Options()), device_spec)
+
+    @classmethod
+    def build(cls, prepared: "Prepared", device_spec: str = "auto") -> "Run":
+        """Build the trainer of a ``prepare``d run (``builder.build``) on ``device_spec`` with the
+        DDP fixes (a no-op in one process) and every rotary table at the run's longest sequence;
+        then restore the latest checkpoint (a resume) or score the held-out prompts once before
+        training (row 0). Raises SkillError (2: the device or the library refuses the config)."""
+        options, resolved, run = prepared.options, prepared.resolved, prepared.run
         device_kwargs, device = placement.resolve_device(device_spec)
         if options.log_with:
             device_kwargs = {**device_kwargs, **trackers.accelerate_kwargs(options.log_with, run.trackers)}
         from accelerate.utils import set_seed
         set_seed(resolved["run"]["seed"])
         built = builder.build(resolved, device_kwargs, device, seed=resolved["run"]["seed"])
-        self = cls(run, config, resolved, built, device, options, rows=[], start=0, facts=run_facts(resolved))
+        import ddp_fixes
+        ddp_fixes.apply_ddp_fixes(built.trainer)  # a no-op in one process (distributed.md#what-each-trainer-needs)
+        self = cls(run, prepared.loaded["config"], resolved, built, device, options, rows=[], start=0,
+                   facts=run_facts(resolved, built))
         checkpoint.prime_rotary_to(self.trainer, self.rotary_cap())
-        latest = checkpoint.latest(run) if resume else None
+        latest = checkpoint.latest(run) if prepared.resume else None
         if latest is not None:
             state = checkpoint.load(self.trainer, latest)
             self.start, self.last_checkpoint = state["round"], latest
         if self.main:
-            if stored is None:
-                rundir.write_atomic(run.path / CONFIG_FILE, json.dumps(loaded, indent=1))
-            self.rows = rundir.keep_rows_through(run, self.start) if resume else []
+            if not prepared.resume or not (run.path / CONFIG_FILE).is_file():
+                rundir.write_atomic(run.path / CONFIG_FILE, json.dumps(prepared.loaded, indent=1))
+            self.rows = rundir.keep_rows_through(run, self.start) if prepared.resume else []
         if options.log_with and self.main:
-            trackers.start(self.trainer, run.path.name, config, self.start + 1)
+            trackers.start(self.trainer, run.path.name, self.config, self.start + 1)
         if not self.rows and self.main:
             self.write_row(self.baseline_row())
         return self
@@ -175,12 +178,16 @@ class Run:
         if self.built.eval_prompt_ids is None or not self.main:
             return None
         kwargs = self.train_kwargs()
-        return evaluation.held_out_reward(
-            trainers.actor_palm(self.name, self.trainer), trainers.actor_scope(self.name, self.trainer),
-            trainers.unwrap(self.trainer, self.trainer.reward_model), self.built.eval_prompt_ids,
-            self.resolved["eval"]["samples"], kwargs["max_seq_len"], self.resolved["run"]["seed"] + EVAL_SEED_OFFSET,
-            temperature=kwargs.get("temperature", 1.0), eos_token=kwargs.get("eos_token"),
-            pad_value=int(self.trainer.pad_value))
+        try:
+            return evaluation.held_out_reward(
+                trainers.actor_palm(self.name, self.trainer), trainers.actor_scope(self.name, self.trainer),
+                trainers.unwrap(self.trainer, self.trainer.reward_model), self.built.eval_prompt_ids,
+                self.resolved["eval"]["samples"], kwargs["max_seq_len"], self.resolved["run"]["seed"] + EVAL_SEED_OFFSET,
+                temperature=kwargs.get("temperature", 1.0), eos_token=kwargs.get("eos_token"),
+                pad_value=int(self.trainer.pad_value))
+        except Exception as exc:  # noqa: BLE001 - sorted: the user's program, or the library
+            raise round_error(f"the held-out evaluation after round {self.rows[-1]['round'] if self.rows else 0}",
+                              exc) from None
 
     def baseline_row(self) -> dict[str, Any]:
         """Row 0: the held-out reward before training, every other figure null."""
@@ -203,8 +210,9 @@ class Run:
             with metrics.observe(name, trainer) as seen, streams.capture_library_output() as captured:
                 trainer.train(**self.train_kwargs())
         except Exception as exc:  # noqa: BLE001 - sorted: the user's program, or the library
-            raise round_error(round_, exc) from None
+            raise round_error(f"round {round_}", exc) from None
         wall = time.perf_counter() - t0
+        seen = gathered(self.trainer, seen)
         norms, non_finite = metrics.change_norms(name, trainer, before)
         probe = metrics.policy_probe(name, trainer, seen) if self.main else {"entropy": None, "kl_base": None}
         held = self.held_out() if self.evaluates(round_) else None
@@ -212,8 +220,8 @@ class Run:
         lr = trainers.optimizers(name, trainer)["actor"].param_groups[0]["lr"]
         row = metrics.build_row(round_, seen, self.facts.grouped, wall, captured.stdout, memory, probe, norms,
                                 non_finite, lr, held)
-        fired = watchdog.evaluate(row, self.rows, self.facts)
-        row["rules"] = [rule.id for rule, _ in fired]
+        fired = watchdog.evaluate(row, self.rows, self.facts) if self.main else []
+        row["rules"] = self.from_main([rule.id for rule, _ in fired])  # every rank stops on the same rules
         if self.main:
             previous = set(self.rows[-1]["rules"]) if self.rows else set()
             for rule, value in fired:
@@ -221,17 +229,44 @@ class Run:
                     self.options.say(watchdog.alarm_line(rule, value, round_))
         return row
 
+    def from_main(self, value: Any) -> Any:
+        """``value`` as the main process has it, on every process (one broadcast; itself alone)."""
+        if self.trainer.accelerate.num_processes == 1:
+            return value
+        from accelerate.utils import broadcast_object_list
+        return broadcast_object_list([value])[0]
+
+    def any_rank(self, flag: int | None) -> int | None:
+        """The first non-None ``flag`` of any process (a signal one rank received), on every process."""
+        if self.trainer.accelerate.num_processes == 1:
+            return flag
+        from accelerate.utils import gather_object
+        return next((f for f in gather_object([flag]) if f is not None), None)
+
     def write_row(self, row: dict[str, Any]) -> None:
-        """Append ``row`` to metrics.jsonl and the trackers (main process), and to ``rows``."""
+        """Append ``row`` to metrics.jsonl and the trackers (main process), and to ``rows``.
+        Raises SkillError(2) when the disk refuses the row."""
         self.rows.append(row)
         if self.main:
-            rundir.append_row(self.run, row)
+            try:
+                rundir.append_row(self.run, row)
+            except OSError as err:
+                raise exits.SkillError(f"writing round {row['round']} to {self.run.metrics} failed "
+                                       f"({exits.one_line(err)}): free space there, then resume") from None
             if self.options.log_with and row["round"] > 0:
                 trackers.log(self.trainer, row)
 
     def save(self, round_: int) -> Path:
-        """A checkpoint of the run after ``round_``."""
-        self.last_checkpoint = checkpoint.save(self.trainer, self.run, round_, {"trainer": self.name})
+        """A checkpoint of the run after ``round_``. Raises SkillError(2) when the disk refuses it
+        (full, read-only): the previous checkpoint stays the latest."""
+        try:
+            self.last_checkpoint = checkpoint.save(self.trainer, self.run, round_, {"trainer": self.name})
+        except OSError as err:
+            kept = f"the checkpoint of round {checkpoint.NAME.fullmatch(self.last_checkpoint.name).group(1).lstrip('0')} is kept" \
+                if self.last_checkpoint else "no earlier checkpoint"
+            raise exits.SkillError(f"checkpoint after round {round_} failed ({exits.one_line(err)}): free space in "
+                                   f"{self.run.checkpoints}, then resume ({kept}; metrics.jsonl holds every "
+                                   "finished round)") from None
         return self.last_checkpoint
 
     # --- the rounds ---------------------------------------------------------------------------
@@ -250,6 +285,7 @@ class Run:
                 self.write_row(row)
                 report_round(progress, bar, row, last, began, self.start)
                 stop = sorted(set(row["rules"]) & self.options.stop_on)
+                signals.requested = self.any_rank(signals.requested)
                 if round_ % every == 0 or round_ == last or stop or signals.requested:
                     self.save(round_)
                 if stop:
@@ -275,6 +311,63 @@ class Run:
         return summary
 
 
+@dataclass
+class Prepared:
+    """A run checked before anything is built: its directory, the config as loaded (with the
+    digests of its files) and as resolved against the installed library."""
+    run: rundir.RunDir
+    loaded: dict[str, Any]
+    resolved: dict[str, Any]
+    resume: bool
+    options: Options
+
+
+def prepare(config_path: str | None, run_dir: str | Path, resume: bool, force: bool,
+            overrides: list[str] | None, options: Options) -> Prepared:
+    """Everything that can be refused before a model exists: the run directory
+    (``rundir.prepare``), the config (``config_path``, or on ``resume`` without it the one the run
+    stored), a changed config on ``resume``, the tracker package, and every key against the
+    installed library (``run_config.check_against_library``, which imports torch). Raises
+    SkillError: 2 for a bad config or directory, or a changed config on resume; 3 for a tracker
+    package that is missing."""
+    run = rundir.prepare(run_dir, resume, force)
+    stored_file = run.path / CONFIG_FILE
+    stored = json.loads(stored_file.read_text(encoding="utf-8")) if resume and stored_file.is_file() else None
+    if config_path is None and stored is None:
+        raise exits.SkillError(f"--resume {run_dir}: no {CONFIG_FILE} there to resume from: give --config FILE")
+    config = run_config.load(config_path, overrides) if config_path else stored["config"]
+    if "run" not in config:
+        raise exits.SkillError("config [run] rounds: missing: train runs the config in rounds ([run] rounds = N)")
+    loaded = {"config": config, "files": file_digests(config)}
+    if stored is not None:
+        changed = changed_keys(stored, loaded)
+        if changed:
+            raise exits.SkillError(f"--resume {run_dir}: the config changed since the run started: "
+                                   f"{', '.join(changed)}: resume with the run's own config, or start over with --force")
+    if options.log_with:
+        trackers.check_available(options.log_with)
+    return Prepared(run, loaded, run_config.check_against_library(config), resume, options)
+
+
+def gathered(trainer, seen: metrics.Observation) -> metrics.Observation:
+    """One process's ``Observation``, or under several processes every rank's rollouts (rewards,
+    lengths, sampled tokens, advantages) gathered into the main process's; the optimizer figures
+    (steps, gradient norms, KL term) stay the main process's, which DDP keeps equal across ranks."""
+    if trainer.accelerate.num_processes == 1:
+        return seen
+    from accelerate.utils import gather_object
+    parts = gather_object([{"rewards": seen.rewards, "response_lengths": seen.response_lengths,
+                            "sampled_tokens": seen.sampled_tokens, "advantages": seen.advantages}])
+    merged = metrics.Observation(steps=seen.steps, grad_norms=seen.grad_norms, kl_terms=seen.kl_terms,
+                                 learn_calls=seen.learn_calls, last_rollout=seen.last_rollout)
+    for part in parts:
+        merged.rewards += part["rewards"]
+        merged.response_lengths += part["response_lengths"]
+        merged.sampled_tokens += part["sampled_tokens"]
+        merged.advantages += part["advantages"]
+    return merged
+
+
 def measuring_meter(device):
     """A fresh memory meter for one round (peak since now; measuring.MemoryMeter)."""
     from policy_optimization import measuring
@@ -283,22 +376,22 @@ def measuring_meter(device):
     return meter
 
 
-def round_error(round_: int, exc: BaseException) -> exits.SkillError:
-    """The one line of a round that raised: the user's reward program (exit 2), an allocation that
-    failed (exit 2), or the library (exit 1)."""
+def round_error(where: str, exc: BaseException) -> exits.SkillError:
+    """The one line of a round (or an evaluation) that raised: the user's reward program (exit 2),
+    an allocation that failed (exit 2), or the library (exit 1)."""
     from policy_optimization import programs
     text = exits.one_line(exc)
     if isinstance(exc, programs.RewardProgramError):
-        return exits.SkillError(f"round {round_}: {exc}: fix the program, then resume (the last checkpoint is kept)")
+        return exits.SkillError(f"{where}: {exc}: fix the program, then resume (the last checkpoint is kept)")
     if exits.out_of_memory(exc):
-        return exits.SkillError(f"round {round_}: ran out of memory ({text}): smaller sizes or update_timesteps, "
+        return exits.SkillError(f"{where}: ran out of memory ({text}): smaller sizes or update_timesteps, "
                                 "then resume")
-    return exits.SkillError(f"round {round_}: the library raised {text}; read "
+    return exits.SkillError(f"{where}: the library raised {text}; read "
                             "sub-skills/policy-optimization/references/troubleshooting.md#symptom-index",
                             exits.EXIT_CHECK_FAILED)
 
 
-def run_facts(resolved: dict[str, Any]) -> watchdog.RunFacts:
+def run_facts(resolved: dict[str, Any], built: builder.Built) -> watchdog.RunFacts:
     """What the watchdog's rules need to know about this run."""
     name, effective = resolved["name"], resolved["effective"]["trainer"]
     spec = trainers.TRAINERS[name]
@@ -308,7 +401,10 @@ def run_facts(resolved: dict[str, Any]) -> watchdog.RunFacts:
         critic = (float(bins["min_value"]), float(bins["max_value"]))
     return watchdog.RunFacts(trainer=name, grouped=spec.group_kwarg is not None, lora=bool(effective.get("actor_lora", True)),
                              required_steps=spec.required_steps,
-                             update_timesteps=resolved["round"]["update_timesteps"], critic_range=critic)
+                             update_timesteps=resolved["round"]["update_timesteps"], critic_range=critic,
+                             processes=built.trainer.accelerate.num_processes,
+                             eval_samples=0 if built.eval_prompt_ids is None else
+                             resolved["eval"]["samples"] * int(built.eval_prompt_ids.shape[0]))
 
 
 class deferred_signals:
@@ -394,5 +490,5 @@ def verdict(summary: dict[str, Any]) -> tuple[str, str]:
             nxt = "read sub-skills/policy-optimization/references/training-run.md#held-out-flat"
         return f"{word}: {summary['rounds_done']} rounds, {change}; {rules}", nxt
     resume = reporting.command("palm-rlhf-skill train", f"--resume {run_dir}")
-    word = {"paused": "PAUSED", "stopped": "STOPPED", "interrupted": "INTERRUPTED"}[status]
+    word = {"paused": "PAUSED", "stopped": "STOPPED", "interrupted": "INTERRUPTED", "failed": "FAILED"}[status]
     return f"{word} after round {summary['rounds_done']} ({summary['reason']}): {change}; {rules}", resume

@@ -100,7 +100,8 @@ def observe(name: str, trainer) -> Iterator[Observation]:
                                  None if mask is None else mask.detach())
             if name == "tpo":  # tpo.py train: z_score(rewards) if rewards.std() > 0. else zeros
                 rewards = output.detach().float()
-                normalized = tpo.z_score(rewards) if rewards.std() > 0. else torch.zeros_like(rewards)
+                spread = rewards.numel() > 1 and rewards.std() > 0.  # the std of one reward is NaN: not > 0
+                normalized = tpo.z_score(rewards) if spread else torch.zeros_like(rewards)
                 seen.advantages += normalized.cpu().tolist()
 
         handle = trainers.unwrap(trainer, trainer.reward_model).register_forward_hook(scored, with_kwargs=True)

@@ -22,8 +22,10 @@ ONE_TOKEN_FRACTION = 0.5     # one_token_responses: at least this share of respo
 KL_ROLLOUT_LIMIT = 1.0       # kl_blowup: nats per token between the rollout policy and the policy in learn()
 KL_BASE_JUMP = 10.0          # kl_blowup: kl_base this round over the largest before it ...
 KL_BASE_FLOOR = 1.0          # ... and above this many nats per token
-HELD_OUT_WINDOW = 3          # held_out_flat / held_out_falling: evaluations looked at
-HELD_OUT_MARGIN = 0.05       # of the reward range seen so far: a rise smaller than this is noise
+HELD_OUT_PATIENCE = 5        # held_out_flat: evaluations without a rise (calibrate_watchdog.py: 3 gave false alarms)
+HELD_OUT_WINDOW = 3          # held_out_falling: evaluations falling in a row
+HELD_OUT_MARGIN = 0.05       # of the reward range seen so far, at least: a rise smaller than this is noise
+NOISE_SE = 2.0               # ... and at least this many standard errors of the held-out mean
 MEMORY_WINDOW = 3            # memory_growing: consecutive rounds of growth
 MEMORY_STEP_MIB = 16.0       # ... each by at least this much
 MEMORY_STEP_FRACTION = 0.02  # ... or this fraction of the resident memory, whichever is larger
@@ -39,6 +41,8 @@ class RunFacts:
     required_steps: int                # optimizer steps before every LoRA tensor can have moved
     update_timesteps: int              # rollouts per learn()
     critic_range: tuple[float, float] | None  # PPO: the values its critic can represent
+    processes: int = 1                 # ranks: a row's rollouts are every rank's
+    eval_samples: int = 0              # sequences one held-out evaluation scores ([eval] samples x prompts)
 
 
 @dataclass(frozen=True)
@@ -48,13 +52,26 @@ class Rule:
     what: str             # the failure, in a few words
     fix: str
     check: Callable[[dict[str, Any], list[dict[str, Any]], RunFacts], str | None]  # the measured value when it fires
+    persist: int = 1      # consecutive rounds the condition must hold: 2 where one round of it is chance
 
 
 def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
+def _saturated(row, rows) -> bool:
+    """Every reward of the round equals the best reward of the run, after rewards have varied: the
+    policy reached the top of the reward, which is success, not a reward that cannot tell
+    completions apart (a constant reward never varied)."""
+    trained = [r for r in rows if r["round"] > 0]
+    varied = any(_finite(r["reward_std"]) and r["reward_std"] > 0 for r in trained)
+    best = max((r["reward_max"] for r in trained if _finite(r["reward_max"])), default=row["reward_max"])
+    return varied and row["reward_min"] == row["reward_max"] >= best
+
+
 def _equal_rewards(row, rows, facts):
+    if _saturated(row, rows):
+        return None
     if facts.grouped and row["zero_std_group_fraction"] == 1.0:
         return f"zero_std_group_fraction 1.00 over {row['rollouts']} rollouts (reward {row['reward_mean']:.4g})"
     if not facts.grouped and row["rollouts"] >= 2 and row["reward_min"] == row["reward_max"]:
@@ -63,7 +80,7 @@ def _equal_rewards(row, rows, facts):
 
 
 def _zero_advantage(row, rows, facts):
-    if row["advantage_zero_fraction"] == 1.0:
+    if row["advantage_zero_fraction"] == 1.0 and not _saturated(row, rows):
         return "advantage_zero_fraction 1.00: every advantage the update used was exactly 0"
     return None
 
@@ -112,16 +129,23 @@ def _evaluations(rows, row) -> list[float]:
     return [r["held_out_reward"] for r in [*rows, row] if r["held_out_reward"] is not None]
 
 
-def _margin(rows, row) -> float:
-    seen = [v for r in [*rows, row] for v in (r.get("reward_min"), r.get("reward_max")) if _finite(v)]
-    return HELD_OUT_MARGIN * max(max(seen) - min(seen), 1e-6) if seen else 1e-6
+def _margin(rows, row, facts: RunFacts) -> float:
+    """The smallest change of the held-out reward that is not noise: HELD_OUT_MARGIN of the reward
+    range seen so far, or NOISE_SE standard errors of a held-out mean (the rollouts' reward std over
+    the root of the sequences one evaluation scores), whichever is larger."""
+    trained = [r for r in [*rows, row] if r["round"] > 0]
+    seen = [v for r in trained for v in (r["reward_min"], r["reward_max"]) if _finite(v)]
+    spread = [r["reward_std"] for r in trained if _finite(r["reward_std"])]
+    by_range = HELD_OUT_MARGIN * (max(seen) - min(seen)) if seen else 0.0
+    by_noise = NOISE_SE * (sum(spread) / len(spread)) / math.sqrt(facts.eval_samples) if spread and facts.eval_samples else 0.0
+    return max(by_range, by_noise, 1e-6)
 
 
 def _held_out_flat(row, rows, facts):
     values = _evaluations(rows, row)  # values[0]: the baseline (round 0)
-    if row["held_out_reward"] is None or len(values) < HELD_OUT_WINDOW + 1:
+    if row["held_out_reward"] is None or len(values) < HELD_OUT_PATIENCE + 1:
         return None
-    baseline, margin = values[0], _margin(rows, row)
+    baseline, margin = values[0], _margin(rows, row, facts)
     if max(values[1:]) <= baseline + margin:
         return (f"held-out reward {values[-1]:.4g} after {len(values) - 1} evaluations, never above its start "
                 f"{baseline:.4g} by more than {margin:.2g}")
@@ -133,7 +157,7 @@ def _held_out_falling(row, rows, facts):
     if row["held_out_reward"] is None or len(values) < HELD_OUT_WINDOW + 1:
         return None
     window = values[-HELD_OUT_WINDOW - 1:]
-    if all(b < a for a, b in zip(window, window[1:])) and max(values) - values[-1] > _margin(rows, row):
+    if all(b < a for a, b in zip(window, window[1:])) and max(values) - values[-1] > _margin(rows, row, facts):
         return (f"held-out reward fell {HELD_OUT_WINDOW} evaluations in a row, {window[0]:.4g} -> {window[-1]:.4g} "
                 f"(best {max(values):.4g})")
     return None
@@ -151,11 +175,12 @@ def _memory_growing(row, rows, facts):
 
 
 def _rollouts_dropped(row, rows, facts):
+    per_rank = row["rollouts"] // facts.processes
     if row["learn_calls"] == 0:
-        return f"{row['rollouts']} rollouts and no learn(): update_timesteps {facts.update_timesteps} never reached"
-    dropped = row["rollouts"] - row["learn_calls"] * facts.update_timesteps
+        return f"{per_rank} rollouts and no learn(): update_timesteps {facts.update_timesteps} never reached"
+    dropped = per_rank - row["learn_calls"] * facts.update_timesteps
     if dropped > 0:
-        return f"{dropped} of {row['rollouts']} rollouts sampled and dropped (update_timesteps {facts.update_timesteps})"
+        return f"{dropped} of {per_rank} rollouts sampled and dropped (update_timesteps {facts.update_timesteps})"
     return None
 
 
@@ -183,9 +208,9 @@ def _advantage_extreme(row, rows, facts):
 RULES = (
     Rule("equal_rewards", f"{TROUBLE}#equal-rewards-group", "every group's rewards are equal: no preference to learn",
          "a reward that differs between completions of one prompt (a finer rule, a larger group, a higher temperature)",
-         _equal_rewards),
+         _equal_rewards, persist=2),
     Rule("zero_advantage", f"{TROUBLE}#group-of-one", "every advantage is exactly 0: the policy gets no reward signal",
-         "a group of 2 or more completions (GRPO, TPO, FlowRL), PPO minibatch_size >= 2", _zero_advantage),
+         "a group of 2 or more completions (GRPO, TPO, FlowRL), PPO minibatch_size >= 2", _zero_advantage, persist=2),
     Rule("weights_frozen", f"{TROUBLE}#optimizer-first-steps", "trainable weights did not move",
          "a learning rate above 0 that moves float32 weights, and trainable parameters the optimizer holds",
          _weights_frozen),
@@ -218,13 +243,24 @@ BY_ID = {rule.id: rule for rule in RULES}
 
 def evaluate(row: dict[str, Any], rows: list[dict[str, Any]], facts: RunFacts) -> list[tuple[Rule, str]]:
     """The rules that fire on ``row`` given the ``rows`` before it: (rule, measured value) pairs
-    in RULES order."""
+    in RULES order. A rule with ``persist`` n fires when its condition also held on the n - 1
+    rounds before this one."""
     fired = []
     for rule in RULES:
         value = rule.check(row, rows, facts)
-        if value is not None:
+        if value is not None and held_before(rule, rows, facts):
             fired.append((rule, value))
     return fired
+
+
+def held_before(rule: Rule, rows: list[dict[str, Any]], facts: RunFacts) -> bool:
+    """Whether ``rule``'s condition held on each of the ``persist - 1`` trained rounds before."""
+    need = rule.persist - 1
+    if need == 0:
+        return True
+    if len(rows) < need or any(r["round"] == 0 for r in rows[-need:]):
+        return False
+    return all(rule.check(rows[i], rows[:i], facts) is not None for i in range(len(rows) - need, len(rows)))
 
 
 def alarm_line(rule: Rule, value: str, round_: int) -> str:
