@@ -343,3 +343,54 @@ def test_a_signal_finishes_the_round_checkpoints_and_exits_128_plus(signum, code
     assert checkpoint.latest(rundir.RunDir(tmp_path / "run")).name == f"round-{done:06d}"
     assert "finishing the round in progress" in err and "Traceback" not in err
     assert f"--resume {tmp_path / 'run'}" in out.splitlines()[-1]
+
+
+# --- the docs ------------------------------------------------------------------------------------------
+
+def measured_rows(name: str) -> list[list[str]]:
+    text = RUN_DOC.read_text(encoding="utf-8")
+    block = text.split(f"<!-- BEGIN MEASURED {name} -->\n", 1)[1].split(f"<!-- END MEASURED {name} -->", 1)[0]
+    return [[c.strip() for c in line.strip("|").split("|")] for line in block.splitlines()[2:]]
+
+
+def test_the_measured_watchdog_table_is_the_cases():
+    rows = measured_rows("watchdog")
+    assert [(r[0], r[1], r[2].strip("`")) for r in rows] == [(c.name, c.trainer, c.expect or "(none)") for c in cases.CASES], \
+        "training-run.md#watchdog-rules: rerun calibrate_watchdog.py --markdown (the cases changed)"
+    for row, case in zip(rows, cases.CASES):
+        if case.expect:
+            assert f"caught by round {case.within}" in row[4], (case.name, row)
+
+
+def test_the_measured_first_run_table_is_the_variants():
+    import calibrate_first_run
+    rows = measured_rows("first-run")
+    assert [r[0] for r in rows] == list(calibrate_first_run.VARIANTS), \
+        "training-run.md#first-run: rerun calibrate_first_run.py --markdown (the variants changed)"
+    assert rows[0][3] == "3/3", "the first run's example rose on every seed"
+
+
+def test_the_summary_keys_are_documented(healthy):
+    summary = json.loads(healthy.run.summary.read_text())
+    text = REPORTS.read_text(encoding="utf-8").split("## train summary", 1)[1].split("\n## ", 1)[0]
+    documented = {k for cell in re.findall(r"^\| ([^|]+) \|", text, re.M)[2:] for k in re.findall(r"`([a-z_]+)`", cell)}
+    assert set(summary) - {"versions", "warnings"} <= documented and documented <= set(summary) | {"versions", "warnings"}
+
+
+def test_the_first_run_runs_as_typed_and_watch_shows_it_rising(tmp_path):
+    from conftest import BIN
+    text = RUN_DOC.read_text(encoding="utf-8").split('<a id="first-run"></a>', 1)[1]
+    block = text.split("```bash\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "sub-skills").symlink_to(REPO / "sub-skills")  # the skill root, as a clone has it
+    outputs = []
+    for line in block.strip().splitlines():
+        program, _, rest = line.partition(" ")
+        proc = run([str(BIN / program), *rest.split()], tmp_path, timeout=600)
+        assert proc.returncode == 0, (line, proc.stderr[-2000:])
+        outputs.append(proc.stdout)
+    assert "FINISHED: 15 rounds, held-out reward" in outputs[0]
+    held = [r["held_out_reward"] for r in rundir.read_rows(tmp_path / "runs" / "first" / "metrics.jsonl")
+            if r["held_out_reward"] is not None]
+    assert held[-1] > held[0] + 0.3, held
+    assert outputs[1].splitlines()[-1].startswith("watch: FINISHED after round 15; held-out ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs", "sub-skills"]

@@ -11,8 +11,10 @@ What a round observes and where (palm-rlhf-pytorch 0.8.0):
 - the KL term: ``masked_kl_div``'s output inside ``learn()`` (ppo.py, grpo.py), the library's KL to
   the rollout policy; FlowRL's and TPO's ``learn()`` compute none;
 - steps and gradient norms: hooks on the trainer's torch optimizers;
-- the policy's entropy and its KL to the LoRA-off base PaLM: two forwards of the policy's PaLM on
-  a few of the round's last sequences, after the round.
+- the policy's entropy and its KL to the LoRA-off base PaLM, on a few of the round's last
+  sequences: PPO, GRPO and FlowRL store each sequence's next-token probabilities from the rollout
+  (``Memory.action_prob``), so only the base needs a forward; TPO stores none, so its policy
+  needs one too.
 The module-level functions are wrapped only for the duration of one ``train()`` call and restored
 afterwards, whatever happens.
 """
@@ -48,6 +50,7 @@ class Observation:
     steps: dict[str, int] = field(default_factory=dict)         # optimizer steps, per optimizer
     learn_calls: int = 0
     last_rollout: tuple[Any, Any, Any] | None = None            # (x, prompt_mask, mask) of the last one
+    last_memories: list = field(default_factory=list)           # the last stored experiences (PPO, GRPO, FlowRL)
 
 
 def _wrap_module_function(stack: contextlib.ExitStack, module: Any, name: str, record) -> None:
@@ -67,12 +70,11 @@ def _wrap_module_function(stack: contextlib.ExitStack, module: Any, name: str, r
 
 
 def _grad_norm(optimizer) -> float:
-    """L2 norm over every gradient the optimizer is about to step (float; 0.0 without gradients)."""
+    """L2 norm over every gradient the optimizer is about to step (float; 0.0 without gradients),
+    ``torch.nn.utils.get_total_norm``."""
     import torch
     grads = [p.grad.detach() for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-    if not grads:
-        return 0.0
-    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))
+    return float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
 
 
 @contextlib.contextmanager
@@ -112,7 +114,9 @@ def observe(name: str, trainer) -> Iterator[Observation]:
         def learn(memories):
             seen.learn_calls += 1
             if name in ("grpo", "flowrl"):  # the last Memory field: the normalized reward used as advantage
-                seen.advantages += [float(memory[-1]) for memory in memories]
+                seen.advantages += torch.stack([memory[-1] for memory in memories]).float().tolist()
+            if name != "tpo":  # a deque of Memory namedtuples; TPO hands its replay buffer
+                seen.last_memories = list(memories)[-PROBE_SEQUENCES:]
             return real_learn(memories)
 
         trainer.learn = learn  # an instance attribute shadows the method train() calls
@@ -159,33 +163,44 @@ def change_norms(name: str, trainer, before: dict[str, list]) -> tuple[dict[str,
 
 
 def policy_probe(name: str, trainer, seen: Observation, sequences: int = PROBE_SEQUENCES) -> dict[str, float | None]:
-    """Entropy (nats per response token) of the policy's next-token distribution, and its KL to the
-    LoRA-off base PaLM (KL(policy || base), nats per response token), on the first ``sequences``
-    sequences of the round's last rollout, unfiltered (no top-k), the PaLM in eval mode. ``kl_base``
-    is None when the trainer trains all weights (``actor_lora=False``: no base to compare with)."""
+    """Entropy (nats per response token) of the policy's next-token distribution and its KL to the
+    LoRA-off base PaLM (KL(policy || base), nats per response token), unfiltered (no top-k), on the
+    round's last ``sequences`` sequences: from the probabilities the rollout stored (PPO, GRPO,
+    FlowRL: the policy as it sampled them) or, for TPO, a forward of the policy now. ``kl_base`` is
+    None when the trainer trains all weights (``actor_lora=False``: no base to compare with)."""
     import torch
-    if seen.last_rollout is None:
-        return {"entropy": None, "kl_base": None}
-    x, prompt_mask, mask = (t[:sequences] if t is not None else None for t in seen.last_rollout)
-    response = torch.ones_like(x, dtype=torch.bool) if prompt_mask is None else ~prompt_mask
-    if mask is not None:
-        response = response & mask
-    predicts = response[:, 1:]  # logits at position t predict token t + 1
-    if not bool(predicts.any()):
-        return {"entropy": None, "kl_base": None}
     palm, scope = trainers.actor_palm(name, trainer), trainers.actor_scope(name, trainer)
+    stored = [m for m in seen.last_memories if m.sequence.shape == seen.last_memories[-1].sequence.shape] \
+        if seen.last_memories else []
+    if stored:  # row t of action_prob is the distribution that sampled token t (ppo.py, grpo.py: shift by 1)
+        x = torch.stack([m.sequence for m in stored]).to(palm.device)
+        response = torch.stack([~m.prompt_mask & m.mask for m in stored]).to(palm.device)
+        policy = torch.stack([m.action_prob for m in stored]).to(palm.device).float().clamp(min=1e-20).log()
+    elif seen.last_rollout is not None:
+        x, prompt_mask, mask = (t[:sequences] if t is not None else None for t in seen.last_rollout)
+        response = torch.ones_like(x, dtype=torch.bool) if prompt_mask is None else ~prompt_mask
+        response = response & mask if mask is not None else response
+        policy = None
+    else:
+        return {"entropy": None, "kl_base": None}
+    positions = response.clone()
+    positions[:, 0] = False  # no distribution predicted the first token
+    if not bool(positions.any()):
+        return {"entropy": None, "kl_base": None}
     was_training = palm.training
     palm.eval()
     try:
         with torch.no_grad():
-            policy = palm(x, finetune_scope=scope)[:, :-1].float().log_softmax(dim=-1)
-            base = palm(x, finetune_scope=None)[:, :-1].float().log_softmax(dim=-1) if scope else None
+            shifted = lambda logits: torch.nn.functional.pad(logits, (0, 0, 1, -1)).float().log_softmax(dim=-1)
+            if policy is None:
+                policy = shifted(palm(x, finetune_scope=scope))
+            base = shifted(palm(x, finetune_scope=None)) if scope else None
     finally:
         palm.train(was_training)
     p = policy.exp()
-    entropy = -(p * policy).sum(dim=-1)[predicts].mean()
-    kl = None if base is None else float((p * (policy - base)).sum(dim=-1)[predicts].mean())
-    return {"entropy": float(entropy), "kl_base": kl}
+    entropy = float(-(p * policy).sum(dim=-1)[positions].mean())
+    kl = None if base is None else float((p * (policy - base)).sum(dim=-1)[positions].mean())
+    return {"entropy": entropy, "kl_base": kl}
 
 
 def _mean(values: list[float]) -> float | None:

@@ -83,12 +83,12 @@ def prepare(path: str | Path, resume: bool, force: bool) -> RunDir:
 
 
 def append_row(run: RunDir, row: dict[str, Any]) -> None:
-    """Append one metrics row as a JSON line, flushed and fsynced: a reader (``watch``) sees it
-    as soon as the round ends, and a kill afterwards cannot lose it."""
+    """Append one metrics row as a JSON line and flush it: a reader (``watch``) sees it as soon as
+    the round ends, and a kill of the process afterwards cannot lose it (the checkpoints, not the
+    rows, are fsynced: a machine that loses power may lose the rows after the last checkpoint,
+    which a resume recomputes anyway)."""
     with open(run.metrics, "a", encoding="utf-8") as stream:
         stream.write(json.dumps(row, allow_nan=True) + "\n")
-        stream.flush()
-        os.fsync(stream.fileno())
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
