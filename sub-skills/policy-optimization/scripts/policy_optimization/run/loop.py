@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from policy_optimization import builder, evaluation, run_config, trainers
 from policy_optimization.run import checkpoint, export, metrics, rundir, trackers, watchdog
-from skill_runtime import exits, placement, reporting, runner, streams
+from skill_runtime import exits, placement, reporting, runner, streams, workspace
 
 PROG = "palm-rlhf-skill train"
 CONFIG_FILE = "config.json"  # the run's config as loaded (absolute paths) and the digests of its files
@@ -274,11 +274,12 @@ class Run:
         """Train from the round after ``start`` to ``options.until`` (or ``[run] rounds``).
         Returns (status, reason): ``finished``; ``paused`` (``until`` reached); ``stopped`` (a
         rule of ``stop_on`` fired); ``interrupted`` (SIGINT/SIGTERM, after the round in progress).
-        Every status but an error checkpoints first."""
+        Every status but an error checkpoints first. The rounds run in a private working directory
+        (TPO's ``train()`` writes ``./tpo_memmap_replay_buffer``), never the caller's."""
         last = min(self.options.until or self.rounds_planned, self.rounds_planned)
         every = self.resolved["run"]["checkpoint_every"]
         began = time.perf_counter()
-        with deferred_signals(self) as signals, progress.stage(
+        with workspace.private_workdir(), deferred_signals(self) as signals, progress.stage(
                 f"{self.name}: rounds {self.start + 1}-{last}", total=max(0, last - self.start), unit="rounds") as bar:
             for round_ in range(self.start + 1, last + 1):
                 row = self.one_round(round_)
