@@ -134,6 +134,8 @@ HELPER_SCRIPTS = {
     "palm-rlhf-skill check": "scripts/check_skill.py",
     "palm-rlhf-skill bench": "sub-skills/policy-optimization/scripts/bench_smoke.py",
     "palm-rlhf-skill plan": "sub-skills/policy-optimization/scripts/plan_run.py",
+    "palm-rlhf-skill train": "sub-skills/policy-optimization/scripts/train_run.py",
+    "palm-rlhf-skill watch": "sub-skills/policy-optimization/scripts/watch_run.py",
 }
 
 
@@ -196,3 +198,18 @@ def checks_summary(title: str, report: dict[str, Any], next_step: str) -> str:
     else:
         lines.append(f"{title}: OK (exit 0); next: {next_step}")
     return "\n".join(lines)
+
+
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float | None], low: float | None = None, high: float | None = None) -> str:
+    """One character per value, ``low`` -> '▁' and ``high`` -> '█' (clamped; default: the values'
+    own range), a space for None or a non-finite value."""
+    finite = [v for v in values if v is not None and v == v and abs(v) != float("inf")]
+    low = min(finite, default=0.0) if low is None else low
+    high = max(finite, default=1.0) if high is None else high
+    span = (high - low) or 1.0
+    return "".join(" " if v is None or v != v or abs(v) == float("inf") else
+                   SPARKS[min(len(SPARKS) - 1, max(0, round((v - low) / span * (len(SPARKS) - 1))))]
+                   for v in values)

@@ -29,6 +29,9 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
               "--plan-accuracy: the planner against real runs"),
     "plan": ("script", "palm-rlhf-skill plan",
              "before a run: predict its time, peak memory, learn() calls and dead settings from a config"),
+    "train": ("script", "palm-rlhf-skill train",
+              "run a config in rounds: metrics.jsonl, a live watchdog, checkpoints, exact --resume, policy.pt"),
+    "watch": ("script", "palm-rlhf-skill watch", "show a live or finished run: its last rows, curves and rules fired"),
 }
 
 

@@ -38,6 +38,12 @@ class TrainerSpec:
         return f"{self.module}.{self.class_name}"
 
     @property
+    def source(self) -> str:
+        """``palm_rlhf_pytorch.ppo``: the module of the source file whose ``train()`` and
+        ``learn()`` this trainer runs (PPO's class is also exported at the package root)."""
+        return f"palm_rlhf_pytorch.{self.name}"
+
+    @property
     def required_steps(self) -> int:
         """Optimizer steps before every LoRA tensor has moved (``REQUIRED_STEPS``)."""
         return REQUIRED_STEPS[self.optimizer]

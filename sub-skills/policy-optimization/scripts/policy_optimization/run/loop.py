@@ -1,0 +1,495 @@
+"""``Run``: a real training run in rounds of the library's own ``train()``.
+
+A round is one call of the trainer's own ``train(num_episodes=1, max_timesteps=M,
+update_timesteps=U, ...)`` (``run_config.train_kwargs``): M rollouts and, with the default M = U,
+exactly one ``learn()``, as the bounded-run recipe does (workflows.md#bounded-train). Between
+rounds the run writes one metrics row (``metrics``), runs the watchdog (``watchdog``), scores the
+held-out prompts every ``[eval] every`` rounds (``evaluation.held_out_reward``), logs to the
+trackers (``trackers``) and checkpoints every ``[run] checkpoint_every`` rounds
+(``checkpoint``). At the end it exports the policy (``export``) and writes ``summary.json``.
+
+The command line (``train_run.py``, ``palm-rlhf-skill train``) is a thin layer over ``train``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from policy_optimization import builder, evaluation, run_config, trainers
+from policy_optimization.run import checkpoint, export, metrics, rundir, trackers, watchdog
+from skill_runtime import exits, placement, reporting, runner, streams, workspace
+
+PROG = "palm-rlhf-skill train"
+CONFIG_FILE = "config.json"  # the run's config as loaded (absolute paths) and the digests of its files
+EVAL_SEED_OFFSET = 7919      # held-out sampling seed = [run] seed + this: the same noise at every evaluation
+
+
+@dataclass
+class Options:
+    """How to run, beside the config: ``log_with`` a tracker name or None; ``stop_on`` rule ids that
+    end the run (exit 1); ``until`` the last round this call runs (None: ``[run] rounds``; a later
+    ``resume`` continues); ``progress`` bars and lines on stderr; ``say`` where one-line notes go."""
+    log_with: str | None = None
+    stop_on: frozenset[str] = frozenset()
+    until: int | None = None
+    progress: bool = True
+    say: Callable[[str], None] = field(default_factory=lambda: stderr_lines(sys.stderr))
+
+
+def stderr_lines(stream) -> Callable[[str], None]:
+    """``say`` for ``Options``: one line ``palm-rlhf-skill train: ...`` on ``stream``, bound now, so
+    a line said while the library's output is captured (a signal during a round) still reaches the
+    terminal; best effort (``streams.BestEffortStream``)."""
+    bound = streams.BestEffortStream(stream)
+
+    def say(line: str) -> None:
+        bound.write(f"{PROG}: {line}\n")
+        bound.flush()
+    return say
+
+
+class StopRequested(Exception):
+    """A first SIGINT or SIGTERM: finish the round, checkpoint, then exit 130 or 143."""
+
+
+def file_digests(config: dict[str, Any]) -> dict[str, str]:
+    """SHA-256 of every file the config names (``run_config.PATH_KEYS``): a resume with an edited
+    reward program or prompt file is a changed run."""
+    out = {}
+    for section, key in run_config.PATH_KEYS:
+        value = config.get(section, {}).get(key)
+        if value:
+            path = Path(value.rpartition(":")[0] if (section, key) in run_config.PROGRAM_KEYS else value)
+            if path.is_file():
+                out[f"{section}.{key}"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+def changed_keys(stored: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """``section.key`` of every value that differs between two loaded configs (and ``section.key
+    (file contents)`` for a named file that changed); ``run.rounds`` may change (a run can be
+    extended)."""
+    def flat(config: dict[str, Any]) -> dict[str, Any]:
+        return {f"{s}.{k}": v for s, table in config["config"].items() for k, v in table.items()}
+    before, after = flat(stored), flat(now)
+    keys = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k) and k != "run.rounds")
+    keys += sorted(f"{k} (file contents)" for k in stored["files"].keys() & now["files"].keys()
+                   if stored["files"][k] != now["files"][k])
+    return keys
+
+
+@dataclass
+class Run:
+    """One run: its directory, config, trainer and state. Build with ``Run.open``; ``rounds()``
+    trains; ``finish()`` exports. Single- or multi-process (every rank builds a Run; the main
+    process writes the files)."""
+    run: rundir.RunDir
+    config: dict[str, Any]
+    resolved: dict[str, Any]
+    built: builder.Built
+    device: Any
+    options: Options
+    rows: list[dict[str, Any]]
+    start: int
+    facts: watchdog.RunFacts
+    started_s: float = field(default_factory=time.perf_counter)
+    stop_signal: int | None = None
+    last_checkpoint: Path | None = None
+
+    @property
+    def name(self) -> str:
+        return self.resolved["name"]
+
+    @property
+    def trainer(self):
+        return self.built.trainer
+
+    @property
+    def main(self) -> bool:
+        return self.trainer.accelerate.is_main_process
+
+    @property
+    def rounds_planned(self) -> int:
+        return self.resolved["round"]["rounds"]
+
+    # --- building -----------------------------------------------------------------------------
+    @classmethod
+    def open(cls, config_path: str | None, run_dir: str | Path, device_spec: str = "auto", resume: bool = False,
+             force: bool = False, overrides: list[str] | None = None, options: Options | None = None) -> "Run":
+        """``prepare`` then ``build``: a run ready for ``rounds``."""
+        return cls.build(prepare(config_path, run_dir, resume, force, overrides, options or Options()), device_spec)
+
+    @classmethod
+    def build(cls, prepared: "Prepared", device_spec: str = "auto") -> "Run":
+        """Build the trainer of a ``prepare``d run (``builder.build``) on ``device_spec`` with the
+        DDP fixes (a no-op in one process) and every rotary table at the run's longest sequence;
+        then restore the latest checkpoint (a resume) or score the held-out prompts once before
+        training (row 0). Raises SkillError (2: the device or the library refuses the config)."""
+        options, resolved, run = prepared.options, prepared.resolved, prepared.run
+        device_kwargs, device = placement.resolve_device(device_spec)
+        if options.log_with:
+            device_kwargs = {**device_kwargs, **trackers.accelerate_kwargs(options.log_with, run.trackers)}
+        from accelerate.utils import set_seed
+        set_seed(resolved["run"]["seed"])
+        built = builder.build(resolved, device_kwargs, device, seed=resolved["run"]["seed"])
+        import ddp_fixes
+        ddp_fixes.apply_ddp_fixes(built.trainer)  # a no-op in one process (distributed.md#what-each-trainer-needs)
+        self = cls(run, prepared.loaded["config"], resolved, built, device, options, rows=[], start=0,
+                   facts=run_facts(resolved, built))
+        checkpoint.prime_rotary_to(self.trainer, self.rotary_cap())
+        latest = checkpoint.latest(run) if prepared.resume else None
+        if latest is not None:
+            state = checkpoint.load(self.trainer, latest)
+            self.start, self.last_checkpoint = state["round"], latest
+        if self.main:
+            if not prepared.resume or not (run.path / CONFIG_FILE).is_file():
+                rundir.write_atomic(run.path / CONFIG_FILE, json.dumps(prepared.loaded, indent=1))
+            self.rows = rundir.keep_rows_through(run, self.start) if prepared.resume else []
+        if options.log_with and self.main:
+            trackers.start(self.trainer, run.path.name, self.config, self.start + 1)
+        if not self.rows and self.main:
+            self.write_row(self.baseline_row())
+        return self
+
+    def rotary_cap(self) -> int:
+        """The longest sequence any forward of this run sees: the padded prompt width (TPO's
+        buffer rows: prompt width + max_seq_len) or a held-out prompt, plus max_seq_len."""
+        widths = [int(self.built.prompt_ids.shape[-1])]
+        if self.built.eval_prompt_ids is not None:
+            widths.append(int(self.built.eval_prompt_ids.shape[-1]))
+        return max(widths) + self.train_kwargs()["max_seq_len"]
+
+    def train_kwargs(self) -> dict[str, Any]:
+        """One round's ``train()`` arguments with the library's defaults filled in."""
+        effective = self.resolved["effective"]["train"]
+        return {**{k: effective[k] for k in ("max_seq_len", "eos_token", "temperature") if k in effective},
+                **run_config.train_kwargs(self.resolved)}
+
+    # --- one round ----------------------------------------------------------------------------
+    def held_out(self) -> float | None:
+        """The held-out reward now (``evaluation.held_out_reward``), or None without [eval]; the
+        main process only."""
+        if self.built.eval_prompt_ids is None or not self.main:
+            return None
+        kwargs = self.train_kwargs()
+        try:
+            return evaluation.held_out_reward(
+                trainers.actor_palm(self.name, self.trainer), trainers.actor_scope(self.name, self.trainer),
+                trainers.unwrap(self.trainer, self.trainer.reward_model), self.built.eval_prompt_ids,
+                self.resolved["eval"]["samples"], kwargs["max_seq_len"], self.resolved["run"]["seed"] + EVAL_SEED_OFFSET,
+                temperature=kwargs.get("temperature", 1.0), eos_token=kwargs.get("eos_token"),
+                pad_value=int(self.trainer.pad_value))
+        except Exception as exc:  # noqa: BLE001 - sorted: the user's program, or the library
+            raise round_error(f"the held-out evaluation after round {self.rows[-1]['round'] if self.rows else 0}",
+                              exc) from None
+
+    def baseline_row(self) -> dict[str, Any]:
+        """Row 0: the held-out reward before training, every other figure null."""
+        row = dict.fromkeys(metrics.ROW_KEYS)
+        row.update(round=0, held_out_reward=self.held_out(), rules=[])
+        return row
+
+    def evaluates(self, round_: int) -> bool:
+        return self.resolved["eval"] is not None and round_ in run_config.eval_points(
+            self.rounds_planned, self.resolved["eval"]["every"])
+
+    def one_round(self, round_: int) -> dict[str, Any]:
+        """Train round ``round_`` and return its row (rules filled). Raises SkillError(2) when the
+        reward program raised or returned a wrong shape, SkillError(1) when the library raised."""
+        name, trainer = self.name, self.trainer
+        before = metrics.snapshot_trainable(name, trainer)
+        meter = measuring_meter(self.device)
+        t0 = time.perf_counter()
+        try:
+            with metrics.observe(name, trainer) as seen, streams.capture_library_output() as captured:
+                trainer.train(**self.train_kwargs())
+        except Exception as exc:  # noqa: BLE001 - sorted: the user's program, or the library
+            raise round_error(f"round {round_}", exc) from None
+        wall = time.perf_counter() - t0
+        seen = gathered(self.trainer, seen)
+        norms, non_finite = metrics.change_norms(name, trainer, before)
+        probe = metrics.policy_probe(name, trainer, seen) if self.main else {"entropy": None, "kl_base": None}
+        held = self.held_out() if self.evaluates(round_) else None
+        memory = {"peak_mib": round(meter.peak() / 2**20, 1), "rss_mib": round(meter.rss() / 2**20, 1)}
+        lr = trainers.optimizers(name, trainer)["actor"].param_groups[0]["lr"]
+        row = metrics.build_row(round_, seen, self.facts.grouped, wall, captured.stdout, memory, probe, norms,
+                                non_finite, lr, held)
+        fired = watchdog.evaluate(row, self.rows, self.facts) if self.main else []
+        row["rules"] = self.from_main([rule.id for rule, _ in fired])  # every rank stops on the same rules
+        if self.main:
+            previous = set(self.rows[-1]["rules"]) if self.rows else set()
+            for rule, value in fired:
+                if rule.id not in previous:
+                    self.options.say(watchdog.alarm_line(rule, value, round_))
+        return row
+
+    def from_main(self, value: Any) -> Any:
+        """``value`` as the main process has it, on every process (one broadcast; itself alone)."""
+        if self.trainer.accelerate.num_processes == 1:
+            return value
+        from accelerate.utils import broadcast_object_list
+        return broadcast_object_list([value])[0]
+
+    def any_rank(self, flag: int | None) -> int | None:
+        """The first non-None ``flag`` of any process (a signal one rank received), on every process."""
+        if self.trainer.accelerate.num_processes == 1:
+            return flag
+        from accelerate.utils import gather_object
+        return next((f for f in gather_object([flag]) if f is not None), None)
+
+    def write_row(self, row: dict[str, Any]) -> None:
+        """Append ``row`` to metrics.jsonl and the trackers (main process), and to ``rows``.
+        Raises SkillError(2) when the disk refuses the row."""
+        self.rows.append(row)
+        if self.main:
+            try:
+                rundir.append_row(self.run, row)
+            except OSError as err:
+                raise exits.SkillError(f"writing round {row['round']} to {self.run.metrics} failed "
+                                       f"({exits.one_line(err)}): free space there, then resume") from None
+            if self.options.log_with and row["round"] > 0:
+                trackers.log(self.trainer, row)
+
+    def save(self, round_: int) -> Path:
+        """A checkpoint of the run after ``round_``. Raises SkillError(2) when the disk refuses it
+        (full, read-only): the previous checkpoint stays the latest."""
+        try:
+            self.last_checkpoint = checkpoint.save(self.trainer, self.run, round_, {"trainer": self.name})
+        except OSError as err:
+            kept = f"the checkpoint of round {checkpoint.NAME.fullmatch(self.last_checkpoint.name).group(1).lstrip('0')} is kept" \
+                if self.last_checkpoint else "no earlier checkpoint"
+            raise exits.SkillError(f"checkpoint after round {round_} failed ({exits.one_line(err)}): free space in "
+                                   f"{self.run.checkpoints}, then resume ({kept}; metrics.jsonl holds every "
+                                   "finished round)") from None
+        return self.last_checkpoint
+
+    # --- the rounds ---------------------------------------------------------------------------
+    def rounds(self, progress: streams.Progress) -> tuple[str, str | None]:
+        """Train from the round after ``start`` to ``options.until`` (or ``[run] rounds``).
+        Returns (status, reason): ``finished``; ``paused`` (``until`` reached); ``stopped`` (a
+        rule of ``stop_on`` fired); ``interrupted`` (SIGINT/SIGTERM, after the round in progress).
+        Every status but an error checkpoints first. The rounds run in a private working directory
+        (TPO's ``train()`` writes ``./tpo_memmap_replay_buffer``), never the caller's."""
+        last = min(self.options.until or self.rounds_planned, self.rounds_planned)
+        every = self.resolved["run"]["checkpoint_every"]
+        began = time.perf_counter()
+        with workspace.private_workdir(), deferred_signals(self) as signals, progress.stage(
+                f"{self.name}: rounds {self.start + 1}-{last}", total=max(0, last - self.start), unit="rounds") as bar:
+            for round_ in range(self.start + 1, last + 1):
+                row = self.one_round(round_)
+                self.write_row(row)
+                report_round(progress, bar, row, last, began, self.start)
+                stop = sorted(set(row["rules"]) & self.options.stop_on)
+                signals.requested = self.any_rank(signals.requested)
+                if round_ % every == 0 or round_ == last or stop or signals.requested:
+                    self.save(round_)
+                if stop:
+                    return "stopped", f"rule {', '.join(stop)} fired at round {round_} (--stop-on)"
+                if signals.requested:
+                    return "interrupted", f"{signal.Signals(signals.requested).name} during round {round_}"
+        return ("finished", None) if last == self.rounds_planned else ("paused", f"--until {last}")
+
+    def finish(self, status: str, reason: str | None) -> dict[str, Any]:
+        """Export the policy (a finished run), write summary.json and close the trackers (main
+        process); returns the summary."""
+        files = {"metrics": str(self.run.metrics), "config": str(self.run.path / CONFIG_FILE),
+                 "checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None}
+        if status == "finished" and self.main:
+            files["policy"] = str(export.export_policy(self.name, self.trainer, self.run.policy))
+        if self.options.log_with:
+            files["trackers"] = str(self.run.trackers)
+            if self.main:
+                trackers.end(self.trainer)
+        summary = summarize(self, status, reason, files)
+        if self.main:
+            rundir.write_atomic(self.run.summary, json.dumps(summary, indent=1, allow_nan=True))
+        return summary
+
+
+@dataclass
+class Prepared:
+    """A run checked before anything is built: its directory, the config as loaded (with the
+    digests of its files) and as resolved against the installed library."""
+    run: rundir.RunDir
+    loaded: dict[str, Any]
+    resolved: dict[str, Any]
+    resume: bool
+    options: Options
+
+
+def prepare(config_path: str | None, run_dir: str | Path, resume: bool, force: bool,
+            overrides: list[str] | None, options: Options) -> Prepared:
+    """Everything that can be refused before a model exists: the run directory
+    (``rundir.prepare``), the config (``config_path``, or on ``resume`` without it the one the run
+    stored), a changed config on ``resume``, the tracker package, and every key against the
+    installed library (``run_config.check_against_library``, which imports torch). Raises
+    SkillError: 2 for a bad config or directory, or a changed config on resume; 3 for a tracker
+    package that is missing."""
+    run = rundir.prepare(run_dir, resume, force)
+    stored_file = run.path / CONFIG_FILE
+    stored = json.loads(stored_file.read_text(encoding="utf-8")) if resume and stored_file.is_file() else None
+    if config_path is None and stored is None:
+        raise exits.SkillError(f"--resume {run_dir}: no {CONFIG_FILE} there to resume from: give --config FILE")
+    config = run_config.load(config_path, overrides) if config_path else stored["config"]
+    if "run" not in config:
+        raise exits.SkillError("config [run] rounds: missing: train runs the config in rounds ([run] rounds = N)")
+    loaded = {"config": config, "files": file_digests(config)}
+    if stored is not None:
+        changed = changed_keys(stored, loaded)
+        if changed:
+            raise exits.SkillError(f"--resume {run_dir}: the config changed since the run started: "
+                                   f"{', '.join(changed)}: resume with the run's own config, or start over with --force")
+    if options.log_with:
+        trackers.check_available(options.log_with)
+    return Prepared(run, loaded, run_config.check_against_library(config), resume, options)
+
+
+def gathered(trainer, seen: metrics.Observation) -> metrics.Observation:
+    """One process's ``Observation``, or under several processes every rank's rollouts (rewards,
+    lengths, sampled tokens, advantages) gathered into the main process's; the optimizer figures
+    (steps, gradient norms, KL term) stay the main process's, which DDP keeps equal across ranks."""
+    if trainer.accelerate.num_processes == 1:
+        return seen
+    from accelerate.utils import gather_object
+    parts = gather_object([{"rewards": seen.rewards, "response_lengths": seen.response_lengths,
+                            "sampled_tokens": seen.sampled_tokens, "advantages": seen.advantages}])
+    merged = metrics.Observation(steps=seen.steps, grad_norms=seen.grad_norms, kl_terms=seen.kl_terms,
+                                 learn_calls=seen.learn_calls, last_rollout=seen.last_rollout)
+    for part in parts:
+        merged.rewards += part["rewards"]
+        merged.response_lengths += part["response_lengths"]
+        merged.sampled_tokens += part["sampled_tokens"]
+        merged.advantages += part["advantages"]
+    return merged
+
+
+def measuring_meter(device):
+    """A fresh memory meter for one round (peak since now; measuring.MemoryMeter)."""
+    from policy_optimization import measuring
+    meter = measuring.MemoryMeter(device)
+    meter.start()
+    return meter
+
+
+def round_error(where: str, exc: BaseException) -> exits.SkillError:
+    """The one line of a round (or an evaluation) that raised: the user's reward program (exit 2),
+    an allocation that failed (exit 2), or the library (exit 1)."""
+    from policy_optimization import programs
+    text = exits.one_line(exc)
+    if isinstance(exc, programs.RewardProgramError):
+        return exits.SkillError(f"{where}: {exc}: fix the program, then resume (the last checkpoint is kept)")
+    if exits.out_of_memory(exc):
+        return exits.SkillError(f"{where}: ran out of memory ({text}): smaller sizes or update_timesteps, "
+                                "then resume")
+    return exits.SkillError(f"{where}: the library raised {text}; read "
+                            "sub-skills/policy-optimization/references/troubleshooting.md#symptom-index",
+                            exits.EXIT_CHECK_FAILED)
+
+
+def run_facts(resolved: dict[str, Any], built: builder.Built) -> watchdog.RunFacts:
+    """What the watchdog's rules need to know about this run."""
+    name, effective = resolved["name"], resolved["effective"]["trainer"]
+    spec = trainers.TRAINERS[name]
+    critic = None
+    if name == "ppo":  # ppo.py: HLGaussLoss(**hl_gauss_loss_kwargs), values clamped to [min_value, max_value]
+        bins = effective["hl_gauss_loss_kwargs"]
+        critic = (float(bins["min_value"]), float(bins["max_value"]))
+    return watchdog.RunFacts(trainer=name, grouped=spec.group_kwarg is not None, lora=bool(effective.get("actor_lora", True)),
+                             required_steps=spec.required_steps,
+                             update_timesteps=resolved["round"]["update_timesteps"], critic_range=critic,
+                             processes=built.trainer.accelerate.num_processes,
+                             eval_samples=0 if built.eval_prompt_ids is None else
+                             resolved["eval"]["samples"] * int(built.eval_prompt_ids.shape[0]))
+
+
+class deferred_signals:
+    """SIGINT and SIGTERM while the rounds run: the first one finishes the round in progress
+    (``requested`` holds its number; one line says so), a second one stops at once (130 or 143;
+    the last checkpoint stays valid). Restores the previous handlers on exit. Main thread only."""
+
+    def __init__(self, run: Run) -> None:
+        self.run, self.requested, self.previous = run, None, {}
+
+    def handle(self, signum, frame) -> None:
+        if self.requested is not None:
+            raise KeyboardInterrupt() if signum == signal.SIGINT else runner.Terminated()
+        self.requested = signum
+        self.run.options.say(f"{signal.Signals(signum).name}: finishing the round in progress, then a checkpoint "
+                             "(send it again to stop now; the last checkpoint stays valid)")
+
+    def __enter__(self) -> "deferred_signals":
+        import threading
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self.previous[signum] = signal.signal(signum, self.handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+
+def report_round(progress: streams.Progress, bar, row: dict[str, Any], last: int, started_s: float, start: int) -> None:
+    """The round on stderr: at a terminal the bar's counter and postfix, elsewhere one line."""
+    parts = [f"reward {row['reward_mean']:.3f}" if row["reward_mean"] is not None else "reward -"]
+    if row["held_out_reward"] is not None:
+        parts.append(f"held-out {row['held_out_reward']:.3f}")
+    if row["rules"]:
+        parts.append("rules " + ",".join(row["rules"]))
+    done = row["round"] - start
+    eta = (time.perf_counter() - started_s) / done * (last - row["round"]) if done else 0.0
+    text = ", ".join(parts)
+    if bar is not None:
+        bar.set_postfix_str(text)
+        bar.update(1)
+    if not progress.live:
+        progress.note(f"round {row['round']}/{last}: {text}, {row['wall_s']:.1f} s"
+                      + (f", about {reporting.seconds_text(eta)} left" if row["round"] < last else ""))
+
+
+def summarize(run: Run, status: str, reason: str | None, files: dict[str, Any]) -> dict[str, Any]:
+    """summary.json: what ran, held-out before -> after, the rules fired, the files, the verdict."""
+    trained = [r for r in run.rows if r["round"] > 0]
+    held = [(r["round"], r["held_out_reward"]) for r in run.rows if r["held_out_reward"] is not None]
+    fired: dict[str, list[int]] = {}
+    for r in trained:
+        for rule in r["rules"]:
+            fired.setdefault(rule, []).append(r["round"])
+    done = max((r["round"] for r in trained), default=run.start)
+    summary = {"status": status, "reason": reason, "trainer": run.name, "class_name": trainers.TRAINERS[run.name].path,
+               "device": str(run.device), "rounds_done": done, "rounds_planned": run.rounds_planned,
+               "rollouts": sum(r["rollouts"] or 0 for r in trained), "learn_calls": sum(r["learn_calls"] or 0 for r in trained),
+               "held_out": {"before": held[0][1] if held else None, "after": held[-1][1] if len(held) > 1 else None,
+                            "rounds": [h[0] for h in held]},
+               "reward": {"first": trained[0]["reward_mean"] if trained else None,
+                          "last": trained[-1]["reward_mean"] if trained else None},
+               "rules_fired": fired, "files": files,
+               "wall_s": round(time.perf_counter() - run.started_s, 2)}
+    summary["verdict"], summary["next"] = verdict(summary)
+    return summary
+
+
+def verdict(summary: dict[str, Any]) -> tuple[str, str]:
+    """The verdict line and the next step of a summary."""
+    status, held = summary["status"], summary["held_out"]
+    change = (f"held-out reward {held['before']:.4g} -> {held['after']:.4g}" if held["after"] is not None
+              else "no held-out evaluation ([eval] prompts_file)")
+    rules = f"rules fired: {', '.join(summary['rules_fired'])}" if summary["rules_fired"] else "no rule fired"
+    run_dir = str(Path(summary["files"]["metrics"]).parent)
+    if status == "finished":
+        rose = held["after"] is not None and held["after"] > held["before"]
+        word = "FINISHED" if rose or held["after"] is None else "FINISHED, NOT LEARNING"
+        nxt = (f"load {summary['files'].get('policy')} with PaLM(**[palm]).load(path); "
+               f"curves: {reporting.command('palm-rlhf-skill watch', run_dir + ' --plot curves.png')}")
+        if not rose and held["after"] is not None:
+            nxt = "read sub-skills/policy-optimization/references/training-run.md#held-out-flat"
+        return f"{word}: {summary['rounds_done']} rounds, {change}; {rules}", nxt
+    resume = reporting.command("palm-rlhf-skill train", f"--resume {run_dir}")
+    word = {"paused": "PAUSED", "stopped": "STOPPED", "interrupted": "INTERRUPTED", "failed": "FAILED"}[status]
+    return f"{word} after round {summary['rounds_done']} ({summary['reason']}): {change}; {rules}", resume

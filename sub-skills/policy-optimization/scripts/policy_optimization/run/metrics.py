@@ -1,0 +1,245 @@
+"""One metrics row per round, observed on the library's own ``train()`` without changing it.
+
+What a round observes and where (palm-rlhf-pytorch 0.8.0):
+- rollouts, rewards, groups, response lengths: a forward hook on the reward model, which every
+  trainer calls once per rollout with ``(x (b, n) int64, prompt_mask=(b, n) bool, mask=(b, n)
+  bool)`` (ppo.py ``train``, grpo.py ``train``, tpo.py ``train``, flowrl.py ``train``);
+- the advantages the update used: GRPO's and FlowRL's stored normalized rewards (the last field of
+  every ``Memory`` handed to ``learn()``), PPO's ``masked_normalize`` output inside ``learn()``
+  (ppo.py), TPO's z-scored group rewards, which tpo.py ``train`` replaces by zeros when
+  ``rewards.std()`` is not above 0;
+- the KL term: ``masked_kl_div``'s output inside ``learn()`` (ppo.py, grpo.py), the library's KL to
+  the rollout policy; FlowRL's and TPO's ``learn()`` compute none;
+- steps and gradient norms: hooks on the trainer's torch optimizers;
+- the policy's entropy and its KL to the LoRA-off base PaLM, on a few of the round's last
+  sequences: PPO, GRPO and FlowRL store each sequence's next-token probabilities from the rollout
+  (``Memory.action_prob``), so only the base needs a forward; TPO stores none, so its policy
+  needs one too.
+The module-level functions are wrapped only for the duration of one ``train()`` call and restored
+afterwards, whatever happens.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from policy_optimization import trainers
+from skill_runtime import streams
+
+# The keys of a metrics row, in order; units and meaning: references/reports.md#metrics-row.
+ROW_KEYS = ("round", "rollouts", "group_size", "learn_calls", "wall_s", "tokens_per_s", "peak_mib", "rss_mib",
+            "reward_mean", "reward_std", "reward_min", "reward_max", "zero_std_group_fraction",
+            "advantage_zero_fraction", "advantage_abs_max", "response_length_mean",
+            "one_token_response_fraction", "kl_rollout", "kl_base", "entropy", "losses", "grad_norm",
+            "optimizer_steps", "trainable_change_norm", "non_finite_weights", "lr", "held_out_reward",
+            "rules")
+PROBE_SEQUENCES = 2  # sequences of the round's last rollout that the entropy and kl_base forwards see
+
+
+@dataclass
+class Observation:
+    """What one round's ``train()`` did, as the hooks saw it (host floats and ints)."""
+    rewards: list[list[float]] = field(default_factory=list)    # per rollout: one reward per sequence
+    response_lengths: list[int] = field(default_factory=list)   # response tokens that count, per sequence
+    sampled_tokens: int = 0                                     # tokens sampled after the prompts
+    advantages: list[float] = field(default_factory=list)       # every advantage the update used
+    kl_terms: list[float] = field(default_factory=list)         # the library's KL term, per minibatch
+    grad_norms: list[float] = field(default_factory=list)       # actor optimizer, per step
+    steps: dict[str, int] = field(default_factory=dict)         # optimizer steps, per optimizer
+    learn_calls: int = 0
+    last_rollout: tuple[Any, Any, Any] | None = None            # (x, prompt_mask, mask) of the last one
+    last_memories: list = field(default_factory=list)           # the last stored experiences (PPO, GRPO, FlowRL)
+
+
+def _wrap_module_function(stack: contextlib.ExitStack, module: Any, name: str, record) -> None:
+    """Replace ``module.name`` by a wrapper that calls it and hands its result to ``record``,
+    until ``stack`` closes. A module without that function is left alone (the metric stays empty)."""
+    original = getattr(module, name, None)
+    if original is None:
+        return
+
+    def wrapper(*args, **kwargs):
+        out = original(*args, **kwargs)
+        record(out)
+        return out
+
+    setattr(module, name, wrapper)
+    stack.callback(setattr, module, name, original)
+
+
+def _grad_norm(optimizer) -> float:
+    """L2 norm over every gradient the optimizer is about to step (float; 0.0 without gradients),
+    ``torch.nn.utils.get_total_norm``."""
+    import torch
+    grads = [p.grad.detach() for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    return float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+
+
+@contextlib.contextmanager
+def observe(name: str, trainer) -> Iterator[Observation]:
+    """Hooks that fill an ``Observation`` while the ``with`` block runs the trainer's ``train()``;
+    all removed on exit. ``name`` is the trainer's ``trainers.TRAINERS`` key."""
+    import importlib
+
+    import torch
+
+    tpo = importlib.import_module("palm_rlhf_pytorch.tpo")
+    seen = Observation()
+    with contextlib.ExitStack() as stack:
+        def scored(_module, args, kwargs, output) -> None:
+            x = args[0]
+            prompt_mask, mask = kwargs.get("prompt_mask"), kwargs.get("mask")
+            response = torch.ones_like(x, dtype=torch.bool) if prompt_mask is None else ~prompt_mask
+            if mask is not None:
+                response = response & mask
+            seen.rewards.append(output.detach().float().reshape(-1).cpu().tolist())
+            seen.response_lengths += response.sum(dim=-1).cpu().tolist()
+            prompt_len = 0 if prompt_mask is None else int(prompt_mask[0].sum())
+            seen.sampled_tokens += x.shape[0] * (x.shape[1] - prompt_len)
+            seen.last_rollout = (x.detach(), None if prompt_mask is None else prompt_mask.detach(),
+                                 None if mask is None else mask.detach())
+            if name == "tpo":  # tpo.py train: z_score(rewards) if rewards.std() > 0. else zeros
+                rewards = output.detach().float()
+                spread = rewards.numel() > 1 and rewards.std() > 0.  # the std of one reward is NaN: not > 0
+                normalized = tpo.z_score(rewards) if spread else torch.zeros_like(rewards)
+                seen.advantages += normalized.cpu().tolist()
+
+        handle = trainers.unwrap(trainer, trainer.reward_model).register_forward_hook(scored, with_kwargs=True)
+        stack.callback(handle.remove)
+
+        real_learn = trainer.learn
+
+        def learn(memories):
+            seen.learn_calls += 1
+            if name in ("grpo", "flowrl"):  # the last Memory field: the normalized reward used as advantage
+                seen.advantages += torch.stack([memory[-1] for memory in memories]).float().tolist()
+            if name != "tpo":  # a deque of Memory namedtuples; TPO hands its replay buffer
+                seen.last_memories = list(memories)[-PROBE_SEQUENCES:]
+            return real_learn(memories)
+
+        trainer.learn = learn  # an instance attribute shadows the method train() calls
+        stack.callback(delattr, trainer, "learn")
+
+        module = importlib.import_module(trainers.TRAINERS[name].source)
+        _wrap_module_function(stack, module, "masked_kl_div",
+                              lambda out: seen.kl_terms.append(float(out.detach().float().mean())))
+        if name == "ppo":
+            _wrap_module_function(stack, module, "masked_normalize",
+                                  lambda out: seen.advantages.extend(out.detach().float().reshape(-1).cpu().tolist()))
+
+        for key, optimizer in trainers.optimizers(name, trainer).items():
+            seen.steps[key] = 0
+
+            def stepped(*_, key=key) -> None:
+                seen.steps[key] += 1
+
+            stack.callback(optimizer.register_step_post_hook(stepped).remove)
+        actor = trainers.optimizers(name, trainer)["actor"]
+        stack.callback(actor.register_step_pre_hook(lambda opt, *_: seen.grad_norms.append(_grad_norm(opt))).remove)
+        yield seen
+
+
+def snapshot_trainable(name: str, trainer) -> dict[str, list]:
+    """Detached clones of every trainable tensor, per group (``trainers.trainable_groups``): the
+    round's starting point for ``change_norms``. One copy of the trainable weights (LoRA: small;
+    ``actor_lora=False``: the whole policy)."""
+    return {group: [p.detach().clone() for p in params] for group, params in trainers.trainable_groups(name, trainer).items()}
+
+
+def change_norms(name: str, trainer, before: dict[str, list]) -> tuple[dict[str, float], bool]:
+    """L2 norm of each trainable group's change since ``before`` (``snapshot_trainable``), and
+    whether any trainable weight is now NaN or inf."""
+    import torch
+    norms, non_finite = {}, False
+    for group, params in trainers.trainable_groups(name, trainer).items():
+        total = 0.0
+        for p, p0 in zip(params, before[group]):
+            total += float(torch.sum((p.detach().float() - p0.float()) ** 2))
+            non_finite = non_finite or not bool(torch.isfinite(p).all())
+        norms[group] = math.sqrt(total) if math.isfinite(total) else float("nan")
+    return norms, non_finite
+
+
+def policy_probe(name: str, trainer, seen: Observation, sequences: int = PROBE_SEQUENCES) -> dict[str, float | None]:
+    """Entropy (nats per response token) of the policy's next-token distribution and its KL to the
+    LoRA-off base PaLM (KL(policy || base), nats per response token), unfiltered (no top-k), on the
+    round's last ``sequences`` sequences: from the probabilities the rollout stored (PPO, GRPO,
+    FlowRL: the policy as it sampled them) or, for TPO, a forward of the policy now. ``kl_base`` is
+    None when the trainer trains all weights (``actor_lora=False``: no base to compare with)."""
+    import torch
+    palm, scope = trainers.actor_palm(name, trainer), trainers.actor_scope(name, trainer)
+    stored = [m for m in seen.last_memories if m.sequence.shape == seen.last_memories[-1].sequence.shape] \
+        if seen.last_memories else []
+    if stored:  # row t of action_prob is the distribution that sampled token t (ppo.py, grpo.py: shift by 1)
+        x = torch.stack([m.sequence for m in stored]).to(palm.device)
+        response = torch.stack([~m.prompt_mask & m.mask for m in stored]).to(palm.device)
+        policy = torch.stack([m.action_prob for m in stored]).to(palm.device).float().clamp(min=1e-20).log()
+    elif seen.last_rollout is not None:
+        x, prompt_mask, mask = (t[:sequences] if t is not None else None for t in seen.last_rollout)
+        response = torch.ones_like(x, dtype=torch.bool) if prompt_mask is None else ~prompt_mask
+        response = response & mask if mask is not None else response
+        policy = None
+    else:
+        return {"entropy": None, "kl_base": None}
+    positions = response.clone()
+    positions[:, 0] = False  # no distribution predicted the first token
+    if not bool(positions.any()):
+        return {"entropy": None, "kl_base": None}
+    was_training = palm.training
+    palm.eval()
+    try:
+        with torch.no_grad():
+            shifted = lambda logits: torch.nn.functional.pad(logits, (0, 0, 1, -1)).float().log_softmax(dim=-1)
+            if policy is None:
+                policy = shifted(palm(x, finetune_scope=scope))
+            base = shifted(palm(x, finetune_scope=None)) if scope else None
+    finally:
+        palm.train(was_training)
+    p = policy.exp()
+    entropy = float(-(p * policy).sum(dim=-1)[positions].mean())
+    kl = None if base is None else float((p * (policy - base)).sum(dim=-1)[positions].mean())
+    return {"entropy": entropy, "kl_base": kl}
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def reward_figures(seen: Observation, grouped: bool) -> dict[str, float | None]:
+    """Reward mean, std (population), min and max over every sequence of the round, and for a
+    grouped trainer the fraction of rollouts whose group rewards are all equal (max == min)."""
+    flat = [r for rollout in seen.rewards for r in rollout]
+    if not flat:
+        return dict.fromkeys(("reward_mean", "reward_std", "reward_min", "reward_max", "zero_std_group_fraction"))
+    mean = sum(flat) / len(flat)
+    std = math.sqrt(sum((r - mean) ** 2 for r in flat) / len(flat))
+    equal = [max(rollout) == min(rollout) for rollout in seen.rewards] if grouped else []
+    return {"reward_mean": mean, "reward_std": std, "reward_min": min(flat), "reward_max": max(flat),
+            "zero_std_group_fraction": (sum(equal) / len(equal)) if grouped else None}
+
+
+def build_row(round_: int, seen: Observation, grouped: bool, wall_s: float, printed: str,
+              memory: dict[str, float], probe: dict[str, float | None], norms: dict[str, float],
+              non_finite_weights: bool, lr: float, held_out: float | None) -> dict[str, Any]:
+    """The metrics row of one round, keys ``ROW_KEYS`` (``rules`` filled by the watchdog): rewards
+    and groups, advantages, response lengths, the library's KL term (mean over minibatches), the
+    policy probe, printed losses (``streams.parse_losses``), gradient norm (mean over the actor's
+    steps), trainable change norms, seconds (``wall_s``) and MiB (``memory``: peak_mib, rss_mib)."""
+    lengths = seen.response_lengths
+    advantages = seen.advantages
+    sizes = {len(rollout) for rollout in seen.rewards}
+    row = {"round": round_, "rollouts": len(seen.rewards), "group_size": sizes.pop() if len(sizes) == 1 else None,
+           "learn_calls": seen.learn_calls,
+           "wall_s": round(wall_s, 4), "tokens_per_s": round(seen.sampled_tokens / wall_s, 2) if wall_s > 0 else None,
+           **memory, **reward_figures(seen, grouped),
+           "advantage_zero_fraction": (sum(a == 0.0 for a in advantages) / len(advantages)) if advantages else None,
+           "advantage_abs_max": max((abs(a) for a in advantages), default=None),
+           "response_length_mean": _mean([float(n) for n in lengths]),
+           "one_token_response_fraction": (sum(n <= 1 for n in lengths) / len(lengths)) if lengths else None,
+           "kl_rollout": _mean(seen.kl_terms), **probe, "losses": streams.parse_losses(printed),
+           "grad_norm": _mean(seen.grad_norms), "optimizer_steps": dict(seen.steps),
+           "trainable_change_norm": norms, "non_finite_weights": non_finite_weights, "lr": lr,
+           "held_out_reward": held_out, "rules": []}
+    return {key: row[key] for key in ROW_KEYS}

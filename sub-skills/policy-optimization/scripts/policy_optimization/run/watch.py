@@ -1,0 +1,132 @@
+"""Reading a live or finished run directory: its rows, the curves, the rules fired, the verdict.
+
+``palm-rlhf-skill watch DIR`` prints ``text(view(...))``, ``--json`` the ``view`` itself, ``--plot
+FILE.png`` draws ``plot`` with matplotlib (the optional extra ``palm-rlhf-skill[plot]``).
+Torch-free: it reads JSON only, so it answers in well under a second while the run trains.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from policy_optimization.run import rundir
+from skill_runtime import exits, reporting
+
+TABLE = (("round", "round", "{:d}"), ("rollouts", "rollouts", "{:d}"), ("reward", "reward_mean", "{:.3f}"),
+         ("held-out", "held_out_reward", "{:.3f}"), ("kl_rollout", "kl_rollout", "{:.3g}"),
+         ("kl_base", "kl_base", "{:.3g}"), ("entropy", "entropy", "{:.2f}"),
+         ("length", "response_length_mean", "{:.1f}"), ("s", "wall_s", "{:.1f}"), ("rules", "rules", "{}"))
+CURVES = (("reward", "reward_mean"), ("held-out", "held_out_reward"), ("kl_base", "kl_base"),
+          ("kl_rollout", "kl_rollout"), ("length", "response_length_mean"))
+PLOT_INSTALL = "pip install 'palm-rlhf-skill[plot]'"
+
+
+def view(path: str | Path, last: int = 10) -> dict[str, Any]:
+    """What ``watch`` shows, as JSON-ready data: the run's rows (round 0: the held-out reward
+    before training), the ``last`` ones, each curve's values per round, the rules fired (id ->
+    rounds), the summary when the run has ended (``summary.json``), and ``state``: ``finished``,
+    ``stopped`` (ended early: a rule's --stop-on, a signal, an error) or ``running`` (no summary
+    yet). Raises SkillError(2) when ``path`` holds no run."""
+    run = rundir.RunDir(Path(path).expanduser().resolve())
+    if not run.metrics.is_file():
+        raise exits.SkillError(f"{path}: no {rundir.METRICS} there: not a run directory (palm-rlhf-skill train "
+                               "--config FILE --run-dir DIR writes one)")
+    rows = rundir.read_rows(run.metrics)
+    summary = json.loads(run.summary.read_text(encoding="utf-8")) if run.summary.is_file() else None
+    fired: dict[str, list[int]] = {}
+    for row in rows:
+        for rule in row.get("rules") or []:
+            fired.setdefault(rule, []).append(row["round"])
+    state = "running" if summary is None else ("finished" if summary.get("status") == "finished" else "stopped")
+    return {"run_dir": str(run.path), "state": state, "rounds": max((r["round"] for r in rows), default=0),
+            "rows": rows, "last_rows": rows[-last:], "rules_fired": fired,
+            "curves": {label: [[r["round"], r.get(key)] for r in rows if r.get(key) is not None] for label, key in CURVES},
+            "summary": summary}
+
+
+def _cell(row: dict[str, Any], key: str, fmt: str) -> str:
+    value = row.get(key)
+    if value is None or (isinstance(value, float) and not math.isfinite(value) and fmt != "{}"):
+        return "-" if value is None else str(value)
+    if key == "rules":
+        return ",".join(value) or "-"
+    return fmt.format(value)
+
+
+def table(rows: list[dict[str, Any]]) -> list[str]:
+    """The rows as an aligned text table, one line per round."""
+    cells = [[label for label, _, _ in TABLE]] + [[_cell(r, key, fmt) for _, key, fmt in TABLE] for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(TABLE))]
+    return ["  ".join(c.rjust(w) if i < len(TABLE) - 1 else c for i, (c, w) in enumerate(zip(line, widths)))
+            for line in cells]
+
+
+def text(data: dict[str, Any]) -> str:
+    """The plain report: the last rows, a sparkline per curve (first -> last value), the rules fired
+    with their doc section, and the verdict with the next step last."""
+    from policy_optimization.run import watchdog
+    lines = [f"run {data['run_dir']}: {data['state']}, {data['rounds']} rounds"] + table(data["last_rows"])
+    for label, points in data["curves"].items():
+        if points:
+            values = [v for _, v in points]
+            lines.append(f"{label:>10} {reporting.sparkline(values)} {values[0]:.4g} -> {values[-1]:.4g} "
+                         f"(rounds {points[0][0]}-{points[-1][0]})")
+    for rule, rounds in data["rules_fired"].items():
+        known = watchdog.BY_ID.get(rule)
+        where = f"; read {known.section}" if known else ""
+        lines.append(f"rule {rule}: rounds {_ranges(rounds)}{where}")
+    lines.append(verdict(data))
+    return "\n".join(lines)
+
+
+def _ranges(rounds: list[int]) -> str:
+    """``1-3, 7``: consecutive rounds folded."""
+    spans: list[list[int]] = []
+    for r in rounds:
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    return ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in spans)
+
+
+def verdict(data: dict[str, Any]) -> str:
+    """The last line: the state, held-out before -> after, what to do next."""
+    held = data["curves"]["held-out"]
+    change = f"; held-out {held[0][1]:.4g} -> {held[-1][1]:.4g}" if len(held) >= 2 else ""
+    rules = f"; rules fired: {', '.join(data['rules_fired'])}" if data["rules_fired"] else "; no rule fired"
+    if data["state"] == "running":
+        nxt = f"watch it again, or plot it: {reporting.command('palm-rlhf-skill watch', data['run_dir'] + ' --plot curves.png')}"
+    elif data["state"] == "stopped":
+        nxt = f"fix what stopped it, then {reporting.command('palm-rlhf-skill train', '--resume ' + data['run_dir'])}"
+    else:
+        nxt = f"load {Path(data['run_dir']) / rundir.POLICY} with PaLM(**[palm]).load(path)"
+    return f"watch: {data['state'].upper()} after round {data['rounds']}{change}{rules}; next: {nxt}"
+
+
+def plot(data: dict[str, Any], path: Path) -> Path:
+    """Draw every curve against the round (one panel each) into ``path`` (PNG) with matplotlib's
+    non-interactive Agg backend. Raises SkillError(2) naming the install command when matplotlib
+    is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise exits.SkillError(f"--plot needs matplotlib, which is not installed: {PLOT_INSTALL}") from None
+    curves = [(label, points) for label, points in data["curves"].items() if points]
+    figure, axes = plt.subplots(len(curves) or 1, 1, figsize=(7, 1.9 * max(1, len(curves))), sharex=True, squeeze=False)
+    for axis, (label, points) in zip(axes[:, 0], curves):
+        axis.plot([r for r, _ in points], [v for _, v in points], marker="o", markersize=2)
+        axis.set_ylabel(label)
+        for rule, rounds in data["rules_fired"].items():
+            for r in rounds:
+                axis.axvline(r, color="red", alpha=0.15)
+    axes[-1, 0].set_xlabel("round")
+    figure.suptitle(f"{data['run_dir']} ({data['state']}, {data['rounds']} rounds)", fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path

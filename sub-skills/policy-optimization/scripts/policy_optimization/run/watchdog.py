@@ -1,0 +1,280 @@
+"""The live watchdog: each silent failure the metrics rows can see is a rule with an id, the doc
+section that explains it and its fix. Rules read the row of the round just finished and the rows
+before it; a rule that holds "fires" for that round (its id goes into the row's ``rules``).
+
+The rules come from the silent-failure table of
+sub-skills/policy-optimization/references/troubleshooting.md#silent-failures and from what a
+training run adds (the held-out reward, memory across rounds); their thresholds, false alarms and
+misses are measured by ``calibrate_watchdog.py`` (references/training-run.md#watchdog-rules).
+Torch-free.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+TROUBLE = "sub-skills/policy-optimization/references/troubleshooting.md"
+RUN_DOC = "sub-skills/policy-optimization/references/training-run.md"
+
+# Thresholds (references/training-run.md#watchdog-rules says why each is where it is).
+ONE_TOKEN_FRACTION = 0.5     # one_token_responses: at least this share of responses count <= 1 token
+KL_ROLLOUT_LIMIT = 1.0       # kl_blowup: nats per token between the rollout policy and the policy in learn()
+KL_BASE_JUMP = 10.0          # kl_blowup: kl_base this round over the largest before it ...
+KL_BASE_FLOOR = 1.0          # ... and above this many nats per token
+HELD_OUT_PATIENCE = 5        # held_out_flat: evaluations without a rise (calibrate_watchdog.py: 3 gave false alarms)
+HELD_OUT_WINDOW = 3          # held_out_falling: evaluations falling in a row
+HELD_OUT_MARGIN = 0.05       # of the reward range seen so far, at least: a rise smaller than this is noise
+NOISE_SE = 2.0               # ... and at least this many standard errors of the held-out mean
+MEMORY_WINDOW = 3            # memory_growing: consecutive rounds of growth
+MEMORY_STEP_MIB = 16.0       # ... each by at least this much
+MEMORY_STEP_FRACTION = 0.02  # ... or this fraction of the resident memory, whichever is larger
+ADVANTAGE_LIMIT = 1e3        # advantage_extreme: |advantage| above this (GRPO MaxRL's 1e8)
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the rules need to know about the run besides its rows."""
+    trainer: str                       # trainers.TRAINERS key
+    grouped: bool                      # GRPO, TPO, FlowRL: a rollout samples a group per prompt
+    lora: bool                         # the policy trains a LoRA scope (actor_lora=True)
+    required_steps: int                # optimizer steps before every LoRA tensor can have moved
+    update_timesteps: int              # rollouts per learn()
+    critic_range: tuple[float, float] | None  # PPO: the values its critic can represent
+    processes: int = 1                 # ranks: a row's rollouts are every rank's
+    eval_samples: int = 0              # sequences one held-out evaluation scores ([eval] samples x prompts)
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    section: str          # the doc section (path#anchor from the skill root) that explains it
+    what: str             # the failure, in a few words
+    fix: str
+    check: Callable[[dict[str, Any], list[dict[str, Any]], RunFacts], str | None]  # the measured value when it fires
+    persist: int = 1      # consecutive rounds the condition must hold: 2 where one round of it is chance
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _saturated(row, rows) -> bool:
+    """Every reward of the round equals the best reward of the run, after rewards have varied: the
+    policy reached the top of the reward, which is success, not a reward that cannot tell
+    completions apart (a constant reward never varied)."""
+    trained = [r for r in rows if r["round"] > 0]
+    varied = any(_finite(r["reward_std"]) and r["reward_std"] > 0 for r in trained)
+    best = max((r["reward_max"] for r in trained if _finite(r["reward_max"])), default=row["reward_max"])
+    return varied and row["reward_min"] == row["reward_max"] >= best
+
+
+def _equal_rewards(row, rows, facts):
+    if _saturated(row, rows):
+        return None
+    if facts.grouped and row["zero_std_group_fraction"] == 1.0:
+        return f"zero_std_group_fraction 1.00 over {row['rollouts']} rollouts (reward {row['reward_mean']:.4g})"
+    if not facts.grouped and row["rollouts"] >= 2 and row["reward_min"] == row["reward_max"]:
+        return f"all {row['rollouts']} rollouts scored {row['reward_min']:.4g}"
+    return None
+
+
+def _zero_advantage(row, rows, facts):
+    if row["advantage_zero_fraction"] == 1.0 and not _saturated(row, rows):
+        return "advantage_zero_fraction 1.00: every advantage the update used was exactly 0"
+    return None
+
+
+def _weights_frozen(row, rows, facts):
+    actor_steps = row["optimizer_steps"].get("actor", 0)
+    done = sum(r["optimizer_steps"].get("actor", 0) for r in rows if r["round"] > 0) + actor_steps
+    if actor_steps == 0 or done - actor_steps < facts.required_steps:
+        return None  # the optimizer's first steps move nothing by design (optimizer-first-steps)
+    still = [group for group, norm in row["trainable_change_norm"].items() if norm == 0.0]
+    if still:
+        return f"{', '.join(still)} moved 0.0 in {actor_steps} optimizer steps"
+    if facts.lora and row["kl_base"] == 0.0:
+        return "the policy's logits still equal the base PaLM's bitwise (kl_base 0.0)"
+    return None
+
+
+def _non_finite(row, rows, facts):
+    bad = [name for name, values in (row["losses"] or {}).items() if not all(map(math.isfinite, values))]
+    for key in ("reward_mean", "grad_norm"):
+        if row[key] is not None and not math.isfinite(row[key]):
+            bad.append(key)
+    if row["non_finite_weights"]:
+        bad.append("trainable weights")
+    return f"NaN or inf in {', '.join(bad)}" if bad else None
+
+
+def _one_token(row, rows, facts):
+    share = row["one_token_response_fraction"]
+    if share is not None and share >= ONE_TOKEN_FRACTION:
+        return f"one_token_response_fraction {share:.2f}: responses of at most one token that counts"
+    return None
+
+
+def _kl_blowup(row, rows, facts):
+    if _finite(row["kl_rollout"]) and row["kl_rollout"] > KL_ROLLOUT_LIMIT:
+        return f"kl_rollout {row['kl_rollout']:.3g} nats/token within one learn() (limit {KL_ROLLOUT_LIMIT:g})"
+    before = [r["kl_base"] for r in rows if _finite(r.get("kl_base"))]
+    if _finite(row["kl_base"]) and row["kl_base"] > KL_BASE_FLOOR and before \
+            and row["kl_base"] > KL_BASE_JUMP * max(max(before), 1e-3):
+        return f"kl_base {row['kl_base']:.3g} nats/token, over {KL_BASE_JUMP:g}x its largest before ({max(before):.3g})"
+    return None
+
+
+def _evaluations(rows, row) -> list[float]:
+    return [r["held_out_reward"] for r in [*rows, row] if r["held_out_reward"] is not None]
+
+
+def _margin(rows, row, facts: RunFacts) -> float:
+    """The smallest change of the held-out reward that is not noise: HELD_OUT_MARGIN of the reward
+    range seen so far, or NOISE_SE standard errors of a held-out mean (the rollouts' reward std over
+    the root of the sequences one evaluation scores), whichever is larger."""
+    trained = [r for r in [*rows, row] if r["round"] > 0]
+    seen = [v for r in trained for v in (r["reward_min"], r["reward_max"]) if _finite(v)]
+    spread = [r["reward_std"] for r in trained if _finite(r["reward_std"])]
+    by_range = HELD_OUT_MARGIN * (max(seen) - min(seen)) if seen else 0.0
+    by_noise = NOISE_SE * (sum(spread) / len(spread)) / math.sqrt(facts.eval_samples) if spread and facts.eval_samples else 0.0
+    return max(by_range, by_noise, 1e-6)
+
+
+def _held_out_flat(row, rows, facts):
+    values = _evaluations(rows, row)  # values[0]: the baseline (round 0)
+    if row["held_out_reward"] is None or len(values) < HELD_OUT_PATIENCE + 1:
+        return None
+    baseline, margin = values[0], _margin(rows, row, facts)
+    if max(values[1:]) <= baseline + margin:
+        return (f"held-out reward {values[-1]:.4g} after {len(values) - 1} evaluations, never above its start "
+                f"{baseline:.4g} by more than {margin:.2g}")
+    return None
+
+
+def _held_out_falling(row, rows, facts):
+    values = _evaluations(rows, row)
+    if row["held_out_reward"] is None or len(values) < HELD_OUT_WINDOW + 1:
+        return None
+    window = values[-HELD_OUT_WINDOW - 1:]
+    if all(b < a for a, b in zip(window, window[1:])) and max(values) - values[-1] > _margin(rows, row, facts):
+        return (f"held-out reward fell {HELD_OUT_WINDOW} evaluations in a row, {window[0]:.4g} -> {window[-1]:.4g} "
+                f"(best {max(values):.4g})")
+    return None
+
+
+def _memory_growing(row, rows, facts):
+    series = [r["rss_mib"] for r in [*rows, row] if r["round"] > 0 and _finite(r.get("rss_mib"))]
+    if len(series) < MEMORY_WINDOW + 1:
+        return None
+    window = series[-MEMORY_WINDOW - 1:]
+    steps = [b - a for a, b in zip(window, window[1:])]
+    if all(step >= max(MEMORY_STEP_MIB, MEMORY_STEP_FRACTION * a) for a, step in zip(window, steps)):
+        return f"resident memory grew {MEMORY_WINDOW} rounds in a row: " + " -> ".join(f"{v:,.0f}" for v in window) + " MiB"
+    return None
+
+
+def _rollouts_dropped(row, rows, facts):
+    per_rank = row["rollouts"] // facts.processes
+    if row["learn_calls"] == 0:
+        return f"{per_rank} rollouts and no learn(): update_timesteps {facts.update_timesteps} never reached"
+    dropped = per_rank - row["learn_calls"] * facts.update_timesteps
+    if dropped > 0:
+        return f"{dropped} of {per_rank} rollouts sampled and dropped (update_timesteps {facts.update_timesteps})"
+    return None
+
+
+def _critic_range(row, rows, facts):
+    if facts.critic_range is None or row["reward_min"] is None:
+        return None
+    low, high = facts.critic_range
+    if row["reward_min"] < low or row["reward_max"] > high:
+        return f"rewards {row['reward_min']:.4g} to {row['reward_max']:.4g}, the critic represents [{low:g}, {high:g}]"
+    return None
+
+
+def _group_of_one(row, rows, facts):
+    if facts.grouped and row["group_size"] == 1:
+        return "every rollout sampled one completion per prompt"
+    return None
+
+
+def _advantage_extreme(row, rows, facts):
+    if _finite(row["advantage_abs_max"]) and row["advantage_abs_max"] > ADVANTAGE_LIMIT:
+        return f"advantage_abs_max {row['advantage_abs_max']:.3g}"
+    return None
+
+
+RULES = (
+    Rule("equal_rewards", f"{TROUBLE}#equal-rewards-group", "every group's rewards are equal: no preference to learn",
+         "a reward that differs between completions of one prompt (a finer rule, a larger group, a higher temperature)",
+         _equal_rewards, persist=2),
+    Rule("zero_advantage", f"{TROUBLE}#group-of-one", "every advantage is exactly 0: the policy gets no reward signal",
+         "a group of 2 or more completions (GRPO, TPO, FlowRL), PPO minibatch_size >= 2", _zero_advantage, persist=2),
+    Rule("weights_frozen", f"{TROUBLE}#optimizer-first-steps", "trainable weights did not move",
+         "a learning rate above 0 that moves float32 weights, and trainable parameters the optimizer holds",
+         _weights_frozen),
+    Rule("non_finite", f"{TROUBLE}#grpo-nan", "NaN or inf in a loss, a reward, a gradient or a weight",
+         "a finite reward; a smaller learning rate; resume from the last checkpoint", _non_finite),
+    Rule("one_token_responses", f"{TROUBLE}#eos-in-prompt", "responses of at most one token",
+         "keep eos_token out of the prompts; raise max_seq_len above the longest prompt", _one_token),
+    Rule("kl_blowup", f"{TROUBLE}#kl-to-rollout-policy", "the policy jumps away from where it sampled",
+         "a smaller actor_lr; resume from the last checkpoint", _kl_blowup),
+    Rule("held_out_flat", f"{RUN_DOC}#held-out-flat", "the held-out reward does not rise",
+         "read the section: all weights or LoRA, the learning rate, the rollout temperature", _held_out_flat),
+    Rule("held_out_falling", f"{RUN_DOC}#held-out-flat", "the held-out reward keeps falling",
+         "a higher rollout temperature or more training prompts (overfitting), a smaller actor_lr", _held_out_falling),
+    Rule("memory_growing", f"{RUN_DOC}#memory-growing", "resident memory grows every round",
+         "look for what keeps tensors across rounds (a reward program's cache); a smaller update_timesteps",
+         _memory_growing),
+    Rule("rollouts_dropped", f"{TROUBLE}#update-timesteps-default", "rollouts sampled and never learned from",
+         "[train] max_timesteps a multiple of update_timesteps (the default: equal)", _rollouts_dropped),
+    Rule("reward_outside_critic_range", f"{TROUBLE}#ppo-critic-reward-range",
+         "PPO rewards outside the critic's range", "rescale the reward into [0, 5], or widen hl_gauss_loss_kwargs",
+         _critic_range),
+    Rule("group_of_one", f"{TROUBLE}#group-of-one", "one completion per prompt: no group to compare",
+         "the group argument (grpo_num_times_sample_rewards, ...) at 1 or more", _group_of_one),
+    Rule("advantage_extreme", f"{TROUBLE}#grpo-max-rl-mean-zero", "advantages far beyond any reward",
+         "GRPO use_max_rl with rewards >= 0, or the default normalisation", _advantage_extreme),
+)
+RULE_IDS = tuple(rule.id for rule in RULES)
+BY_ID = {rule.id: rule for rule in RULES}
+
+
+def evaluate(row: dict[str, Any], rows: list[dict[str, Any]], facts: RunFacts) -> list[tuple[Rule, str]]:
+    """The rules that fire on ``row`` given the ``rows`` before it: (rule, measured value) pairs
+    in RULES order. A rule with ``persist`` n fires when its condition also held on the n - 1
+    rounds before this one."""
+    fired = []
+    for rule in RULES:
+        value = rule.check(row, rows, facts)
+        if value is not None and held_before(rule, rows, facts):
+            fired.append((rule, value))
+    return fired
+
+
+def held_before(rule: Rule, rows: list[dict[str, Any]], facts: RunFacts) -> bool:
+    """Whether ``rule``'s condition held on each of the ``persist - 1`` trained rounds before."""
+    need = rule.persist - 1
+    if need == 0:
+        return True
+    if len(rows) < need or any(r["round"] == 0 for r in rows[-need:]):
+        return False
+    return all(rule.check(rows[i], rows[:i], facts) is not None for i in range(len(rows) - need, len(rows)))
+
+
+def alarm_line(rule: Rule, value: str, round_: int) -> str:
+    """The one stderr line of a rule that fires: what, the measured value, the doc section, the fix."""
+    return f"watchdog {rule.id} (round {round_}): {rule.what}: {value}; read {rule.section}; fix: {rule.fix}"
+
+
+def parse_stop_on(text: str) -> frozenset[str]:
+    """``--stop-on ID,ID`` or ``all``: the rule ids that end the run. Raises ValueError naming an
+    unknown id (the caller turns it into a usage error)."""
+    if text.strip() == "all":
+        return frozenset(RULE_IDS)
+    ids = {part.strip() for part in text.split(",") if part.strip()}
+    unknown = sorted(ids - set(RULE_IDS))
+    if unknown or not ids:
+        raise ValueError(f"unknown rule {', '.join(unknown) or '(none given)'}; the rules are {', '.join(RULE_IDS)} or all")
+    return frozenset(ids)

@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Train a PaLM policy on your own prompts and reward: the config ``plan`` reads, run in rounds of
+the library's own ``train()``, with a metrics row per round, a live watchdog, exact resume and an
+exported policy.
+
+Usage:
+    train_run.py --config run.toml --run-dir runs/first       # train; report on stdout, verdict last
+    train_run.py --resume runs/first                          # continue from the last checkpoint
+    train_run.py --config run.toml --run-dir runs/first --log-with tensorboard --stop-on all
+    train_run.py --config run.toml --run-dir runs/first --nproc 2   # 2 DDP processes (torchrun)
+
+Progress on stderr (a bar over rounds with an ETA), the summary on stdout (``--json``: one object).
+Files in the run directory: metrics.jsonl, checkpoints/, config.json, policy.pt, summary.json.
+Config keys: references/workflows.md#plan-a-run; the run kit: references/training-run.md.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
+from skill_runtime import exits, options, reporting, runner, streams, version_gate, workspace  # noqa: E402
+
+EXIT_EPILOG = ("exit codes: 0 the run finished (or paused at --until); 1 a --stop-on rule fired or the library "
+               "raised in a round; 2 usage, config, reward program or run-directory error (disk full too); "
+               "3 palm-rlhf-pytorch, torch or a --log-with tracker missing or outside the tested range; "
+               "130/143 SIGINT/SIGTERM (after the round in progress and a checkpoint)")
+
+
+def build_parser() -> options.OneLineParser:
+    from policy_optimization.run import trackers, watchdog  # torch-free
+    parser = options.OneLineParser(
+        prog="palm-rlhf-skill train",
+        description="Train a PaLM policy with palm-rlhf-pytorch on your prompts and reward: the config of "
+                    "`palm-rlhf-skill plan`, in rounds of the trainer's own train() (one learn() each), with "
+                    "one metrics row per round in DIR/metrics.jsonl, a watchdog that names silent failures "
+                    "while the run goes on, atomic checkpoints, exact --resume and DIR/policy.pt at the end.",
+        epilog="examples:\n"
+               "  palm-rlhf-skill train --config run.toml --run-dir runs/first\n"
+               "  palm-rlhf-skill train --resume runs/first\n"
+               "  palm-rlhf-skill train --config run.toml --run-dir runs/first --force --stop-on all\n"
+               "  palm-rlhf-skill train --config run.toml --run-dir runs/first --log-with tensorboard\n"
+               "  palm-rlhf-skill watch runs/first\n\n" + EXIT_EPILOG)
+    parser.add_argument("--config", metavar="FILE", help="the run's TOML (or .json) config, plan's schema with "
+                        "[run] rounds (references/workflows.md#plan-a-run)")
+    parser.add_argument("--run-dir", metavar="DIR", help="where the run writes its files (created if missing)")
+    parser.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint "
+                        "(--config, when given, must be the run's own)")
+    parser.add_argument("--force", action="store_true", help="--run-dir holds another run: remove its run files "
+                        "(metrics.jsonl, checkpoints/, ...) and start over")
+    parser.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE",
+                        help="override one config value (as plan's --set); repeatable")
+    parser.add_argument("--until", type=options.bounded_int(1), metavar="ROUND",
+                        help="stop after this round with a checkpoint (exit 0); --resume continues")
+    parser.add_argument("--log-with", choices=list(trackers.TRACKERS),
+                        help="also send every row through Accelerate's tracker API, offline, into DIR/trackers/")
+    parser.add_argument("--stop-on", metavar="RULE,...|all",
+                        help="end the run (checkpoint, exit 1) when one of these watchdog rules fires: "
+                             + ", ".join(watchdog.RULE_IDS))
+    parser.add_argument("--device", default="auto", type=options.device_spec,
+                        help="auto (CUDA when available, else CPU), cpu, cuda or cuda:N (default: auto)")
+    parser.add_argument("--cpu-threads", type=options.bounded_int(1), metavar="N",
+                        help="torch intra-op threads (default: torch's default)")
+    parser.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
+    options.add_progress_option(parser)
+    options.add_allow_untested_option(parser)
+    return parser
+
+
+def check_arguments(args) -> None:
+    """Usage errors (exit 2) before torch is imported."""
+    if args.resume and args.run_dir and Path(args.resume).resolve() != Path(args.run_dir).resolve():
+        raise exits.SkillError("--resume DIR is the run directory: give it alone, or the same path as --run-dir")
+    if not args.resume and not (args.config and args.run_dir):
+        raise exits.SkillError("give --config FILE and --run-dir DIR (a new run), or --resume DIR")
+    if args.resume and args.force:
+        raise exits.SkillError("--force starts over and --resume continues: choose one")
+    if args.resume and args.set:
+        raise exits.SkillError("--set applies to a new run: a resumed run keeps its config")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    check_arguments(args)
+    from policy_optimization.run import loop, watchdog
+    stop_on = frozenset()
+    if args.stop_on:
+        try:
+            stop_on = watchdog.parse_stop_on(args.stop_on)
+        except ValueError as err:
+            raise exits.SkillError(f"--stop-on: {err}") from None
+    env = version_gate.check_versions(args.allow_untested)
+    progress = streams.Progress(loop.PROG, not args.json or args.progress)
+    run_options = loop.Options(log_with=args.log_with, stop_on=stop_on, until=args.until, progress=progress.enabled)
+    caller = Path.cwd()
+    config = str((caller / args.config).resolve()) if args.config else None
+    run_dir = (caller / (args.resume or args.run_dir)).resolve()
+    import torch  # noqa: F401  (the run's imports)
+    from skill_runtime import placement
+    threads = placement.torch_threads(args.cpu_threads) if args.cpu_threads else _same_threads()
+    prepared = loop.prepare(config, run_dir, bool(args.resume), args.force, args.set, run_options)
+    with workspace.private_workdir(), threads:  # the library's relative paths (TPO's replay buffer) go there
+        with progress.stage("build the trainer" + (" and restore the last checkpoint" if args.resume else "")):
+            run = loop.Run.build(prepared, args.device)
+        try:
+            status, reason = run.rounds(progress)
+        except exits.SkillError as err:  # a round failed: the summary says so, the last checkpoint stays
+            run.finish("failed", str(err))
+            raise
+        summary = run.finish(status, reason)
+    summary["versions"], summary["warnings"] = env["versions"], env["warnings"]
+    code = {"finished": exits.EXIT_OK, "paused": exits.EXIT_OK, "stopped": exits.EXIT_CHECK_FAILED,
+            "interrupted": exits.EXIT_INTERRUPTED}[status]
+    if status == "interrupted" and "SIGTERM" in (reason or ""):
+        code = exits.EXIT_TERMINATED
+    if not run.main:  # one rank of several: rank 0 reports
+        return code
+    return runner.emit(summary, args.json, plain_summary, code)
+
+
+def _same_threads():
+    import contextlib
+    import torch
+    return contextlib.nullcontext(torch.get_num_threads())
+
+
+def plain_summary(summary: dict) -> str:
+    """The plain report: rounds, held-out before -> after, rules fired, files, the verdict and the next step last."""
+    held = summary["held_out"]
+    lines = [f"train: {summary['trainer']} ({summary['class_name']}) on {summary['device']}: {summary['rounds_done']} of "
+             f"{summary['rounds_planned']} rounds, {summary['rollouts']} rollouts, {summary['learn_calls']} learn() calls, "
+             f"{reporting.seconds_text(summary['wall_s'])}"]
+    if held["before"] is not None:
+        after = "-" if held["after"] is None else f"{held['after']:.4g}"
+        lines.append(f"held-out reward: {held['before']:.4g} -> {after} (rounds {', '.join(map(str, held['rounds']))})")
+    for rule, rounds in summary["rules_fired"].items():
+        lines.append(f"rule {rule}: fired in rounds {', '.join(map(str, rounds))}")
+    lines += [f"{key}: {path}" for key, path in summary["files"].items() if path]
+    lines += [f"warning: {w}" for w in summary.get("warnings", [])]
+    lines.append(f"{summary['verdict']}; next: {summary['next']}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(runner.run_cli(main))

@@ -1,0 +1,396 @@
+"""The run kit (palm-rlhf-skill train / watch): the metrics row, the watchdog on the broken and
+healthy cases, the exported policy, the trackers, watch, and bad input through the command line
+(references/training-run.md)."""
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO, one_error_line, run
+from policy_optimization import trainers
+from policy_optimization.run import cases, checkpoint, export, loop, metrics, rundir, trackers, watch, watchdog
+from skill_runtime import exits, runner, streams
+
+SCRIPTS = REPO / "sub-skills" / "policy-optimization" / "scripts"
+TRAIN, WATCH = SCRIPTS / "train_run.py", SCRIPTS / "watch_run.py"
+RUN_DOC = REPO / "sub-skills" / "policy-optimization" / "references" / "training-run.md"
+REPORTS = REPO / "references" / "reports.md"
+
+
+def open_run(case, tmp_path, rounds=None, **options):
+    config = cases.write(case, tmp_path / "config", rounds=rounds)
+    options.setdefault("say", lambda line: None)
+    return loop.Run.open(str(config), tmp_path / "run", "cpu", options=loop.Options(progress=False, **options))
+
+
+def train(case, tmp_path, rounds=None, **options):
+    """Train ``case`` in-process; (Run, status)."""
+    run_ = open_run(case, tmp_path, rounds, **options)
+    status, reason = run_.rounds(streams.Progress("test", False))
+    run_.finish(status, reason)
+    return run_, status
+
+
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory):
+    """The healthy toy run, 8 rounds, shared by the tests that only read it."""
+    tmp = tmp_path_factory.mktemp("healthy")
+    return train(cases.HEALTHY, tmp, log_with="tensorboard" if trackers_available("tensorboard") else None)[0]
+
+
+def trackers_available(name):
+    try:
+        trackers.check_available(name)
+        return True
+    except exits.SkillError:
+        return False
+
+
+# --- the metrics row -------------------------------------------------------------------------------
+
+def documented_keys(heading: str) -> list[str]:
+    text = REPORTS.read_text(encoding="utf-8")
+    assert heading in text, f"references/reports.md: no heading {heading!r}"
+    section = text.split(heading, 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^\| `([a-z_]+)` \|", section, re.M)
+
+
+def test_every_row_has_the_documented_keys(healthy):
+    rows = rundir.read_rows(healthy.run.metrics)
+    assert [r["round"] for r in rows] == list(range(9))
+    assert all(list(r) == list(metrics.ROW_KEYS) for r in rows)
+    assert documented_keys("## Metrics row") == list(metrics.ROW_KEYS), \
+        "references/reports.md#metrics-row: one table row per key of policy_optimization/run/metrics.py ROW_KEYS, in order"
+
+
+def test_a_real_row_has_real_numbers(healthy):
+    rows = rundir.read_rows(healthy.run.metrics)
+    first, last = rows[1], rows[-1]
+    assert first["rollouts"] == 4 and first["group_size"] == 4 and first["learn_calls"] == 1
+    assert 0 <= first["reward_min"] <= first["reward_mean"] <= first["reward_max"] <= 1
+    assert first["zero_std_group_fraction"] is not None and 0 <= first["advantage_zero_fraction"] <= 1
+    assert first["losses"]["policy_loss"] and all(math.isfinite(v) for v in first["losses"]["policy_loss"])
+    assert first["optimizer_steps"] == {"actor": 4}  # 4 rollouts x group 4 / minibatch 4
+    assert first["trainable_change_norm"]["actor_lora"] > 0 and first["grad_norm"] > 0
+    assert first["kl_base"] is None  # actor_lora=False: no LoRA-off base to compare with
+    assert first["entropy"] > 0 and first["response_length_mean"] > 1 and first["tokens_per_s"] > 0
+    assert rows[0]["held_out_reward"] < last["held_out_reward"], "the healthy toy run learns"
+    assert all(r["rules"] == [] for r in rows)
+
+
+def test_kl_base_is_measured_for_a_lora_policy(tmp_path):
+    run_, _ = train(cases.Case("lora", "grpo", None, "", overrides={"trainer": {"actor_lora": True}}), tmp_path, rounds=2)
+    row = run_.rows[-1]
+    assert row["kl_base"] is not None and row["kl_base"] > 0 and row["trainable_change_norm"]["actor_lora"] > 0
+
+
+# --- the watchdog ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", cases.BROKEN, ids=lambda c: c.expect)
+def test_each_broken_config_fires_its_own_rule(case, tmp_path):
+    run_, _ = train(case, tmp_path, rounds=case.within)
+    fired = {rule: row["round"] for row in reversed(run_.rows) for rule in row["rules"]}
+    assert case.expect in fired, f"{case.name}: {case.expect} did not fire in {case.within} rounds; fired: {fired}"
+
+
+def test_rules_have_their_sections_and_are_documented():
+    import check_skill  # the anchor reader of the link checks
+    text = RUN_DOC.read_text(encoding="utf-8")
+    for rule in watchdog.RULES:
+        page, _, anchor = rule.section.partition("#")
+        assert anchor in check_skill.anchors(REPO / page), f"{rule.id}: {rule.section} has no such anchor"
+        assert f"`{rule.id}`" in text, f"{RUN_DOC.name}: rule {rule.id} is not in the rules table"
+    assert {c.expect for c in cases.BROKEN} == set(watchdog.RULE_IDS) - {"held_out_falling"}
+
+
+def test_stop_on_checkpoints_and_exits_1(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    case = next(c for c in cases.BROKEN if c.expect == "equal_rewards")
+    config = cases.write(case, tmp_path / "config")
+    code = runner.run_cli(train_main(), ["--config", str(config), "--run-dir", str(tmp_path / "run"), "--stop-on",
+                                         "equal_rewards", "--device", "cpu"])
+    out, err = capsys.readouterr()
+    assert code == 1 and "STOPPED after round 2 (rule equal_rewards fired at round 2 (--stop-on))" in out
+    assert "watchdog equal_rewards (round 2):" in err and "troubleshooting.md#equal-rewards-group" in err
+    assert checkpoint.latest(rundir.RunDir(tmp_path / "run")).name == "round-000002"
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "stopped" and summary["rules_fired"]["equal_rewards"] == [2]
+
+
+def test_stop_on_refuses_an_unknown_rule(tmp_path):
+    line = one_error_line(run([sys.executable, str(TRAIN), "--config", "x.toml", "--run-dir", "d",
+                               "--stop-on", "nope"], tmp_path).stderr)
+    assert "--stop-on: unknown rule nope; the rules are equal_rewards" in line
+
+
+# --- the end of a run ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("lora", [True, False])
+def test_policy_pt_is_a_standalone_palm_with_the_lora_merged(lora, tmp_path):
+    from palm_rlhf_pytorch import PaLM
+    run_, status = train(cases.Case("export", "grpo", None, "", overrides={"trainer": {"actor_lora": lora}}), tmp_path,
+                         rounds=2)
+    assert status == "finished" and run_.run.policy.is_file()
+    palm = PaLM(**run_.resolved["palm"])
+    palm.load(run_.run.policy)
+    assert not palm.finetune_modules
+    policy, scope = trainers.actor_palm("grpo", run_.trainer), trainers.actor_scope("grpo", run_.trainer)
+    x = torch.randint(1, 257, (2, 6))
+    with torch.no_grad():
+        expected, got = policy.eval()(x, finetune_scope=scope), palm.eval()(x)
+    assert torch.allclose(expected, got, atol=1e-5), float((expected - got).abs().max())
+    assert scope is None or scope in policy.finetune_modules  # the trainer keeps its own scope: it can train on
+
+
+def test_save_state_tie_is_restored_on_load(tmp_path):
+    run_, _ = train(cases.Case("tie", "ppo", None, ""), tmp_path, rounds=1)
+    fresh = open_run(cases.Case("tie", "ppo", None, ""), tmp_path / "again")
+    checkpoint.load(fresh.trainer, checkpoint.latest(run_.run))
+    for palm in (trainers.actor_palm("ppo", fresh.trainer), trainers.unwrap(fresh.trainer, fresh.trainer.actor_critic).critic):
+        assert palm.to_logits.weight is palm.token_emb.weight
+    saved = trainers.actor_palm("ppo", run_.trainer).token_emb.weight
+    assert torch.equal(trainers.actor_palm("ppo", fresh.trainer).token_emb.weight, saved)
+
+
+def test_tensorboard_event_file_reads_back(healthy):
+    if not trackers_available("tensorboard"):
+        pytest.skip("tensorboard is not installed (pip install tensorboard)")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = list(healthy.run.trackers.rglob("events.out.tfevents.*"))
+    assert events, f"no event file under {healthy.run.trackers}"
+    accumulator = EventAccumulator(str(events[0].parent))
+    accumulator.Reload()
+    rewards = accumulator.Scalars("reward_mean")
+    rows = rundir.read_rows(healthy.run.metrics)
+    assert [e.step for e in rewards] == list(range(1, 9))
+    assert [round(e.value, 5) for e in rewards] == [round(r["reward_mean"], 5) for r in rows[1:]]
+    assert "losses/policy_loss" in accumulator.Tags()["scalars"]
+
+
+def test_tracker_values_are_flat_finite_numbers():
+    row = {"round": 3, "rules": ["x"], "a": 1, "b": None, "c": float("nan"), "d": {"e": 2.0, "f": None},
+           "g": [1.0, 3.0], "h": True}
+    assert trackers.scalars(row) == {"a": 1.0, "d/e": 2.0, "g": 2.0, "h": 1.0}
+
+
+# --- watch --------------------------------------------------------------------------------------------
+
+def test_watch_shows_the_rows_curves_and_verdict(healthy, tmp_path):
+    data = watch.view(healthy.run.path, last=3)
+    assert data["state"] == "finished" and data["rounds"] == 8 and len(data["last_rows"]) == 3
+    text = watch.text(data)
+    assert text.splitlines()[-1].startswith("watch: FINISHED after round 8; held-out ")
+    assert "held-out ▁" in text or re.search(r"held-out [▁-█ ]+ ", text)
+    proc = run([sys.executable, str(WATCH), str(healthy.run.path), "--json"], tmp_path)
+    assert proc.returncode == 0 and json.loads(proc.stdout)["rounds"] == 8
+    assert not any(line.rstrip().endswith("| torch") for line in run(
+        [sys.executable, "-X", "importtime", str(WATCH), str(healthy.run.path)], tmp_path).stderr.splitlines())
+
+
+def test_watch_plot_draws_a_png(healthy, tmp_path):
+    pytest.importorskip("matplotlib")
+    path = watch.plot(watch.view(healthy.run.path), tmp_path / "curves.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_watch_plot_without_matplotlib_says_how_to_install(healthy, tmp_path):
+    blocker = tmp_path / "block"
+    blocker.mkdir()
+    (blocker / "matplotlib.py").write_text("raise ImportError('blocked for the test')\n")
+    proc = run([sys.executable, str(WATCH), str(healthy.run.path), "--plot", str(tmp_path / "x.png")], tmp_path,
+               env={"PYTHONPATH": str(blocker)})
+    assert proc.returncode == 2 and one_error_line(proc.stderr).endswith(watch.PLOT_INSTALL)
+
+
+def test_watch_of_a_folder_without_a_run_is_one_line(tmp_path):
+    proc = run([sys.executable, str(WATCH), str(tmp_path)], tmp_path)
+    assert proc.returncode == 2 and "no metrics.jsonl there" in one_error_line(proc.stderr)
+
+
+# --- bad input through the command line -----------------------------------------------------------------
+
+def error_line(err: str) -> str:
+    """The one error line of a run that failed after its progress lines began (a round, an
+    evaluation): progress lines above it, never a traceback."""
+    errors = [line for line in err.strip().splitlines() if " error: " in line]
+    assert len(errors) == 1 and "Traceback" not in err, err[-2000:]
+    return errors[0]
+
+
+def train_main():
+    import train_run
+    return train_run.main
+
+
+def cli(tmp_path, capsys, *argv):
+    code = runner.run_cli(train_main(), [*argv, "--device", "cpu"])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("argv, says", [
+    ([], "give --config FILE and --run-dir DIR (a new run), or --resume DIR"),
+    (["--resume", "a", "--force"], "--force starts over and --resume continues"),
+    (["--resume", "a", "--run-dir", "b"], "--resume DIR is the run directory"),
+])
+def test_usage_errors_answer_without_torch(argv, says, tmp_path):
+    proc = run([sys.executable, "-X", "importtime", str(TRAIN), *argv], tmp_path)
+    errors = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
+    assert proc.returncode == 2 and len(errors) == 1 and says in errors[0], errors
+    assert not any(line.rstrip().endswith("| torch") for line in proc.stderr.splitlines())
+
+
+def test_a_run_dir_holding_another_run_is_refused_unless_resume_or_force(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    config = cases.write(cases.Case("x", "grpo", None, "", rounds=1), tmp_path / "config")
+    assert cli(tmp_path, capsys, "--config", str(config), "--run-dir", "run")[0] == 0
+    code, _, err = cli(tmp_path, capsys, "--config", str(config), "--run-dir", "run")
+    assert code == 2 and "holds another run (metrics.jsonl, checkpoints, policy.pt, summary.json)" in one_error_line(err)
+    (tmp_path / "run" / "mine.txt").write_text("keep me")
+    code, out, _ = cli(tmp_path, capsys, "--config", str(config), "--run-dir", "run", "--force")
+    assert code == 0 and (tmp_path / "run" / "mine.txt").read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config", "run"]  # nothing else in the caller's directory
+
+
+@pytest.mark.parametrize("reward, says", [
+    ("import torch\n\ndef score(x, r):\n    return torch.zeros(x.shape)\n", "returned shape"),
+    ("def score(x, r):\n    return 1 / 0\n", "ZeroDivisionError"),
+])
+def test_a_failing_reward_program_is_one_line_and_keeps_what_finished(reward, says, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    config = cases.write(cases.Case("bad", "grpo", None, "", reward=reward, rounds=2), tmp_path / "config")
+    code, _, err = cli(tmp_path, capsys, "--config", str(config), "--run-dir", "run")
+    line = error_line(err)
+    assert code == 2 and "reward program reward.py:score" in line and says in line, line
+    assert "the held-out evaluation after round 0" in line or "round 1" in line
+    rows = rundir.read_rows(tmp_path / "run" / "metrics.jsonl")
+    assert [r["round"] for r in rows] in ([], [0])  # what finished is kept
+
+
+@pytest.mark.parametrize("section, key, value, says", [
+    ("reward", "program", "missing.py:score", "no such file"),
+    ("reward", "program", "reward.py:nothing", "nothing"),
+    ("trainer", "no_such_argument", 1, "not an argument of the installed"),
+    ("run", "rounds", 0, "[run] rounds: must be at least 1"),
+])
+def test_config_errors_are_one_line_exit_2(section, key, value, says, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    config = cases.write(cases.Case("bad", "grpo", None, "", overrides={section: {key: value}}), tmp_path / "config")
+    code, _, err = cli(tmp_path, capsys, "--config", str(config), "--run-dir", "run")
+    assert code == 2 and says in one_error_line(err)
+
+
+def test_an_unwritable_run_dir_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "file").write_text("x")
+    config = cases.write(cases.HEALTHY, tmp_path / "config")
+    code, _, err = cli(tmp_path, capsys, "--config", str(config), "--run-dir", str(tmp_path / "file"))
+    assert code == 2 and "is a file, not a directory" in one_error_line(err)
+
+
+def test_a_full_disk_during_a_checkpoint_keeps_the_previous_one(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    config = cases.write(cases.Case("disk", "grpo", None, "", overrides={"run": {"checkpoint_every": 1}}, rounds=3),
+                         tmp_path / "config")
+    real, calls = checkpoint.save, []
+
+    def full_on_second(trainer, run_dir, round_, state):
+        calls.append(round_)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real(trainer, run_dir, round_, state)
+
+    monkeypatch.setattr(checkpoint, "save", full_on_second)
+    code, _, err = cli(tmp_path, capsys, "--config", str(config), "--run-dir", "run")
+    line = error_line(err)
+    assert code == 2 and "checkpoint after round 2 failed (OSError: [Errno 28] No space left on device)" in line
+    assert "the checkpoint of round 1 is kept" in line
+    run_dir = rundir.RunDir(tmp_path / "run")
+    assert checkpoint.latest(run_dir).name == "round-000001"
+    assert [r["round"] for r in rundir.read_rows(run_dir.metrics)] == [0, 1, 2]
+    monkeypatch.setattr(checkpoint, "save", real)
+    code, out, _ = cli(tmp_path, capsys, "--resume", "run")
+    assert code == 0 and [r["round"] for r in rundir.read_rows(run_dir.metrics)] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("signum, code", [(2, 130), (15, 143)])
+def test_a_signal_finishes_the_round_checkpoints_and_exits_128_plus(signum, code, tmp_path):
+    """SIGINT/SIGTERM from outside (the child's dispositions set to default, so the test also holds
+    when pytest itself runs in the background with SIGINT ignored)."""
+    import signal
+    import subprocess
+    import time
+    config = cases.write(cases.Case("sig", "grpo", None, "", rounds=50), tmp_path / "config")
+    proc = subprocess.Popen([sys.executable, str(TRAIN), "--config", str(config), "--run-dir", str(tmp_path / "run"),
+                             "--device", "cpu", "--cpu-threads", "1"], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: [signal.signal(s, signal.SIG_DFL) for s in (signal.SIGINT, signal.SIGTERM)])
+    metrics_file = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and (not metrics_file.is_file() or len(metrics_file.read_text().splitlines()) < 3):
+        time.sleep(0.2)
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err[-2000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    done = summary["rounds_done"]
+    assert summary["status"] == "interrupted" and 2 <= done < 50
+    assert checkpoint.latest(rundir.RunDir(tmp_path / "run")).name == f"round-{done:06d}"
+    assert "finishing the round in progress" in err and "Traceback" not in err
+    assert f"--resume {tmp_path / 'run'}" in out.splitlines()[-1]
+
+
+# --- the docs ------------------------------------------------------------------------------------------
+
+def measured_rows(name: str) -> list[list[str]]:
+    text = RUN_DOC.read_text(encoding="utf-8")
+    block = text.split(f"<!-- BEGIN MEASURED {name} -->\n", 1)[1].split(f"<!-- END MEASURED {name} -->", 1)[0]
+    return [[c.strip() for c in line.strip("|").split("|")] for line in block.splitlines()[2:]]
+
+
+def test_the_measured_watchdog_table_is_the_cases():
+    rows = measured_rows("watchdog")
+    assert [(r[0], r[1], r[2].strip("`")) for r in rows] == [(c.name, c.trainer, c.expect or "(none)") for c in cases.CASES], \
+        "training-run.md#watchdog-rules: rerun calibrate_watchdog.py --markdown (the cases changed)"
+    for row, case in zip(rows, cases.CASES):
+        if case.expect:
+            assert f"caught by round {case.within}" in row[4], (case.name, row)
+
+
+def test_the_measured_first_run_table_is_the_variants():
+    import calibrate_first_run
+    rows = measured_rows("first-run")
+    assert [r[0] for r in rows] == list(calibrate_first_run.VARIANTS), \
+        "training-run.md#first-run: rerun calibrate_first_run.py --markdown (the variants changed)"
+    assert rows[0][3] == "3/3", "the first run's example rose on every seed"
+
+
+def test_the_summary_keys_are_documented(healthy):
+    summary = json.loads(healthy.run.summary.read_text())
+    text = REPORTS.read_text(encoding="utf-8").split("## train summary", 1)[1].split("\n## ", 1)[0]
+    documented = {k for cell in re.findall(r"^\| ([^|]+) \|", text, re.M)[2:] for k in re.findall(r"`([a-z_]+)`", cell)}
+    assert set(summary) - {"versions", "warnings"} <= documented and documented <= set(summary) | {"versions", "warnings"}
+
+
+def test_the_first_run_runs_as_typed_and_watch_shows_it_rising(tmp_path):
+    from conftest import BIN
+    text = RUN_DOC.read_text(encoding="utf-8").split('<a id="first-run"></a>', 1)[1]
+    block = text.split("```bash\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "sub-skills").symlink_to(REPO / "sub-skills")  # the skill root, as a clone has it
+    outputs = []
+    for line in block.strip().splitlines():
+        program, _, rest = line.partition(" ")
+        proc = run([str(BIN / program), *rest.split()], tmp_path, timeout=600)
+        assert proc.returncode == 0, (line, proc.stderr[-2000:])
+        outputs.append(proc.stdout)
+    assert "FINISHED: 15 rounds, held-out reward" in outputs[0]
+    held = [r["held_out_reward"] for r in rundir.read_rows(tmp_path / "runs" / "first" / "metrics.jsonl")
+            if r["held_out_reward"] is not None]
+    assert held[-1] > held[0] + 0.3, held
+    assert outputs[1].splitlines()[-1].startswith("watch: FINISHED after round 15; held-out ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs", "sub-skills"]

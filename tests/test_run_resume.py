@@ -1,0 +1,104 @@
+"""The run kit's checkpoints: N rounds, an interruption, a resume and N more rounds end with the same
+weights, optimizer state and metrics rows as 2N rounds, bitwise, for every trainer
+(references/training-run.md#resume)."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from policy_optimization.run import cases, checkpoint, loop, rundir
+from skill_runtime import exits, streams
+
+TIMING = {"wall_s", "tokens_per_s", "peak_mib", "rss_mib"}  # measured, not computed: differ run to run
+
+
+def write_config(folder, name="grpo", rounds=4, **overrides):
+    """The watchdog's healthy toy run (policy_optimization/run/cases.py) for ``name``, ``overrides``
+    replacing keys of its tables."""
+    return cases.write(cases.Case("test", name, None, "", overrides=overrides, rounds=rounds), folder)
+
+
+def train(config, run_dir, until=None, resume=False, said=None):
+    """Open a run, train it up to ``until``, finish it; (trainer state, status)."""
+    options = loop.Options(until=until, progress=False, say=(said.append if said is not None else lambda line: None))
+    run = loop.Run.open(str(config) if config else None, run_dir, "cpu", resume=resume, options=options)
+    status, reason = run.rounds(streams.Progress("test", False))
+    run.finish(status, reason)
+    state = {k: v.detach().clone() for k, v in run.trainer.state_dict().items()}
+    optim = {k: opt.state_dict() for k, opt in (("actor", run.trainer.actor_optim),)}
+    return state, optim, status
+
+
+def rows_without_timing(path):
+    return [{k: v for k, v in row.items() if k not in TIMING} for row in rundir.read_rows(path)]
+
+
+def assert_same_state(a, b):
+    differ = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not differ, f"{len(differ)} tensors differ after resume, e.g. {differ[:3]}"
+
+
+@pytest.mark.parametrize("name", ["ppo", "grpo", "tpo", "flowrl"])
+def test_resume_is_bitwise_the_uninterrupted_run(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # TPO's replay buffer folder
+    config = write_config(tmp_path / "cfg", name, rounds=4)
+    whole, whole_optim, status = train(config, tmp_path / "whole")
+    assert status == "finished"
+    _, _, paused = train(config, tmp_path / "split", until=2)
+    assert paused == "paused" and checkpoint.latest(rundir.RunDir(tmp_path / "split")).name == "round-000002"
+    resumed, resumed_optim, status = train(None, tmp_path / "split", resume=True)
+    assert status == "finished"
+    assert_same_state(whole, resumed)
+    for key in whole_optim:
+        a, b = whole_optim[key]["state"], resumed_optim[key]["state"]
+        assert all(torch.equal(a[i][k], b[i][k]) for i in a for k in a[i] if torch.is_tensor(a[i][k])), key
+    assert rows_without_timing(tmp_path / "split" / "metrics.jsonl") == rows_without_timing(tmp_path / "whole" / "metrics.jsonl")
+    assert [r["round"] for r in rundir.read_rows(tmp_path / "split" / "metrics.jsonl")] == [0, 1, 2, 3, 4]
+
+
+def test_rows_after_the_last_checkpoint_are_replaced_not_doubled(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = write_config(tmp_path / "cfg", "grpo", rounds=4, run={"checkpoint_every": 2})
+    train(config, tmp_path / "whole")
+    train(config, tmp_path / "split", until=3)  # checkpoints after rounds 2 and 3, rows 0-3
+    shutil.rmtree(tmp_path / "split" / "checkpoints" / "round-000003")  # as if killed before round 3's checkpoint
+    train(None, tmp_path / "split", resume=True)
+    assert [r["round"] for r in rundir.read_rows(tmp_path / "split" / "metrics.jsonl")] == [0, 1, 2, 3, 4]
+    assert rows_without_timing(tmp_path / "split" / "metrics.jsonl") == rows_without_timing(tmp_path / "whole" / "metrics.jsonl")
+
+
+def test_a_partial_checkpoint_folder_is_not_a_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = write_config(tmp_path / "cfg", "grpo", rounds=3)
+    train(config, tmp_path / "run", until=2)
+    run = rundir.RunDir(tmp_path / "run")
+    broken = run.checkpoints / "round-000003"
+    shutil.copytree(run.checkpoints / "round-000002", broken)
+    (broken / checkpoint.STATE_FILE).unlink()  # killed mid-checkpoint: no run_state.json
+    assert checkpoint.latest(run).name == "round-000002"
+
+
+def test_resume_with_a_changed_config_names_the_keys(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = write_config(tmp_path / "cfg", "grpo", rounds=3)
+    train(config, tmp_path / "run", until=1)
+    changed = write_config(tmp_path / "cfg", "grpo", rounds=5, trainer={"actor_lr": 1e-3}, train={"max_seq_len": 9})
+    with pytest.raises(exits.SkillError) as err:
+        loop.Run.open(str(changed), tmp_path / "run", "cpu", resume=True, options=loop.Options(progress=False))
+    assert err.value.exit_code == 2
+    assert "train.max_seq_len, trainer.actor_lr" in str(err.value) and "run.rounds" not in str(err.value)
+    (tmp_path / "cfg" / "reward.py").write_text((tmp_path / "cfg" / "reward.py").read_text() + "\n# edited\n")
+    with pytest.raises(exits.SkillError, match=r"reward\.program \(file contents\)"):
+        loop.Run.open(None, tmp_path / "run", "cpu", resume=True, options=loop.Options(progress=False))
+
+
+def test_config_json_and_summary_are_plain_files(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    train(write_config(tmp_path / "cfg", "grpo", rounds=1), tmp_path / "run")
+    stored = json.loads((tmp_path / "run" / loop.CONFIG_FILE).read_text())
+    assert stored["config"]["reward"]["program"].endswith("reward.py:score") and "reward.program" in stored["files"]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["rounds_done"] == 1
