@@ -105,6 +105,17 @@ def check_scores(scores, batch: int, name: str):
     return tensor.float()
 
 
+def call_program(function: Callable, name: str, *args):
+    """``function(*args)``; anything it raises becomes RewardProgramError naming the program, so a
+    run reports the user's program, not the library, as the cause."""
+    try:
+        return function(*args)
+    except RewardProgramError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user's program: reported by name
+        raise RewardProgramError(f"reward program {name} raised {exits.one_line(exc)}") from exc
+
+
 class IdsScore:
     """``score(x, response_mask)`` for ``RuleReward``: the [reward] program, its output checked
     (``check_scores``)."""
@@ -113,7 +124,7 @@ class IdsScore:
         self.function, self.name = function, name
 
     def __call__(self, x, response_mask):
-        return check_scores(self.function(x, response_mask), x.shape[0], self.name)
+        return check_scores(call_program(self.function, self.name, x, response_mask), x.shape[0], self.name)
 
 
 class TextScore:
@@ -131,7 +142,7 @@ class TextScore:
             first = response.index(True) if True in response else len(row)
             prompt = self.decode(row[:first])
             reply = self.decode([i for i, keep in zip(row, response) if keep])
-            value = self.function(prompt, reply)
+            value = call_program(self.function, self.name, prompt, reply)
             try:
                 number = float(value)
             except (TypeError, ValueError):
