@@ -20,7 +20,6 @@ import torch
 
 import palm_rlhf_pytorch.flowrl as flowrl
 import palm_rlhf_pytorch.grpo as grpo
-import palm_rlhf_pytorch.ppo as ppo
 from palm_rlhf_pytorch import ActorCritic
 
 from canary import (COVERED, DOC, SKILL, VOCAB, Rollout, canary_env, capture_memories,  # noqa: F401

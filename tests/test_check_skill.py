@@ -1,9 +1,7 @@
 """``palm-rlhf-skill check`` / scripts/check_skill.py: the docs-versus-library drift check."""
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 

@@ -16,7 +16,7 @@ import pytest
 from conftest import REPO, SMOKE, inprocess, load_script, run, run_json, usage_error_without_torch
 from doc_tables import documents, flatten, section, table
 from skill_runtime import placement, reporting
-from policy_optimization import learning_check, smoke_report, trainers
+from policy_optimization import learning_check, trainers
 
 TRAINERS = list(trainers.TRAINERS)
 WORKFLOWS = SMOKE.parents[1] / "references" / "workflows.md"
@@ -99,7 +99,7 @@ def test_plain_output_names_the_failing_trainer_and_ends_with_the_verdict(smoke,
     out = capsys.readouterr().out.strip().splitlines()
     assert code == 1
     head = next(line for line in out if line.startswith("grpo (palm_rlhf_pytorch.grpo.RLHFTrainer): 1 of 2 checks failed"))
-    assert "held-out reward" in head and any(c in head for c in smoke_report.SPARKS)
+    assert "held-out reward" in head and any(c in head for c in reporting.SPARKS)
     failing = out.index(next(line for line in out if "FAIL reward_rose: 0/1 seeds improved" in line and "0: " in line))
     assert out[failing + 1].strip() == "read: sub-skills/policy-optimization/references/workflows.md#learning-check"
     assert out[-1] == ("tiny-rlhf-smoke: FAILED: the learning check failed for grpo on the CPU (exit 1), the expected "
@@ -137,7 +137,8 @@ def test_criterion(smoke):
 
 
 def test_sparkline(smoke):
-    assert smoke_report.sparkline([0.0, 0.5, 1.0, 1.5, -1.0], 0.0, 1.0) == "▁▅██▁"
+    assert reporting.sparkline([0.0, 0.5, 1.0, 1.5, -1.0], 0.0, 1.0) == "▁▅██▁"
+    assert reporting.sparkline([1.0, None, 3.0]) == "▁ █"  # own range; a gap for a missing value
 
 
 def test_seeds_are_deterministic_and_independent(smoke, tmp_path, monkeypatch):

@@ -3,7 +3,6 @@ facts its markdown states about palm-rlhf-pytorch's PaLM."""
 from __future__ import annotations
 
 import inspect
-import json
 import math
 import re
 import sys

@@ -5,7 +5,6 @@ from __future__ import annotations
 import inspect
 import io
 import contextlib
-import json
 import re
 import sys
 

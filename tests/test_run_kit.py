@@ -13,7 +13,7 @@ import torch
 
 from conftest import REPO, one_error_line, run
 from policy_optimization import trainers
-from policy_optimization.run import cases, checkpoint, export, loop, metrics, rundir, trackers, watch, watchdog
+from policy_optimization.run import cases, checkpoint, loop, metrics, rundir, trackers, watch, watchdog
 from skill_runtime import exits, runner, streams
 
 SCRIPTS = REPO / "sub-skills" / "policy-optimization" / "scripts"
@@ -99,11 +99,11 @@ def test_each_broken_config_fires_its_own_rule(case, tmp_path):
 
 
 def test_rules_have_their_sections_and_are_documented():
-    import check_skill  # the anchor reader of the link checks
+    from skill_check import markdown  # the anchor reader of the link checks
     text = RUN_DOC.read_text(encoding="utf-8")
     for rule in watchdog.RULES:
         page, _, anchor = rule.section.partition("#")
-        assert anchor in check_skill.anchors(REPO / page), f"{rule.id}: {rule.section} has no such anchor"
+        assert anchor in markdown.anchors(REPO / page), f"{rule.id}: {rule.section} has no such anchor"
         assert f"`{rule.id}`" in text, f"{RUN_DOC.name}: rule {rule.id} is not in the rules table"
     assert {c.expect for c in cases.BROKEN} == set(watchdog.RULE_IDS) - {"held_out_falling"}
 

@@ -214,7 +214,6 @@ def test_documented_exit_codes_and_range_match_runtime(smoke):
     ({"no_such_argument": 1}, "trainer_constructed"),            # library rejects the constructor call
 ])
 def test_library_failures_become_failed_checks(smoke, capsys, monkeypatch, empty_dir, extra, failed_check):
-    import dataclasses
     monkeypatch.setitem(probe_kit.SMOKE_EXTRA, "flowrl", extra)
     code, report = inprocess(smoke, capsys, monkeypatch, empty_dir, "--trainer", "flowrl")
     assert code == 1 and report["status"] == "failed"

@@ -6,7 +6,6 @@ Facts under test come from palm_rlhf_pytorch 0.8.0: grpo.py, tpo.py, flowrl.py, 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import io
 import json
 import os

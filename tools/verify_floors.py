@@ -36,7 +36,6 @@ failed before any smoke ran).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re

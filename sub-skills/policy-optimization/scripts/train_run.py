@@ -28,6 +28,7 @@ EXIT_EPILOG = ("exit codes: 0 the run finished (or paused at --until); 1 a --sto
 
 
 def build_parser() -> options.OneLineParser:
+    from policy_optimization import launch
     from policy_optimization.run import trackers, watchdog  # torch-free
     parser = options.OneLineParser(
         prog="palm-rlhf-skill train",
@@ -61,6 +62,9 @@ def build_parser() -> options.OneLineParser:
                         help="auto (CUDA when available, else CPU), cpu, cuda or cuda:N (default: auto)")
     parser.add_argument("--cpu-threads", type=options.bounded_int(1), metavar="N",
                         help="torch intra-op threads (default: torch's default)")
+    parser.add_argument("--nproc", type=options.bounded_int(1, launch.MAX_NPROC), metavar="N",
+                        help="train on N local processes (torchrun, DDP; the CPU or one GPU each): every rank "
+                             "runs the rounds, rank 0 writes the files (training-run.md#several-processes)")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
     options.add_progress_option(parser)
     options.add_allow_untested_option(parser)
@@ -82,7 +86,12 @@ def check_arguments(args) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     check_arguments(args)
+    from policy_optimization import launch
     from policy_optimization.run import loop, watchdog
+    world = launch.launcher_world(program="this run")  # one rank of torchrun / accelerate launch / srun?
+    if args.nproc and world is not None:
+        raise exits.SkillError(f"--nproc starts the processes itself, but a launcher already started this one as "
+                               f"{world.describe()}: drop --nproc or the launcher")
     stop_on = frozenset()
     if args.stop_on:
         try:
@@ -90,8 +99,13 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as err:
             raise exits.SkillError(f"--stop-on: {err}") from None
     env = version_gate.check_versions(args.allow_untested)
-    progress = streams.Progress(loop.PROG, not args.json or args.progress)
-    run_options = loop.Options(log_with=args.log_with, stop_on=stop_on, until=args.until, progress=progress.enabled)
+    if args.nproc:
+        return run_nproc(args, sys.argv[1:] if argv is None else argv, env)
+    rank_stream = launch.rank_progress_stream(world) if world is not None else None
+    progress = streams.Progress(loop.PROG, (not args.json or args.progress) and (world is None or world.is_main),
+                                rank_stream)
+    run_options = loop.Options(log_with=args.log_with, stop_on=stop_on, until=args.until, progress=progress.enabled,
+                               say=loop.stderr_lines(progress.stream if rank_stream else sys.stderr))
     caller = Path.cwd()
     config = str((caller / args.config).resolve()) if args.config else None
     run_dir = (caller / (args.resume or args.run_dir)).resolve()
@@ -109,13 +123,47 @@ def main(argv: list[str] | None = None) -> int:
             raise
         summary = run.finish(status, reason)
     summary["versions"], summary["warnings"] = env["versions"], env["warnings"]
-    code = {"finished": exits.EXIT_OK, "paused": exits.EXIT_OK, "stopped": exits.EXIT_CHECK_FAILED,
-            "interrupted": exits.EXIT_INTERRUPTED}[status]
-    if status == "interrupted" and "SIGTERM" in (reason or ""):
-        code = exits.EXIT_TERMINATED
+    code = status_code(summary)
     if not run.main:  # one rank of several: rank 0 reports
         return code
     return runner.emit(summary, args.json, plain_summary, code)
+
+
+def run_nproc(args, argv: list[str], env: dict) -> int:
+    """``--nproc N``: this command as N ranks on this machine (``launch.launch_script``, torchrun),
+    each with ``--json``; rank 0's summary is this run's report and exit code. Ctrl-C or SIGTERM
+    here reaches the ranks as SIGTERM (each finishes its round and checkpoints; the launcher waits
+    ``launch.STOP_GRACE_S``). Raises SkillError(1) when no rank reported."""
+    import json
+    from policy_optimization import launch
+    from policy_optimization.run import loop
+    progress = streams.Progress(loop.PROG, not args.json or args.progress)
+    device = "cpu" if launch.ddp_uses_cpu(args.device, args.nproc, f"--nproc {args.nproc}") else "cuda"
+    rank_argv = [*launch.without_nproc(argv), "--json"] + (["--progress"] if progress.enabled else [])
+    with workspace.private_workdir() as cwd:
+        progress.note(f"starting {args.nproc} processes with torchrun; each imports torch and builds the run")
+        done = launch.launch_script(Path(__file__), rank_argv, args.nproc, device, cwd,
+                                    progress.stream if progress.enabled else None, timeout_s=None)
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    try:
+        summary = json.loads(done.stdout[done.stdout.index("{"):]) if lines else None
+    except ValueError:
+        summary = None
+    if not isinstance(summary, dict) or "status" not in summary:
+        raise exits.SkillError(f"the {args.nproc} processes ended without a summary (torchrun exit "
+                               f"{done.returncode}): {launch.workers_errors(done.stdout + done.stderr)}",
+                               exits.EXIT_CHECK_FAILED)
+    summary["processes"] = args.nproc
+    summary["versions"], summary["warnings"] = env["versions"], env["warnings"]
+    return runner.emit(summary, args.json, plain_summary, status_code(summary))
+
+
+def status_code(summary: dict) -> int:
+    """The exit code of a summary's status (training-run.md#exit-codes)."""
+    if summary["status"] == "interrupted":
+        return exits.EXIT_TERMINATED if "SIGTERM" in (summary.get("reason") or "") else exits.EXIT_INTERRUPTED
+    return {"finished": exits.EXIT_OK, "paused": exits.EXIT_OK, "stopped": exits.EXIT_CHECK_FAILED,
+            "failed": exits.EXIT_CHECK_FAILED}[summary["status"]]
 
 
 def _same_threads():

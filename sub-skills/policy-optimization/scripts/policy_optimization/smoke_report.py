@@ -8,16 +8,6 @@ from typing import Any
 from skill_runtime import reporting
 from policy_optimization import learning_check, smoke_options, smoke_settings
 
-SPARKS = "▁▂▃▄▅▆▇█"
-
-
-def sparkline(values: list[float], low: float, high: float) -> str:
-    """One character per value, ``low`` -> '▁' and ``high`` -> '█' (clamped)."""
-    span = (high - low) or 1.0
-    return "".join(SPARKS[min(len(SPARKS) - 1, max(0, round((v - low) / span * (len(SPARKS) - 1))))]
-                   for v in values)
-
-
 
 # Single trainer: these keys of its result also appear at the top level of the report (stable keys).
 SINGLE_TRAINER_KEYS = ("checks", "parameters", "generated", "optimizer_steps", "losses", "prompts",
@@ -57,7 +47,7 @@ def trainer_headline(result: dict[str, Any]) -> str:
         curve = learning["curve"]
         return (head + f"; held-out reward {learning['reward_before']:.2f} -> {learning['reward_after']:.2f} "
                 f"(mean of {len(learning['per_seed'])} seeds), training reward per episode "
-                f"{sparkline(curve, 0.0, 1.0)} {curve[0]:.2f} -> {curve[-1]:.2f}")
+                f"{reporting.sparkline(curve, 0.0, 1.0)} {curve[0]:.2f} -> {curve[-1]:.2f}")
     if steps:
         generated = result.get("generated")
         n = steps["observed"]["actor"]

@@ -147,6 +147,7 @@ class Run:
         if latest is not None:
             state = checkpoint.load(self.trainer, latest)
             self.start, self.last_checkpoint = state["round"], latest
+        self.trainer.accelerate.wait_for_everyone()  # every rank has read the run directory (prepare) first
         if self.main:
             if not prepared.resume or not (run.path / CONFIG_FILE).is_file():
                 rundir.write_atomic(run.path / CONFIG_FILE, json.dumps(prepared.loaded, indent=1))

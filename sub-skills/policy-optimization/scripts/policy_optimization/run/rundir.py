@@ -75,10 +75,10 @@ def prepare(path: str | Path, resume: bool, force: bool) -> RunDir:
     if found and not resume and not force:
         raise exits.SkillError(f"--run-dir {path}: holds another run ({', '.join(found)}): --resume continues it, "
                                "--force starts over (removes those files only), or choose another directory")
-    if force and not resume:
+    if force and not resume:  # every rank of a world does this: another may have removed a file first
         for name in found:
             target = run.path / name
-            shutil.rmtree(target) if target.is_dir() else target.unlink()
+            shutil.rmtree(target, ignore_errors=True) if target.is_dir() else target.unlink(missing_ok=True)
     return run
 
 
