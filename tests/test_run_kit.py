@@ -394,3 +394,25 @@ def test_the_first_run_runs_as_typed_and_watch_shows_it_rising(tmp_path):
     assert held[-1] > held[0] + 0.3, held
     assert outputs[1].splitlines()[-1].startswith("watch: FINISHED after round 15; held-out ")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs", "sub-skills"]
+
+
+@pytest.mark.distributed
+def test_nproc_2_trains_and_resumes_to_the_same_rows(tmp_path):
+    """train --nproc 2 (torchrun, gloo on the CPU): rank 0 writes the files, both ranks' rollouts are
+    in the rows, and an interrupted run resumed under --nproc 2 ends with the rows and policy of
+    the uninterrupted one (training-run.md#several-processes)."""
+    config = cases.write(cases.Case("nproc", "grpo", None, "", rounds=2), tmp_path / "config")
+
+    def train_cli(*argv):
+        proc = run([sys.executable, str(TRAIN), *argv, "--nproc", "2", "--device", "cpu", "--json"], tmp_path, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return json.loads(proc.stdout)
+
+    whole = train_cli("--config", str(config), "--run-dir", str(tmp_path / "whole"))
+    assert whole["status"] == "finished" and whole["processes"] == 2 and whole["rollouts"] == 2 * 2 * 4
+    assert train_cli("--config", str(config), "--run-dir", str(tmp_path / "split"), "--until", "1")["status"] == "paused"
+    assert train_cli("--resume", str(tmp_path / "split"))["status"] == "finished"
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in {"wall_s", "tokens_per_s", "peak_mib", "rss_mib"}} for r in rows]
+    assert strip(rundir.read_rows(tmp_path / "split" / "metrics.jsonl")) == strip(rundir.read_rows(tmp_path / "whole" / "metrics.jsonl"))
+    a, b = torch.load(tmp_path / "whole" / "policy.pt"), torch.load(tmp_path / "split" / "policy.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)

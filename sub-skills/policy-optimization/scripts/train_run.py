@@ -154,6 +154,7 @@ def run_nproc(args, argv: list[str], env: dict) -> int:
                                f"{done.returncode}): {launch.workers_errors(done.stdout + done.stderr)}",
                                exits.EXIT_CHECK_FAILED)
     summary["processes"] = args.nproc
+    summary["verdict"], summary["next"] = loop.verdict(summary)  # the next step as this process was started
     summary["versions"], summary["warnings"] = env["versions"], env["warnings"]
     return runner.emit(summary, args.json, plain_summary, status_code(summary))
 
