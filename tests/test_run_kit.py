@@ -416,3 +416,13 @@ def test_nproc_2_trains_and_resumes_to_the_same_rows(tmp_path):
     assert strip(rundir.read_rows(tmp_path / "split" / "metrics.jsonl")) == strip(rundir.read_rows(tmp_path / "whole" / "metrics.jsonl"))
     a, b = torch.load(tmp_path / "whole" / "policy.pt"), torch.load(tmp_path / "split" / "policy.pt")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_reward_program_that_fails_to_import_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    case = cases.Case("syntax", "grpo", None, "", reward="def score(x, r):\n    return (\n")
+    config = cases.write(case, tmp_path / "config")
+    code, _, err = cli(tmp_path, capsys, "--config", str(config), "--run-dir", "run")
+    line = one_error_line(err)
+    assert code == 2 and "reward.py" in line and "SyntaxError" in line, line
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()

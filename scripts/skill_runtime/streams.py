@@ -125,18 +125,19 @@ class Progress:
             tqdm.write(f"{self.prog}: {text}", file=self.stream)
 
     @contextlib.contextmanager
-    def stage(self, label: str, total: int | None = None, unit: str = "") -> Iterator[Any]:
+    def stage(self, label: str, total: int | None = None, unit: str = "", eta: bool = False) -> Iterator[Any]:
         """A bar ``prog: label`` for the ``with`` block; yields it (``update(n)``, ``set_postfix_str``).
         ``total`` counts ``unit``s (rollouts, seeds); without it the bar shows the elapsed time only.
         Not at a terminal, the bar counts and formats but draws into nothing until the stage ends,
-        when its one line is written."""
+        when its one line is written.
+        With ``eta`` (and a ``total``) the bar also shows tqdm's estimate of the time left."""
         from tqdm import tqdm
         counted = "{n_fmt}/{total_fmt} " + unit + " " if total is not None else ""
         # disable only when off: passed explicitly, it would override TQDM_DISABLE (tqdm's envwrap)
         bar = tqdm(total=total, desc=f"{self.prog}: {label}", leave=True, miniters=0,
                    file=self.stream if self.live else io.StringIO(),
                    mininterval=self.redraw_s if self.live else math.inf,
-                   bar_format="{desc}: " + counted + "[{elapsed}{postfix}]",
+                   bar_format="{desc}: " + counted + "[{elapsed}" + ("<{remaining}" if eta else "") + "{postfix}]",
                    **({} if self.enabled else {"disable": True}))
         stop = threading.Event()
 

@@ -281,7 +281,8 @@ class Run:
         every = self.resolved["run"]["checkpoint_every"]
         began = time.perf_counter()
         with workspace.private_workdir(), deferred_signals(self) as signals, progress.stage(
-                f"{self.name}: rounds {self.start + 1}-{last}", total=max(0, last - self.start), unit="rounds") as bar:
+                f"{self.name}: rounds {self.start + 1}-{last}", total=max(0, last - self.start), unit="rounds",
+                eta=True) as bar:
             for round_ in range(self.start + 1, last + 1):
                 row = self.one_round(round_)
                 self.write_row(row)
