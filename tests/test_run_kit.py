@@ -14,7 +14,7 @@ import torch
 from conftest import REPO, one_error_line, run
 from policy_optimization import trainers
 from policy_optimization.run import cases, checkpoint, loop, metrics, rundir, trackers, watch, watchdog
-from skill_runtime import exits, runner, streams
+from skill_runtime import exits, runner
 
 SCRIPTS = REPO / "sub-skills" / "policy-optimization" / "scripts"
 TRAIN, WATCH = SCRIPTS / "train_run.py", SCRIPTS / "watch_run.py"
@@ -29,10 +29,10 @@ def open_run(case, tmp_path, rounds=None, **options):
 
 
 def train(case, tmp_path, rounds=None, **options):
-    """Train ``case`` in-process; (Run, status)."""
-    run_ = open_run(case, tmp_path, rounds, **options)
-    status, reason = run_.rounds(streams.Progress("test", False))
-    run_.finish(status, reason)
+    """Train ``case`` in-process (``loop.train_to_end``); (Run, status)."""
+    config = cases.write(case, tmp_path / "config", rounds=rounds)
+    options.setdefault("say", lambda line: None)
+    run_, status, _ = loop.train_to_end(str(config), tmp_path / "run", options=loop.Options(progress=False, **options))
     return run_, status
 
 

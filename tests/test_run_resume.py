@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from policy_optimization.run import cases, checkpoint, loop, rundir
-from skill_runtime import exits, streams
+from skill_runtime import exits
 
 TIMING = {"wall_s", "tokens_per_s", "peak_mib", "rss_mib"}  # measured, not computed: differ run to run
 
@@ -24,9 +24,7 @@ def write_config(folder, name="grpo", rounds=4, **overrides):
 def train(config, run_dir, until=None, resume=False, said=None):
     """Open a run, train it up to ``until``, finish it; (trainer state, status)."""
     options = loop.Options(until=until, progress=False, say=(said.append if said is not None else lambda line: None))
-    run = loop.Run.open(str(config) if config else None, run_dir, "cpu", resume=resume, options=options)
-    status, reason = run.rounds(streams.Progress("test", False))
-    run.finish(status, reason)
+    run, status, _ = loop.train_to_end(str(config) if config else None, run_dir, options=options, resume=resume)
     state = {k: v.detach().clone() for k, v in run.trainer.state_dict().items()}
     optim = {k: opt.state_dict() for k, opt in (("actor", run.trainer.actor_optim),)}
     return state, optim, status

@@ -57,11 +57,7 @@ def measure(overrides: list[str], seed: int) -> dict:
     from policy_optimization.run import loop
     with tempfile.TemporaryDirectory(prefix="first-run-") as tmp:
         t0 = time.perf_counter()
-        opts = loop.Options(progress=False, say=lambda line: None)
-        run = loop.Run.build(loop.prepare(str(EXAMPLE), Path(tmp) / "run", False, False,
-                                          [*overrides, f"run.seed={seed}"], opts), "cpu")
-        status, reason = run.rounds(streams.Progress("calibrate", False))
-        run.finish(status, reason)
+        run, _, _ = loop.train_to_end(str(EXAMPLE), Path(tmp) / "run", overrides=[*overrides, f"run.seed={seed}"])
         held = [r["held_out_reward"] for r in run.rows if r["held_out_reward"] is not None]
         rules = sorted({rule for r in run.rows for rule in r["rules"]})
     return {"seed": seed, "before": held[0], "after": held[-1], "rules": rules, "wall_s": round(time.perf_counter() - t0, 1)}

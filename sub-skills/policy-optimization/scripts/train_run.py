@@ -137,6 +137,7 @@ def run_nproc(args, argv: list[str], env: dict) -> int:
     import json
     from policy_optimization import launch
     from policy_optimization.run import loop
+    from policy_optimization.run import summary as run_summary
     progress = streams.Progress(loop.PROG, not args.json or args.progress)
     device = "cpu" if launch.ddp_uses_cpu(args.device, args.nproc, f"--nproc {args.nproc}") else "cuda"
     rank_argv = [*launch.without_nproc(argv), "--json"] + (["--progress"] if progress.enabled else [])
@@ -154,7 +155,7 @@ def run_nproc(args, argv: list[str], env: dict) -> int:
                                f"{done.returncode}): {launch.workers_errors(done.stdout + done.stderr)}",
                                exits.EXIT_CHECK_FAILED)
     summary["processes"] = args.nproc
-    summary["verdict"], summary["next"] = loop.verdict(summary)  # the next step as this process was started
+    summary["verdict"], summary["next"] = run_summary.verdict(summary)  # the next step as this process was started
     summary["versions"], summary["warnings"] = env["versions"], env["warnings"]
     return runner.emit(summary, args.json, plain_summary, status_code(summary))
 

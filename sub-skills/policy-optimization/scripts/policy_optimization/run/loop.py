@@ -23,7 +23,8 @@ from typing import Any, Callable
 
 from policy_optimization import builder, evaluation, run_config, trainers
 from policy_optimization.run import checkpoint, export, metrics, rundir, trackers, watchdog
-from skill_runtime import exits, placement, reporting, runner, streams, workspace
+from policy_optimization.run import summary as run_summary
+from skill_runtime import exits, placement, runner, streams, workspace
 
 PROG = "palm-rlhf-skill train"
 CONFIG_FILE = "config.json"  # the run's config as loaded (absolute paths) and the digests of its files
@@ -52,10 +53,6 @@ def stderr_lines(stream) -> Callable[[str], None]:
         bound.write(f"{PROG}: {line}\n")
         bound.flush()
     return say
-
-
-class StopRequested(Exception):
-    """A first SIGINT or SIGTERM: finish the round, checkpoint, then exit 130 or 143."""
 
 
 def file_digests(config: dict[str, Any]) -> dict[str, str]:
@@ -286,7 +283,7 @@ class Run:
             for round_ in range(self.start + 1, last + 1):
                 row = self.one_round(round_)
                 self.write_row(row)
-                report_round(progress, bar, row, last, began, self.start)
+                run_summary.report_round(progress, bar, row, last, began, self.start)
                 stop = sorted(set(row["rules"]) & self.options.stop_on)
                 signals.requested = self.any_rank(signals.requested)
                 if round_ % every == 0 or round_ == last or stop or signals.requested:
@@ -308,7 +305,7 @@ class Run:
             files["trackers"] = str(self.run.trackers)
             if self.main:
                 trackers.end(self.trainer)
-        summary = summarize(self, status, reason, files)
+        summary = run_summary.summarize(self, status, reason, files)
         if self.main:
             rundir.write_atomic(self.run.summary, json.dumps(summary, indent=1, allow_nan=True))
         return summary
@@ -437,61 +434,13 @@ class deferred_signals:
             signal.signal(signum, handler)
 
 
-def report_round(progress: streams.Progress, bar, row: dict[str, Any], last: int, started_s: float, start: int) -> None:
-    """The round on stderr: at a terminal the bar's counter and postfix, elsewhere one line."""
-    parts = [f"reward {row['reward_mean']:.3f}" if row["reward_mean"] is not None else "reward -"]
-    if row["held_out_reward"] is not None:
-        parts.append(f"held-out {row['held_out_reward']:.3f}")
-    if row["rules"]:
-        parts.append("rules " + ",".join(row["rules"]))
-    done = row["round"] - start
-    eta = (time.perf_counter() - started_s) / done * (last - row["round"]) if done else 0.0
-    text = ", ".join(parts)
-    if bar is not None:
-        bar.set_postfix_str(text)
-        bar.update(1)
-    if not progress.live:
-        progress.note(f"round {row['round']}/{last}: {text}, {row['wall_s']:.1f} s"
-                      + (f", about {reporting.seconds_text(eta)} left" if row["round"] < last else ""))
-
-
-def summarize(run: Run, status: str, reason: str | None, files: dict[str, Any]) -> dict[str, Any]:
-    """summary.json: what ran, held-out before -> after, the rules fired, the files, the verdict."""
-    trained = [r for r in run.rows if r["round"] > 0]
-    held = [(r["round"], r["held_out_reward"]) for r in run.rows if r["held_out_reward"] is not None]
-    fired: dict[str, list[int]] = {}
-    for r in trained:
-        for rule in r["rules"]:
-            fired.setdefault(rule, []).append(r["round"])
-    done = max((r["round"] for r in trained), default=run.start)
-    summary = {"status": status, "reason": reason, "trainer": run.name, "class_name": trainers.TRAINERS[run.name].path,
-               "device": str(run.device), "rounds_done": done, "rounds_planned": run.rounds_planned,
-               "rollouts": sum(r["rollouts"] or 0 for r in trained), "learn_calls": sum(r["learn_calls"] or 0 for r in trained),
-               "held_out": {"before": held[0][1] if held else None, "after": held[-1][1] if len(held) > 1 else None,
-                            "rounds": [h[0] for h in held]},
-               "reward": {"first": trained[0]["reward_mean"] if trained else None,
-                          "last": trained[-1]["reward_mean"] if trained else None},
-               "rules_fired": fired, "files": files,
-               "wall_s": round(time.perf_counter() - run.started_s, 2)}
-    summary["verdict"], summary["next"] = verdict(summary)
-    return summary
-
-
-def verdict(summary: dict[str, Any]) -> tuple[str, str]:
-    """The verdict line and the next step of a summary."""
-    status, held = summary["status"], summary["held_out"]
-    change = (f"held-out reward {held['before']:.4g} -> {held['after']:.4g}" if held["after"] is not None
-              else "no held-out evaluation ([eval] prompts_file)")
-    rules = f"rules fired: {', '.join(summary['rules_fired'])}" if summary["rules_fired"] else "no rule fired"
-    run_dir = str(Path(summary["files"]["metrics"]).parent)
-    if status == "finished":
-        rose = held["after"] is not None and held["after"] > held["before"]
-        word = "FINISHED" if rose or held["after"] is None else "FINISHED, NOT LEARNING"
-        nxt = (f"load {summary['files'].get('policy')} with PaLM(**[palm]).load(path); "
-               f"curves: {reporting.command('palm-rlhf-skill watch', run_dir + ' --plot curves.png')}")
-        if not rose and held["after"] is not None:
-            nxt = "read sub-skills/policy-optimization/references/training-run.md#held-out-flat"
-        return f"{word}: {summary['rounds_done']} rounds, {change}; {rules}", nxt
-    resume = reporting.command("palm-rlhf-skill train", f"--resume {run_dir}")
-    word = {"paused": "PAUSED", "stopped": "STOPPED", "interrupted": "INTERRUPTED", "failed": "FAILED"}[status]
-    return f"{word} after round {summary['rounds_done']} ({summary['reason']}): {change}; {rules}", resume
+def train_to_end(config_path: str | None, run_dir: str | Path, device_spec: str = "cpu", overrides: list[str] | None = None,
+                 options: Options | None = None, resume: bool = False, force: bool = False) -> tuple[Run, str, str | None]:
+    """The whole run in one call (what the calibration scripts, the overhead bench and the tests
+    do): ``Run.open``, ``rounds`` without progress bars, ``finish``. Returns (the Run, its status,
+    the reason). Raises SkillError as ``Run.open`` and ``rounds`` do."""
+    options = options or Options(progress=False, say=lambda line: None)
+    run = Run.open(config_path, run_dir, device_spec, resume=resume, force=force, overrides=overrides, options=options)
+    status, reason = run.rounds(streams.Progress(PROG, False))
+    run.finish(status, reason)
+    return run, status, reason
