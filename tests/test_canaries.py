@@ -725,7 +725,7 @@ def test_a_failing_canary_fits_in_ten_lines(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert "1 failed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
     block = proc.stdout.split(" FAILURES ", 1)[1].split(" short test summary info ", 1)[0]
-    lines = [line for line in block.strip().splitlines()[1:] if not line.startswith("=")]
+    lines = [line for line in block.strip().splitlines() if not line.startswith(("=", "___"))]
     assert 1 < len(lines) <= 10 and "RLHFTrainer(" not in proc.stdout, block
     assert lines[0] == "test_demo_canary.py:7: the canary of " + DOC + "#demo-anchor failed:", lines
     assert "grpo num_prompts 3" in lines[1] and "Update " + DOC + "#demo-anchor" in lines[1]
