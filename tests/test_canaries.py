@@ -698,3 +698,34 @@ def test_prompts_path_canary_guards_every_reader(tmp_path):
     for name in ("grpo", "tpo", "flowrl"):
         assert f"{name} tokenizer got ['ab', 'cd']" in proc.stdout
     assert "troubleshooting.md#prompts-path-trailing-newline" in proc.stdout
+    # each failure fits in 10 lines (conftest.canary_failure): its line, its section, its message
+    failures = proc.stdout.split(" FAILURES ", 1)[1].split(" short test summary info ", 1)[0]
+    blocks = re.split(r"^_{3,} test_\S+ _{3,}$", failures, flags=re.M)[1:]
+    assert len(blocks) == 3 and all(len(b.strip().splitlines()) <= 10 for b in blocks), failures[-3000:]
+
+
+FAILING_CANARY = """
+from canary import canary_env, covers, make, update  # noqa: F401
+
+@covers("demo-anchor", "grpo")
+def test_demo(name):
+    trainer = make(name)
+    assert trainer.num_prompts == 99, update("demo-anchor", f"{name} num_prompts {trainer.num_prompts}")
+"""
+
+
+def test_a_failing_canary_fits_in_ten_lines(tmp_path):
+    """A canary asserting on a trainer's attribute once reported the trainer's whole module tree
+    (pytest's assertion introspection, untruncated under CI): now its line, section and message."""
+    (tmp_path / "test_demo_canary.py").write_text(FAILING_CANARY)
+    roots = [str(REPO / "tests"), str(REPO / "scripts")]
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "conftest",
+                           "--rootdir", str(tmp_path), str(tmp_path / "test_demo_canary.py")], cwd=tmp_path,
+                          env={**os.environ, "CI": "true", "PYTHONPATH": os.pathsep.join(roots), "CUDA_VISIBLE_DEVICES": ""},
+                          capture_output=True, text=True, timeout=600)
+    assert "1 failed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
+    block = proc.stdout.split(" FAILURES ", 1)[1].split(" short test summary info ", 1)[0]
+    lines = [line for line in block.strip().splitlines() if not line.startswith(("=", "___"))]
+    assert 1 < len(lines) <= 10 and "RLHFTrainer(" not in proc.stdout, block
+    assert lines[0] == "test_demo_canary.py:7: the canary of " + DOC + "#demo-anchor failed:", lines
+    assert "grpo num_prompts 3" in lines[1] and "Update " + DOC + "#demo-anchor" in lines[1]

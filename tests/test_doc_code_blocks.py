@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+import sys
 
 import pytest
 
@@ -31,6 +32,21 @@ def python_blocks(path):
 
 
 FILES = [p for p in check.markdown_files() if any(True for _ in python_blocks(p))]
+
+
+@pytest.fixture(autouse=True)
+def private_import_path(monkeypatch):
+    """Blocks put the installed tree's ``scripts/`` folders first on ``sys.path`` and may import a
+    module of the tree from there: each file runs with a copy of ``sys.path``, and the modules it
+    imported from the installed tree are dropped afterwards, so later tests import the checkout's."""
+    from palm_rlhf_skill.cli import skill_root
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    before = set(sys.modules)
+    yield
+    installed = str(skill_root().resolve())
+    for name in set(sys.modules) - before:
+        if str(getattr(sys.modules[name], "__file__", None) or "").startswith(installed):
+            del sys.modules[name]
 
 
 def test_discovery_finds_the_skill_tree():
