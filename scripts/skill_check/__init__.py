@@ -11,7 +11,8 @@
 - ``citations``: cited library lines (``file.py:N-M``) checked by content, and every reference
   section citing the lines behind its claim.
 - ``derived``: numbers and names in prose that follow from a library default, computed from the
-  installed library; a default typed into prose that no record symbol has.
+  installed library; a default typed into prose that no record symbol has; library versions named
+  in prose against the record's tested version.
 - ``install_state``: a check run from a source checkout whose installed copy is stale.
 - ``report``: every check run in order, the report and its plain text.
 
