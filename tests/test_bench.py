@@ -296,3 +296,28 @@ def test_cuda_without_cuda_is_refused_before_the_first_child(empty_dir):
     assert proc.returncode == 2 and proc.stdout == "", proc.stderr[-2000:]
     assert proc.stderr.startswith("bench_smoke.py: error: --device cuda requested but CUDA is not available")
     assert "import floor" not in proc.stderr and "warm-up" not in proc.stderr  # no child ran
+
+
+def test_a_pass_at_full_load_or_from_one_repeat_is_weak(bench, monkeypatch):
+    """issue 22: a PASS measured at a load average at or above the CPU count, or with --repeat 1,
+    is `PASS (weak: ...)` in the plain report and `"weak": true` in the JSON; a quiet, repeated
+    pass is plain."""
+    cases = [bench.floor_case(), bench.smoke_case("ppo", "train-smoke", "cpu")]
+    runs = fake_runs(bench, [3.0, 3.0, 3.0], [3.3, 3.3, 3.3])  # 1.1x: within 1.25x
+    summary = bench.summarize(cases, runs)
+    busy = {b["name"]: b for b in bench.check_budgets(summary, {"max": 2.0, "cpus": 2}, 3)}
+    assert busy["ppo_train_wall"]["verdict"] == "pass" and busy["ppo_train_wall"]["weak"] is True
+    assert busy["ppo_train_wall"]["detail"].endswith("; weak: load average up to 2.0 on 2 CPUs")
+    assert busy["construct_only_wall"]["weak"] is False  # skipped: nothing to weaken
+    one = {b["name"]: b for b in bench.check_budgets(summary, {"max": 0.5, "cpus": 2}, 1)}
+    assert one["ppo_train_wall"]["weak"] is True and one["ppo_train_wall"]["detail"].endswith("one repeat (--repeat 1)")
+    quiet = {b["name"]: b for b in bench.check_budgets(summary, {"max": 0.5, "cpus": 2}, 3)}
+    assert quiet["ppo_train_wall"]["weak"] is False and "weak" not in quiet["ppo_train_wall"]["detail"]
+    assert bench.verdict_word(busy["ppo_train_wall"]) == "PASS (weak: load average up to 2.0 on 2 CPUs)"
+    assert bench.verdict_word(quiet["ppo_train_wall"]) == "PASS"
+    report = {"repeat": 3, "device": "cpu", "versions": {"torch": "t", "palm-rlhf-pytorch": "p"},
+              "machine": {"cpu_count": 2, "cpu": "cpu"}, "load_average": {"start": 2.0, "max": 2.0, "cpus": 2},
+              "children_ok": True, "argv": [], "cases": summary, "status": "ok",
+              "budgets": list(busy.values())}
+    monkeypatch.setattr(sys, "argv", ["palm-rlhf-skill bench"])
+    assert "  PASS (weak: load average up to 2.0 on 2 CPUs) ppo_train_wall:" in bench.bench_summary(report)

@@ -39,6 +39,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
 from skill_runtime import exits, options, placement, reporting, runner, streams, version_gate, workspace  # noqa: E402
+from policy_optimization import measuring  # noqa: E402
 
 SMOKE = Path(__file__).resolve().parent / "tiny_rlhf_smoke.py"
 THIS = Path(__file__).resolve()
@@ -180,10 +181,7 @@ def spread(values: list[float]) -> dict[str, Any]:
             "max": round(max(values), 4), "n": len(values)}
 
 
-def load_average() -> float | None:
-    """The 1-minute load average (runnable processes, averaged), or None where the OS has none."""
-    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
-
+load_average = measuring.load_average  # one reader of the load average for the bench and the plan
 
 def estimate_s(cases: list[Case], repeat: int, floor_s: float | None) -> float:
     """Predicted wall seconds of ``repeat`` rounds of ``cases``: per smoke case its own estimate
@@ -239,7 +237,7 @@ def help_check() -> dict[str, Any]:
         found[path.name] = {"exit_code": proc.returncode, "imports_torch": bool(torch_lines)}
     passed = all(v["exit_code"] == 0 and not v["imports_torch"] for v in found.values())
     return {"name": "help_without_torch", "verdict": "pass" if passed else "fail", "passed": passed,
-            "limit": None, "ratio": None,
+            "limit": None, "ratio": None, "weak": False,
             "detail": "; ".join(f"{k} --help: exit {v['exit_code']}, "
                                 f"{'imports' if v['imports_torch'] else 'no'} torch" for k, v in found.items())}
 
@@ -284,17 +282,32 @@ def busy_reason(load: dict[str, Any] | None, ratio: dict[str, float], cpu_ratio:
     return None
 
 
-def check_budgets(summary: dict[str, dict[str, Any]], load: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def weak_reason(load: dict[str, Any] | None, repeat: int | None) -> str | None:
+    """Why a pass is weak evidence, or None: the 1-minute load average reached the CPU count (the
+    figures waited for a CPU, so a pass may hide a regression the noise covered), or one repeat
+    (no spread to judge it by)."""
+    reasons = []
+    if load and load.get("max") is not None and load["max"] >= load["cpus"]:
+        reasons.append(f"load average up to {load['max']} on {load['cpus']} CPUs")
+    if repeat == 1:
+        reasons.append("one repeat (--repeat 1)")
+    return "; ".join(reasons) or None
+
+
+def check_budgets(summary: dict[str, dict[str, Any]], load: dict[str, Any] | None = None,
+                  repeat: int | None = None) -> list[dict[str, Any]]:
     """Each ratio budget against the median paired ratio: ``verdict`` pass, fail, skip (not
     measured), or inconclusive: a wall-time ratio over its limit that ``busy_reason`` says this
-    run cannot judge. ``passed`` is True, False, or None (skip, inconclusive)."""
+    run cannot judge. ``passed`` is True, False, or None (skip, inconclusive). ``weak``: a pass
+    measured at a load average at or above the CPU count or with one repeat (``weak_reason``,
+    also in ``detail``)."""
     results = []
     for name, key, metric, limit in BUDGETS:
         entry = summary.get(key) or {}
         ratio = entry.get(f"{metric}_x_floor")
         if ratio is None:
             results.append({"name": name, "verdict": "skip", "passed": None, "limit": limit, "ratio": None,
-                            "detail": f"not measured: {key} not among the selected cases"})
+                            "weak": False, "detail": f"not measured: {key} not among the selected cases"})
             continue
         detail = (f"{key} {metric} {ratio['median']:.3f}x the floor "
                   f"(limit {limit:.2f}x, paired {ratio['min']:.3f}-{ratio['max']:.3f})")
@@ -303,8 +316,10 @@ def check_budgets(summary: dict[str, dict[str, Any]], load: dict[str, Any] | Non
             reason = busy_reason(load, ratio, entry.get("cpu_s_x_floor"), limit)
             if reason:
                 verdict, detail = "inconclusive", f"{detail}; too busy to judge: {reason}"
+        weak = weak_reason(load, repeat) if verdict == "pass" else None
         results.append({"name": name, "verdict": verdict, "passed": {"pass": True, "fail": False}.get(verdict),
-                        "limit": limit, "ratio": ratio["median"], "detail": detail})
+                        "limit": limit, "ratio": ratio["median"], "weak": weak is not None,
+                        "detail": detail + (f"; weak: {weak}" if weak else "")})
     return results
 
 
@@ -373,9 +388,16 @@ def bench_summary(report: dict[str, Any]) -> str:
                       "programs, CPU clock, disk cache), not a smoke cheaper than its floor.", "")
     lines.append("budgets:")
     for b in report["budgets"]:
-        lines += wrap(f"  {b['verdict'].upper()} {b['name']}: {b['detail']}", "      ")
+        lines += wrap(f"  {verdict_word(b)} {b['name']}: {b['detail']}", "      ")
     lines.append(verdict_line(report))  # one line, however long: the verdict is the last line
     return "\n".join(lines)
+
+
+def verdict_word(b: dict[str, Any]) -> str:
+    """``PASS``, ``PASS (weak: ...)``, ``FAIL``, ``INCONCLUSIVE`` or ``SKIP`` for one budget."""
+    if b.get("weak"):
+        return f"PASS (weak: {b['detail'].rsplit('; weak: ', 1)[1]})"
+    return b["verdict"].upper()
 
 
 def verdict_line(report: dict[str, Any]) -> str:
@@ -449,7 +471,7 @@ def run_bench(args, env: dict[str, Any]) -> dict[str, Any]:
     loads = [run["load_average"] for case_runs in runs.values() for run in case_runs if run["load_average"] is not None]
     start = report["machine"]["load_average_1min"]
     report["load_average"] = {"start": start, "max": max([*loads, start or 0.0]), "cpus": placement.usable_cpus()}
-    report["budgets"] = [help_check(), *check_budgets(report["cases"], report["load_average"])]
+    report["budgets"] = [help_check(), *check_budgets(report["cases"], report["load_average"], args.repeat)]
     children_ok = all(c["ok"] for c in report["cases"].values())
     verdicts = {b["verdict"] for b in report["budgets"]}
     report["children_ok"] = children_ok
