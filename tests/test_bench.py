@@ -17,6 +17,7 @@ import pytest
 from conftest import BIN, REPO, SMOKE, load_script, run, run_json
 from test_trainers import assert_keys_documented
 from skill_runtime import exits
+from policy_optimization import scaling
 
 BENCH = REPO / "sub-skills" / "policy-optimization" / "scripts" / "bench_smoke.py"
 SIZING = REPO / "sub-skills" / "policy-optimization" / "references" / "sizing.md"
@@ -187,8 +188,8 @@ def test_docs_sizing_table_has_the_commands_shape(bench):
     assert f"palm-rlhf-pytorch {metadata.version('palm-rlhf-pytorch')}" in section
     assert re.search(r"Measured \d{4}-\d{2}-\d{2} on ", section)
     rows = table_rows(section.splitlines())
-    expected = table_rows(bench.scaling_table(bench.scaling_points()))
-    assert rows[0] == list(bench.SCALING_HEADER) == expected[0]
+    expected = table_rows(scaling.scaling_table(scaling.scaling_points()))
+    assert rows[0] == list(scaling.SCALING_HEADER) == expected[0]
     assert len(rows) == len(expected)
     for row, want in zip(rows[2:], expected[2:]):
         assert row[:6] == want[:6]  # trainer, varied, dim, depth, prompt len, max_seq_len
@@ -199,12 +200,12 @@ def test_quick_scaling_run_renders_the_docs_rows(bench, empty_dir):
     proc, report = run_json([sys.executable, str(BENCH), "--scaling", "--trainer", "ppo", "--axis", "depth",
                              "--repeat", "1", "--warmup", "0", "--json"], empty_dir, timeout=600)
     assert proc.returncode == 0 and report["status"] == "ok", proc.stderr[-2000:]
-    depths = bench.SCALING_AXES["depth"]
+    depths = scaling.SCALING_AXES["depth"]
     assert [(r["trainer"], r["axis"], r["value"]) for r in report["rows"]] == [("ppo", "depth", d) for d in depths]
     assert report["cpu_threads"] == 1 and report["floor"]["peak_rss_mib"]["median"] > 0
     numel = [r["trainable_numel"] for r in report["rows"]]
     assert numel[0] < numel[1] < numel[2]  # LoRA and value head grow with depth
-    produced = table_rows(bench.scaling_markdown(report).splitlines())
+    produced = table_rows(scaling.scaling_markdown(report).splitlines())
     documented = [row for row in table_rows(doc_section().splitlines())
                   if row[0] == "ppo" and row[1].startswith("depth =")]
     assert [row[:6] for row in produced[2:]] == [row[:6] for row in documented]

@@ -8,7 +8,7 @@ train`` shares) and checks every key against the installed constructors' signatu
 1. build the trainer on torch's meta device: exact parameter counts and weight bytes at any size;
 2. build it for real on the device (skipped when the weights alone do not fit), then probe it,
    bounded by --probe-seconds: three tiny rollouts reveal what the installed trainer stores per
-   experience; one sampling step is timed at three lengths; then either a few real rollouts and
+   experience; sampling steps are timed at four lengths, round-robin; then either a few real rollouts and
    learn() on a reduced number of experiences (measured), or, when one rollout would not fit the
    budget, the last step of a rollout and learn() on its experience (extrapolated);
 3. predict the full run: rollouts, learn() calls, optimizer steps, dropped leftovers, the memory

@@ -1,7 +1,7 @@
 """The bounded probe of a run at its real size (``probe_at_real_size``): build it for real, three
-tiny rollouts show what the installed trainer stores per experience, one sampling step is timed at
-three lengths, then either a few real rollouts and ``learn()`` on a reduced number of experiences
-(measured), or, when one rollout would not fit the budget, the last step of a rollout and
+tiny rollouts show what the installed trainer stores per experience, sampling steps are timed at
+four lengths (round-robin), then either a few real rollouts and ``learn()`` on a reduced number of
+experiences (measured), or, when one rollout would not fit the budget, the last step of a rollout and
 ``learn()`` on its experience (extrapolated). Every stage stops at the next forward of the policy
 once the deadline has passed.
 
@@ -141,7 +141,7 @@ class Probe:
         return {"runs": runs, "sequences_per_rollout": batches[0], "items": runs[1]["items"],
                 "buffer": runs[1]["buffer"], "first_call_s": max(0.0, runs[0]["seconds"] - runs[1]["seconds"])}
 
-    # stage 2: one sampling step at three lengths -------------------------------------------------
+    # stage 2: sampling steps at four lengths -------------------------------------------------
     def step(self, prompt) -> float:
         """Seconds of one ``PaLM.generate`` step (the rollout's inner loop) on ``prompt`` (b, n)."""
         kwargs = {k: self.train_kwargs[k] for k in ("temperature", "eos_token") if k in self.train_kwargs}
@@ -282,7 +282,7 @@ def probe_at_real_size(args, resolved: dict[str, Any], device_kwargs: dict[str, 
                        meter: measuring.MemoryMeter, available: dict[str, int], progress: streams.Progress,
                        one_round: bool = False) -> dict[str, Any]:
     """Build the run for real (its prompt ids too) and probe it until ``--probe-seconds`` after the start of the build:
-    construct (timed), the three tiny rollouts (always), one sampling step at three lengths, then
+    construct (timed), the three tiny rollouts (always), sampling steps at four lengths, then
     real rollouts and learn() when a rollout fits the budget, else the last step of a rollout.
 
     Returns ``stored`` (what a rollout stores), ``per_rollout`` and ``fields_bytes`` (bytes at the
