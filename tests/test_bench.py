@@ -17,6 +17,7 @@ import pytest
 from conftest import BIN, REPO, SMOKE, load_script, run, run_json
 from doc_tables import assert_keys_documented
 from skill_runtime import exits
+from policy_optimization import scaling
 
 BENCH = REPO / "sub-skills" / "policy-optimization" / "scripts" / "bench_smoke.py"
 SIZING = REPO / "sub-skills" / "policy-optimization" / "references" / "sizing.md"
@@ -187,8 +188,8 @@ def test_docs_sizing_table_has_the_commands_shape(bench):
     assert f"palm-rlhf-pytorch {metadata.version('palm-rlhf-pytorch')}" in section
     assert re.search(r"Measured \d{4}-\d{2}-\d{2} on ", section)
     rows = table_rows(section.splitlines())
-    expected = table_rows(bench.scaling_table(bench.scaling_points()))
-    assert rows[0] == list(bench.SCALING_HEADER) == expected[0]
+    expected = table_rows(scaling.scaling_table(scaling.scaling_points()))
+    assert rows[0] == list(scaling.SCALING_HEADER) == expected[0]
     assert len(rows) == len(expected)
     for row, want in zip(rows[2:], expected[2:]):
         assert row[:6] == want[:6]  # trainer, varied, dim, depth, prompt len, max_seq_len
@@ -199,12 +200,12 @@ def test_quick_scaling_run_renders_the_docs_rows(bench, empty_dir):
     proc, report = run_json([sys.executable, str(BENCH), "--scaling", "--trainer", "ppo", "--axis", "depth",
                              "--repeat", "1", "--warmup", "0", "--json"], empty_dir, timeout=600)
     assert proc.returncode == 0 and report["status"] == "ok", proc.stderr[-2000:]
-    depths = bench.SCALING_AXES["depth"]
+    depths = scaling.SCALING_AXES["depth"]
     assert [(r["trainer"], r["axis"], r["value"]) for r in report["rows"]] == [("ppo", "depth", d) for d in depths]
     assert report["cpu_threads"] == 1 and report["floor"]["peak_rss_mib"]["median"] > 0
     numel = [r["trainable_numel"] for r in report["rows"]]
     assert numel[0] < numel[1] < numel[2]  # LoRA and value head grow with depth
-    produced = table_rows(bench.scaling_markdown(report).splitlines())
+    produced = table_rows(scaling.scaling_markdown(report).splitlines())
     documented = [row for row in table_rows(doc_section().splitlines())
                   if row[0] == "ppo" and row[1].startswith("depth =")]
     assert [row[:6] for row in produced[2:]] == [row[:6] for row in documented]
@@ -296,3 +297,28 @@ def test_cuda_without_cuda_is_refused_before_the_first_child(empty_dir):
     assert proc.returncode == 2 and proc.stdout == "", proc.stderr[-2000:]
     assert proc.stderr.startswith("bench_smoke.py: error: --device cuda requested but CUDA is not available")
     assert "import floor" not in proc.stderr and "warm-up" not in proc.stderr  # no child ran
+
+
+def test_a_pass_at_full_load_or_from_one_repeat_is_weak(bench, monkeypatch):
+    """issue 22: a PASS measured at a load average at or above the CPU count, or with --repeat 1,
+    is `PASS (weak: ...)` in the plain report and `"weak": true` in the JSON; a quiet, repeated
+    pass is plain."""
+    cases = [bench.floor_case(), bench.smoke_case("ppo", "train-smoke", "cpu")]
+    runs = fake_runs(bench, [3.0, 3.0, 3.0], [3.3, 3.3, 3.3])  # 1.1x: within 1.25x
+    summary = bench.summarize(cases, runs)
+    busy = {b["name"]: b for b in bench.check_budgets(summary, {"max": 2.0, "cpus": 2}, 3)}
+    assert busy["ppo_train_wall"]["verdict"] == "pass" and busy["ppo_train_wall"]["weak"] is True
+    assert busy["ppo_train_wall"]["detail"].endswith("; weak: load average up to 2.0 on 2 CPUs")
+    assert busy["construct_only_wall"]["weak"] is False  # skipped: nothing to weaken
+    one = {b["name"]: b for b in bench.check_budgets(summary, {"max": 0.5, "cpus": 2}, 1)}
+    assert one["ppo_train_wall"]["weak"] is True and one["ppo_train_wall"]["detail"].endswith("one repeat (--repeat 1)")
+    quiet = {b["name"]: b for b in bench.check_budgets(summary, {"max": 0.5, "cpus": 2}, 3)}
+    assert quiet["ppo_train_wall"]["weak"] is False and "weak" not in quiet["ppo_train_wall"]["detail"]
+    assert bench.verdict_word(busy["ppo_train_wall"]) == "PASS (weak: load average up to 2.0 on 2 CPUs)"
+    assert bench.verdict_word(quiet["ppo_train_wall"]) == "PASS"
+    report = {"repeat": 3, "device": "cpu", "versions": {"torch": "t", "palm-rlhf-pytorch": "p"},
+              "machine": {"cpu_count": 2, "cpu": "cpu"}, "load_average": {"start": 2.0, "max": 2.0, "cpus": 2},
+              "children_ok": True, "argv": [], "cases": summary, "status": "ok",
+              "budgets": list(busy.values())}
+    monkeypatch.setattr(sys, "argv", ["palm-rlhf-skill bench"])
+    assert "  PASS (weak: load average up to 2.0 on 2 CPUs) ppo_train_wall:" in bench.bench_summary(report)

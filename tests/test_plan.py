@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
+import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -17,8 +18,8 @@ import pytest
 from conftest import BIN, REPO, load_script, run, run_json, usage_error_without_torch
 from doc_tables import assert_keys_documented
 from skill_runtime import exits, placement
-from policy_optimization import (accuracy, builder, counting, measuring, prediction, probe, run_config,
-                                 trainers)
+from policy_optimization import (accuracy, advice, budget, builder, counting, measuring, prediction, probe,
+                                 run_config, trainers, unit_costs)
 
 SCRIPTS = REPO / "sub-skills" / "policy-optimization" / "scripts"
 PLAN = SCRIPTS / "plan_run.py"
@@ -192,9 +193,9 @@ def test_counts_by_hand(plan):
 
 def test_sampling_time_sums_every_step(plan):
     # t(n) = 1 + (n - 10) / 10 on [10, 20]: sum over n = 10..20 is 11 + 55/10
-    assert probe.steps_time([(10, 1.0), (20, 2.0)], 10, 20) == pytest.approx(16.5)
-    assert probe.steps_time([(10, 1.0)], 10, 14) == pytest.approx(5.0)       # one point: flat
-    assert probe.steps_time([(10, 1.0), (20, 2.0)], 21, 22) == pytest.approx(2.1 + 2.2)  # last slope
+    assert unit_costs.steps_time([(10, 1.0), (20, 2.0)], 10, 20) == pytest.approx(16.5)
+    assert unit_costs.steps_time([(10, 1.0)], 10, 14) == pytest.approx(5.0)       # one point: flat
+    assert unit_costs.steps_time([(10, 1.0), (20, 2.0)], 21, 22) == pytest.approx(2.1 + 2.2)  # last slope
 
 
 def test_time_and_memory_prediction_by_hand(plan):
@@ -274,7 +275,7 @@ def test_stored_bytes_by_hand_and_against_a_real_rollout(plan, tmp_path, monkeyp
     built = build_trainer(res, kwargs, device, ids)
     prober = probe.Probe(built, res, device, measuring.MemoryMeter(device), float("inf"))
     stored = prober.stored_fields()
-    predicted = probe.stored_at(stored, prober.prompt_lens, 12)
+    predicted = unit_costs.stored_at(stored, prober.prompt_lens, 12)
     s, p, v, g, width = 12, 5, 64, 3, 5
     hand = {
         "ppo": {"sequence": s * 8, "prompt_mask": s, "mask": s, "action_prob": s * v * 4,
@@ -325,7 +326,7 @@ def test_deadline_stops_every_forward_of_the_policy(plan, tmp_path):
     prober = probe.Probe(built, res, device, measuring.MemoryMeter(device), 0.0)
     assert prober.sampling_steps(batch=1) == []
     prober.deadline = float("inf")
-    assert [n for n, _ in prober.sampling_steps(batch=1)] == [5, 8, 11]  # mean prompt, midway, max_seq_len - 1
+    assert [n for n, _ in prober.sampling_steps(batch=1)] == [5, 7, 9, 11]  # mean prompt to max_seq_len - 1
     prober.close()
 
 
@@ -337,11 +338,11 @@ def test_probe_respects_probe_seconds(plan, tmp_path, capsys, monkeypatch):
     path.write_text(text, encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     reports = {}
-    for budget in (1, 30):
+    for seconds in (1, 30):
         code = plan.main(["--config", str(path), "--json", "--device", "cpu", "--cpu-threads", "1",
-                          "--probe-seconds", str(budget)])
-        reports[budget] = json.loads(capsys.readouterr().out)
-        assert code == 0, reports[budget]["verdict"]
+                          "--probe-seconds", str(seconds)])
+        reports[seconds] = json.loads(capsys.readouterr().out)
+        assert code == 0, reports[seconds]["verdict"]
     short, long = reports[1]["probe"], reports[30]["probe"]
     mandatory = short["stages_s"]["construct"] + short["stages_s"]["stored_fields"]
     steps = [s for _, s in short.get("sampling_step_s", [])]
@@ -615,6 +616,7 @@ def fake_bench(wall_plan, peak_plan, wall_real, peak_real, learn_calls=(2, 2)):
     class Bench:
         calls = []
         busy_reason = staticmethod(load_script(SCRIPTS / "bench_smoke.py", "bench_smoke").busy_reason)  # the real rule
+        weak_reason = staticmethod(load_script(SCRIPTS / "bench_smoke.py", "bench_smoke").weak_reason)
 
         @staticmethod
         def machine():
@@ -699,3 +701,180 @@ def test_docs_accuracy_table_has_the_commands_shape_and_meets_the_targets(plan):
         assert len(row[10].split()) >= 3, row  # the median of at least 3 plan-and-run pairs
     for name in accuracy.ACCURACY_CONFIGS:
         assert (PLANS / name).is_file()
+
+
+# --- issue 22: the planner's items ------------------------------------------------------------------
+
+def test_a_fifo_config_is_refused_and_stdin_is_read(tmp_path, empty_dir):
+    """`plan --config FIFO` with no writer hung forever: now one line, exit 2, at once; `--config -`
+    reads standard input."""
+    import os
+    fifo = tmp_path / "run.fifo"
+    os.mkfifo(fifo)
+    proc = run([sys.executable, str(PLAN), "--config", str(fifo)], empty_dir, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert f"config {fifo}: a named pipe or socket, which blocks until a writer opens it" in proc.stderr
+    body = "[palm]\n[trainer]\nname='ppo'\n[prompts]\ncount=1\nlength=2\n[extra]\n"
+    proc = subprocess.run([sys.executable, str(PLAN), "--config", "-"], cwd=empty_dir, input=body, text=True,
+                          capture_output=True, timeout=60)
+    assert proc.returncode == 2 and "config: unknown section [extra]" in proc.stderr, proc.stderr
+    assert list(empty_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize("option", [["--probe-seconds", "5"], ["--max-days", "2"], ["--budget", "1h"],
+                                    ["--memory-budget", "8GiB"], ["--one-round"]])
+def test_plan_only_options_are_refused_with_execute(tmp_path, empty_dir, option):
+    line = usage_error_without_torch(PLAN, ["--config", str(tiny_config(tmp_path)), "--execute", *option], empty_dir)
+    assert f"{option[0]} applies to the plan, not to --execute" in line, line
+
+
+@pytest.mark.parametrize("argv, says", [(["--budget", "soon"], "--budget: expected a duration above 0"),
+                                        (["--budget", "0h"], "--budget: expected a duration"),
+                                        (["--memory-budget", "8 parsecs"], "--memory-budget: expected a size")])
+def test_budget_option_errors(tmp_path, empty_dir, argv, says):
+    assert says in usage_error_without_torch(PLAN, ["--config", str(tiny_config(tmp_path)), *argv], empty_dir)
+
+
+def test_durations_and_sizes():
+    assert [budget.parse_duration(t) for t in ("90", "90s", "10m", "2h", "3d", "1.5h")] == \
+        [90, 90, 600, 7200, 3 * 86400, 5400]
+    assert [budget.parse_size(t) for t in ("8GiB", "512MiB", "16GB", "1000")] == [8 * 2**30, 512 * 2**20, 16 * 10**9, 1000]
+
+
+def units(**kw):
+    """budget.Units by hand: 10 s fixed, 2 s a rollout, 0.5 s an experience in learn(), 4 rollouts
+    per learn() of one experience each; max_seq_len 100 (rollout time linear in it), depth 4, dim 64;
+    the peak 1,000 + 100 bytes per held rollout."""
+    base = dict(fixed_s=10.0, rollout_s=2.0, learn_item_s=0.5, eval_s=0.0, update=4, per_round=None, every=1,
+                items_per_rollout=1, epochs=1, max_seq_len=100, min_seq_len=10, depth=4, dim=64,
+                rollout_at=lambda n: 2.0 * n / 100, peak_at=lambda u, n: 1000 + 100 * u * n // 100)
+    return budget.Units(**{**base, **kw})
+
+
+def test_the_largest_run_in_a_budget_by_hand():
+    # a cycle is 4 x 2 s + 4 x 0.5 s = 10 s; 100 s - 10 s fixed: 9 cycles
+    found = budget.plan_budget(units(), 100.0, None, configured_s=50.0, configured_peak=None)
+    assert (found["rollouts"], found["learn_calls"], found["fits"]) == (36, 9, True)
+    assert [(c["key"], c["value"]) for c in found["changes"]] == [("num_episodes", 1), ("max_timesteps", 36)]
+    rounds = budget.plan_budget(units(per_round=8), 100.0, None, 200.0, None)  # a round: 8 rollouts, 2 learn()
+    assert (rounds["rounds"], rounds["rollouts"], rounds["learn_calls"], rounds["fits"]) == (4, 32, 8, False)
+    # 15 s: not even one cycle; one fits with update_timesteps 2 (2 x 2.5 s), max_seq_len 50 (4 x 0.02 n + 2 s x
+    # n / 100 <= 5 s), depth 2 or dim 40 (half the time: 64 x sqrt(0.5), rounded down to a multiple of 8)
+    none = budget.plan_budget(units(), 15.0, None, 50.0, None)
+    assert (none["rollouts"], none["learn_calls"]) == (0, 0)
+    assert {c["key"]: c["value"] for c in none["alternatives"]} == \
+        {"update_timesteps": 2, "max_seq_len": 50, "depth": 2, "dim": 40}
+    # memory: 1,000 + 100 u bytes; 1,250 bytes hold u = 2, then the time of 2-rollout cycles (5 s): 18
+    memory = budget.plan_budget(units(), 100.0, 1250, 50.0, 1400)
+    assert memory["fits"] is False and memory["changes"][0] == {
+        "section": "train", "key": "update_timesteps", "value": 2, "why": memory["changes"][0]["why"]}
+    assert (memory["rollouts"], memory["learn_calls"]) == (36, 18)
+    tiny = budget.plan_budget(units(), None, 1050, 50.0, 1400)  # u = 1 holds 1,100: max_seq_len 50 does
+    assert tiny["rollouts"] == 0 and tiny["alternatives"][0]["key"] == "max_seq_len" and \
+        tiny["alternatives"][0]["value"] == 50
+    unknown = budget.plan_budget(units(learn_item_s=None), 100.0, None, 50.0, None)
+    assert unknown["fits"] is None and unknown["rollouts"] == 44 and "upper bounds" in unknown["why"]
+
+
+def test_a_day_on_a_cpu_names_the_run_of_one_day():
+    """A 19-day CPU run got "fits and learns ... next: start the run": now the verdict says it takes
+    over a day on a CPU and the fix names the run of this size that takes one."""
+    counts = counting.run_counts(1_000_000, 4, 1, 4, 1)
+    applied = [{"section": "train", "key": "num_episodes", "value": 50000, "source": "library"}]
+    warning = advice.long_on_cpu("cpu", 19 * 86400.0, units(), counts, applied)
+    assert warning["code"] == "long_on_cpu" and "predicted 19 days on a CPU, more than a day" in warning["message"]
+    assert "(num_episodes 50,000: train()'s defaults, not set in the config)" in warning["message"]
+    assert warning["fix"].startswith("in one day at this size: 34,556 rollouts and 8,639 learn() calls fit: "
+                                     "[train] num_episodes 1, max_timesteps 34,556")  # (86,400 - 10) // 10 cycles
+    assert advice.long_on_cpu("cuda", 19 * 86400.0, units(), counts, applied) is None
+    assert advice.long_on_cpu("cpu", 3600.0, units(), counts, applied) is None
+    status, line = prediction.verdict(True, counts, [warning], {"total_s": 19 * 86400.0, "lower_bound": False},
+                                      1, True, 2, cpu_day=True)
+    assert status == "fits" and line.startswith("fits and learns (250,000 learn() calls), but over a day on a CPU")
+
+
+def test_defaults_the_config_did_not_set_are_listed_and_named_in_the_fix(plan, tmp_path, capsys, monkeypatch):
+    """Without [train], 25,000,000 rollouts at max_seq_len 2048 came from train()'s defaults and the
+    report did not say so: now every default is listed (plain and JSON) and the fix names them."""
+    monkeypatch.chdir(tmp_path)
+    path = tiny_config(tmp_path, "grpo")
+    text = path.read_text()
+    path.write_text(text.split("[train]")[0], encoding="utf-8")
+    argv = ["--config", str(path), "--device", "cpu", "--cpu-threads", "1", "--probe-seconds", "3"]
+    assert plan.main([*argv, "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    applied = {(d["section"], d["key"]): d["value"] for d in report["defaults_applied"]}
+    assert applied[("train", "num_episodes")] == 50000 and applied[("train", "max_timesteps")] == 500
+    assert applied[("train", "max_seq_len")] == 2048 and applied[("train", "update_timesteps")] == 5000
+    assert ("trainer", "minibatch_size") not in applied  # the config sets it
+    assert report["counts"]["rollouts"] == 25_000_000
+    assert plan.main(argv) == 1
+    out = capsys.readouterr().out
+    assert "defaults [not set in the config]: [train] num_episodes 50,000, max_timesteps 500, update_timesteps 5,000" in out
+    assert "(num_episodes 50,000 and max_timesteps 500: train()'s defaults, not set in the config)" in out.splitlines()[-1]
+
+
+def test_one_round_and_budget_through_the_cli(plan, tmp_path, capsys, monkeypatch):
+    """--one-round times update_timesteps rollouts and one learn() at the real size against the
+    plan's figures; --budget answers with the largest run in it, from the same probe."""
+    monkeypatch.chdir(tmp_path)
+    path = tiny_config(tmp_path, "grpo", episodes=1, timesteps=5, update=2)  # one leftover: a warning
+    argv = ["--config", str(path), "--device", "cpu", "--cpu-threads", "1", "--probe-seconds", "10",
+            "--one-round", "--budget", "10m", "--memory-budget", "8GiB"]
+    assert plan.main([*argv, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    one = report["one_round"]
+    assert one["rollouts"] == 2 and one["learn_items"] == 6 and one["measured_rollouts_s"] > 0
+    assert one["measured_learn_s"] > 0 and one["predicted_rollouts_s"] > 0 and one["rollouts_error"] is not None
+    found = report["budget"]
+    assert found["seconds"] == 600 and found["memory_bytes"] == 8 * 2**30 and found["fits"] is True
+    assert found["rollouts"] > 4 and found["learn_calls"] == found["rollouts"] // 2
+    assert [c["key"] for c in found["changes"]] == ["num_episodes", "max_timesteps"]
+    assert_keys_documented("## Plan report", [report])
+    assert report["probe"]["load_average"]["cpus"] >= 1 and report["probe"]["load_average"]["start"] is not None
+    assert plan.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "one round [measured]: 2 rollouts " in out and "budget 10.0 min and 8.0 GiB [derived]: the configured " \
+        "run fits it; at this size " in out
+    assert re.search(r"; load average [\d.]+(-[\d.]+)? on \d+ CPUs", out.splitlines()[0])
+
+
+def test_a_dash_says_why_there_is_no_figure(plan, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = tiny_config(tmp_path, "ppo")
+    assert plan.main(["--config", str(path), "--device", "cpu", "--probe-seconds", "0"]) == 0
+    time_line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("time: "))
+    assert "rollouts - (no sampling step timed within --probe-seconds" in time_line
+    assert "learn - (" in time_line and "learn - (not measured)" not in time_line
+
+
+def test_sampling_time_fits_the_cost_of_a_forward():
+    """Each sampling step is a full forward (no KV cache): t(n) = a + b n + c n**2, fitted to four
+    or more lengths; the fit sums it exactly, and a fit that is no cost falls back to the lines."""
+    t = lambda n: 0.5 + 0.01 * n + 0.0002 * n * n
+    points = [(n, t(n)) for n in (10, 40, 70, 100)]
+    assert unit_costs.steps_time(points, 10, 120) == pytest.approx(sum(t(n) for n in range(10, 121)))
+    concave = [(10, 1.0), (40, 3.0), (70, 4.0), (100, 4.5)]
+    assert unit_costs.quadratic_fit(concave) is None
+    assert unit_costs.steps_time(concave, 10, 10) == pytest.approx(1.0)
+
+
+def test_threads_that_wait_on_each_other_are_named(plan, tmp_path):
+    """On a busy CPU two torch threads ran a sampling step 20x slower than one (the cause of the
+    3x and 4x errors at dim 256): the probe times one thread when its threads' CPU share is low,
+    and the plan warns with the fix."""
+    res, kwargs, device, ids = tiny_trainer(plan, tmp_path, "ppo")
+    prober = probe.Probe(build_trainer(res, kwargs, device, ids), res, device, measuring.MemoryMeter(device),
+                         float("inf"))
+    points = prober.sampling_steps(batch=1)
+    prober.sampling_cpu = (0.1, 1.0, 2)  # 5% of two threads' CPU
+    check = prober.threads_check(1, points)
+    assert check["threads"] == 2 and check["cpu_share"] == 0.05 and check["one_thread_step_s"] > 0
+    prober.sampling_cpu = (1.9, 1.0, 2)
+    assert prober.threads_check(1, points) is None  # they got their CPU
+    prober.close()
+    warning = advice.threads_warning({"threads": 2, "cpu_share": 0.25, "length": 64, "step_s": 2.6,
+                                      "one_thread_step_s": 0.13}, {"start": 5.1, "cpus": 2})
+    assert warning["code"] == "threads_oversubscribed" and "20.0x the 0.130 s of one thread" in warning["message"]
+    assert "torch.set_num_threads(1)" in warning["fix"] and "--cpu-threads 1" in warning["fix"]
+    assert advice.threads_warning({**check, "step_s": check["one_thread_step_s"]}, {}) is None

@@ -8,7 +8,7 @@ train`` shares) and checks every key against the installed constructors' signatu
 1. build the trainer on torch's meta device: exact parameter counts and weight bytes at any size;
 2. build it for real on the device (skipped when the weights alone do not fit), then probe it,
    bounded by --probe-seconds: three tiny rollouts reveal what the installed trainer stores per
-   experience; one sampling step is timed at three lengths; then either a few real rollouts and
+   experience; sampling steps are timed at four lengths, round-robin; then either a few real rollouts and
    learn() on a reduced number of experiences (measured), or, when one rollout would not fit the
    budget, the last step of a rollout and learn() on its experience (extrapolated);
 3. predict the full run: rollouts, learn() calls, optimizer steps, dropped leftovers, the memory
@@ -39,9 +39,27 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
 from skill_runtime import exits, options, placement, runner, streams, version_gate, workspace  # noqa: E402
-from policy_optimization import measuring, plan_report, planner, prediction, run_config  # noqa: E402
+from policy_optimization import budget, measuring, plan_report, planner, prediction, run_config  # noqa: E402
 
 UPSTREAM_EXAMPLE = run_config.PLANS / "upstream-readme.toml"
+PROBE_SECONDS = 60.0  # --probe-seconds default
+PLAN_ONLY = ("probe_seconds", "max_days", "budget", "memory_budget", "one_round")  # refused with --execute
+
+
+def duration(text: str) -> float:
+    """argparse ``type=`` for --budget: 90s, 10m, 2h, 3d (``budget.parse_duration``)."""
+    try:
+        return budget.parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def size(text: str) -> int:
+    """argparse ``type=`` for --memory-budget: 8GiB, 512MiB, 16GB (``budget.parse_size``)."""
+    try:
+        return budget.parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def positive_float(text: str) -> float:
@@ -75,6 +93,9 @@ def build_parser() -> options.OneLineParser:
                "  palm-rlhf-skill plan --config run.toml\n"
                "  palm-rlhf-skill plan --config run.toml --json\n"
                "  palm-rlhf-skill plan --config run.toml --set train.update_timesteps=64 --probe-seconds 20\n"
+               "  palm-rlhf-skill plan --config run.toml --budget 2h --memory-budget 8GiB   # the largest run in them\n"
+               "  palm-rlhf-skill plan --config run.toml --one-round   # and time one round for real\n"
+               "  palm-rlhf-skill plan --config - < run.toml           # the config on stdin\n"
                f"  palm-rlhf-skill plan --config {UPSTREAM_EXAMPLE}   # the upstream README's run\n\n"
                "exit codes: 0 the run fits and learns (--execute: it completed); 1 it does not fit, never "
                "learns, is too slow (--max-days) or fails; 2 usage or config error; 3 palm-rlhf-pytorch, torch or a TOML reader "
@@ -85,12 +106,23 @@ def build_parser() -> options.OneLineParser:
                              "the key, so the library default applies); repeatable")
     parser.add_argument("--device", default="auto", type=options.device_spec,
                         help="auto (CUDA when available, else CPU), cpu, cuda or cuda:N (default: auto)")
-    parser.add_argument("--probe-seconds", type=options.finite_nonnegative_float, default=60.0, metavar="S",
+    parser.add_argument("--probe-seconds", type=options.finite_nonnegative_float, metavar="S",
                         help="wall-clock budget of the probe after the model is built and its three tiny "
-                             "rollouts have run (default: 60)")
+                             f"rollouts have run (default: {PROBE_SECONDS:g})")
+    parser.add_argument("--budget", type=duration, metavar="TIME",
+                        help="a wall-time budget (90s, 10m, 2h, 3d): also answer with the largest run that fits "
+                             "it at this size (rollouts, learn() calls, the settings), or the size that fits one "
+                             "round")
+    parser.add_argument("--memory-budget", type=size, metavar="SIZE",
+                        help="a memory budget (8GiB, 512MiB, 16GB) for the pool the plan compares (RAM on CPU, "
+                             "the GPU's on CUDA): the update_timesteps or max_seq_len that fits it")
+    parser.add_argument("--one-round", action="store_true",
+                        help="after the probe, time one round at the real size without a budget: "
+                             "update_timesteps rollouts and one learn() on all their experiences, against the "
+                             "plan's figures for them")
     parser.add_argument("--seed", type=options.bounded_int(0, options.MAX_SEED),
                         help="seed for prompts, weights and sampling (default: [run] seed, else 0)")
-    parser.add_argument("--max-days", type=positive_float, default=prediction.MAX_DAYS, metavar="D",
+    parser.add_argument("--max-days", type=positive_float, metavar="D",
                         help=f"a run predicted to take longer is too slow: verdict too_slow, exit 1 (default: "
                              f"{prediction.MAX_DAYS:g} days, longer than a run anyone plans on one device)")
     parser.add_argument("--cpu-threads", type=options.bounded_int(1, os.cpu_count() or 1), metavar="N",
@@ -106,6 +138,13 @@ def build_parser() -> options.OneLineParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.execute:  # the real run has no probe, verdict or budget: an option of the plan is a mistake
+        given = [name for name in PLAN_ONLY if getattr(args, name) not in (None, False)]
+        if given:
+            raise exits.SkillError(f"--{given[0].replace('_', '-')} applies to the plan, not to --execute (which "
+                                   "runs the config in full): drop one of them")
+    args.probe_seconds = PROBE_SECONDS if args.probe_seconds is None else args.probe_seconds
+    args.max_days = prediction.MAX_DAYS if args.max_days is None else args.max_days
     config = run_config.load(args.config, args.set)  # paths resolved before leaving the caller's directory
     env = version_gate.check_versions(args.allow_untested)
     import torch  # the run's imports, timed as part of its startup

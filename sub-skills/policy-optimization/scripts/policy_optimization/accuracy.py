@@ -16,12 +16,13 @@ from policy_optimization import run_config
 PLAN_SCRIPT = Path(__file__).resolve().parents[1] / "plan_run.py"
 PLANS = run_config.PLANS
 
-ACCURACY_CONFIGS = ("accuracy-ppo.toml", "accuracy-grpo.toml", "accuracy-tpo.toml", "accuracy-flowrl.toml")
+ACCURACY_CONFIGS = ("accuracy-ppo.toml", "accuracy-grpo.toml", "accuracy-tpo.toml", "accuracy-flowrl.toml",
+                    "accuracy-ppo-256.toml", "accuracy-grpo-256.toml")  # the last two: dim 256, two rounds
 TARGETS = {"wall_error": 0.35, "peak_error": 0.25}  # |predicted / measured - 1| for every row
 ACCURACY_TITLE = "### Accuracy of the plan (measured)"
 ACCURACY_HEADER = ("config", "trainer", "rollouts", "learn() calls", "predicted wall (s)", "measured wall (s)",
                    "wall error", "predicted peak (MiB)", "measured peak (MiB)", "peak error",
-                   "each pair (wall/peak)", "load")
+                   "each pair (wall/peak)", "load", "probe load", "verdict")
 
 
 def accuracy_pair(bench, name: str, device: str) -> dict[str, Any]:
@@ -47,7 +48,8 @@ def accuracy_pair(bench, name: str, device: str) -> dict[str, Any]:
             "peak_error": round(predicted["peak_mib"] / real["peak_rss_mib"] - 1, 4),
             "predicted_parts_s": {k: v for k, v in plan_report["time"].items() if k != "unit_s"},
             "measured_parts_s": run_report["seconds"], "plan_wall_s": planned["wall_s"],
-            "run_status": run_report["status"], "load_average": load}
+            "run_status": run_report["status"], "load_average": load,
+            "probe_load_average": [(plan_report.get("probe") or {}).get("load_average", {}).get(k) for k in ("start", "end")]}
 
 
 def accuracy(bench, args, env: dict[str, Any]) -> tuple[dict[str, Any], bool]:
@@ -91,6 +93,11 @@ def accuracy(bench, args, env: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         row["verdict"] = "pass" if row["ok"] else "inconclusive" if only_wall and busy else "fail"
         if row["verdict"] == "inconclusive":
             row["inconclusive_reason"] = busy
+        row["probe_load_average"] = [x for run in runs for x in run["probe_load_average"] if x is not None]
+        weak = bench.weak_reason({"max": max(row["load_average"]), "cpus": machine["cpu_count"]}, len(runs))
+        row["weak"] = row["verdict"] == "pass" and weak is not None
+        if row["weak"]:
+            row["weak_reason"] = weak
         rows.append(row)
     ok = all(row["ok"] for row in rows)
     verdicts = {row["verdict"] for row in rows}
@@ -109,7 +116,9 @@ def accuracy_table(rows: list[dict[str, Any]]) -> list[str]:
                  f"{r['measured_wall_s']:.1f}", f"{r['wall_error']:+.0%}", f"{r['predicted_peak_mib']:.0f}",
                  f"{r['measured_peak_mib']:.0f}", f"{r['peak_error']:+.0%}",
                  " ".join(f"{w:+.0%}/{p:+.0%}" for w, p in zip(r["wall_errors"], r["peak_errors"])),
-                 f"{min(r['load_average'])}-{max(r['load_average'])}"]
+                 f"{min(r['load_average'])}-{max(r['load_average'])}",
+                 f"{min(r['probe_load_average'])}-{max(r['probe_load_average'])}" if r["probe_load_average"] else "-",
+                 f"PASS (weak: {r['weak_reason']})" if r["weak"] else r["verdict"].upper()]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return lines
 
@@ -126,7 +135,9 @@ def accuracy_markdown(report: dict[str, Any]) -> str:
             "wall time and peak RSS come from the operating system (`os.wait4`). Errors are predicted / measured "
             f"- 1, the median over the pairs; targets: wall within +/-{TARGETS['wall_error']:.0%}, peak within "
             f"+/-{TARGETS['peak_error']:.0%}. Load: the range of the 1-minute load average around the pairs (the "
-            "machine is shared: a pair whose load moved measures the machine as much as the plan).", "",
+            "machine is shared: a pair whose load moved measures the machine as much as the plan); probe load: "
+            "the same at the start and end of each plan's probe. A pass at a load average at or above the CPU "
+            "count, or from one pair, is weak: the noise may hide an error.", "",
             "Regenerate (then replace this subsection with the output):", "",
             "```bash", "palm-rlhf-skill bench --plan-accuracy --markdown", "```", "",
             *accuracy_table(report["rows"])]

@@ -109,6 +109,12 @@ def now(device) -> float:
 
 
 
+def load_average() -> float | None:
+    """The 1-minute load average (runnable processes, averaged), or None where the OS has none."""
+    import os
+    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+
+
 def process_seconds() -> float:
     """Seconds since this process started (psutil: the kernel's start time, 10 ms resolution)."""
     import psutil

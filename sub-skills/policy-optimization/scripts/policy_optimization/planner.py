@@ -10,7 +10,8 @@ import time
 from typing import Any
 
 from skill_runtime import exits, reporting, streams
-from policy_optimization import builder, counting, measuring, prediction, probe, run_config, trainers
+from policy_optimization import (advice, budget, builder, counting, measuring, prediction, probe, run_config,
+                                 trainers)
 
 MIB = 2**20
 
@@ -31,11 +32,14 @@ def plan(args, resolved: dict[str, Any], device_kwargs: dict[str, Any], device, 
     minibatch, epochs = eff["minibatch_size"], eff["epochs"]
     weights_need = params["weights_bytes"] + prompt_bytes + (meter.device_now() if pool == "device" else meter.rss())
     if weights_need <= available[pool]:
-        probed = probe.probe_at_real_size(args, resolved, device_kwargs, device, meter, available, progress)
+        probed = probe.probe_at_real_size(args, resolved, device_kwargs, device, meter, available, progress,
+                                          one_round=args.one_round)
     else:
         probed = {"stored": None, "per_rollout": None, "measured": {}, "transients": {}, "report": {
             "budget_s": args.probe_seconds, "regime": "skipped", "elapsed_s": 0.0, "stages_s": {},
             "notes": ["not built at the real size: the weights and prompt ids alone exceed the memory available"]}}
+        probed["measured"]["why_missing"] = {part: "not built at the real size: the weights and prompt ids alone "
+                                                   "exceed the memory available" for part in ("construct", "rollouts", "learn")}
     stored, per_rollout = probed["stored"], probed["per_rollout"]
     base = probed.get("base") or {"host": meter.rss()}
     if stored is not None:
@@ -55,9 +59,17 @@ def plan(args, resolved: dict[str, Any], device_kwargs: dict[str, Any], device, 
     memory_text = (f"predicted peak {peak / 2**30:,.1f} GiB exceeds the {available[pool] / 2**30:,.1f} GiB "
                    f"available on {device}" + (f"; the experiences held before each learn() alone take "
                                                f"{held / 2**30:,.1f} GiB" if held else
-                                               "; the weights and prompt ids alone do not fit"))
+                                               "; the weights and prompt ids alone do not fit")
+                   + advice.defaults_note(resolved["defaults_applied"], ("update_timesteps", "max_seq_len")))
     optimizer = params["optimizers"][0] if params["optimizers"] else None
     warnings = prediction.build_warnings(name, resolved, counts, group_size, optimizer, fits, memory_text)
+    units = advice.budget_units(resolved, counts, probed, params, base, pool)
+    if memory and not fits:
+        advice.name_the_memory_fit(warnings, units, available[pool])
+    warnings += [w for w in (advice.threads_warning(probed["report"].get("threads_check"),
+                                                    probed["report"].get("load_average") or {}),
+                             advice.long_on_cpu(device.type, wall["total_s"], units, counts,
+                                                resolved["defaults_applied"])) if w]
     raised = probed["report"].get("raised")
     if raised and not any(w["blocks_learning"] for w in warnings):  # a failure no known trap explains
         warnings.append({"code": "probe_raised", "blocks_learning": True,
@@ -65,12 +77,14 @@ def plan(args, resolved: dict[str, Any], device_kwargs: dict[str, Any], device, 
                                     "the full run raises there too",
                          "fix": "change the setting the error names (tiny-rlhf-smoke on this trainer shows a "
                                 "working configuration)", "doc": f"{prediction.DOCS}#symptom-index"})
-    status, line = prediction.verdict(fits, counts, warnings, wall, peak, bool(memory and memory["complete"]), available[pool],
-                           args.max_days)
+    status, line = prediction.verdict(fits, counts, warnings, wall, peak, bool(memory and memory["complete"]),
+                                      available[pool], args.max_days,
+                                      cpu_day=any(w["code"] == "long_on_cpu" for w in warnings))
     reasons = ([memory_text] if not fits else []) + [w["message"] for w in warnings if w["blocks_learning"]]
     if status == "too_slow":
         reasons.append(f"predicted {reporting.seconds_text(wall['total_s'])} wall, over --max-days {args.max_days:g}: "
-                       f"{counts['rollouts']:,} rollouts and {counts['learn_calls']:,} learn() calls")
+                       f"{counts['rollouts']:,} rollouts and {counts['learn_calls']:,} learn() calls"
+                       + advice.defaults_note(resolved["defaults_applied"], ("num_episodes", "max_timesteps")))
     if status == "fits":
         reasons.append(f"{counts['learn_calls']} learn() calls of {counts['items_per_learn']} experiences, "
                        f"{counts['optimizer_steps']} optimizer steps; peak {peak / MIB:,.0f} of "
@@ -93,9 +107,19 @@ def plan(args, resolved: dict[str, Any], device_kwargs: dict[str, Any], device, 
             "base_bytes": prediction.figure(base, "measured"), "pools_bytes": memory["pools"], "complete": memory["complete"],
             **{k: v for k, v in memory["parts"].items()}},
         "time": {**{k: None if v is None else round(v, 3) for k, v in wall["parts_s"].items()},
-                 "unit_s": {k: round(v, 5) for k, v in probed["measured"].items() if not isinstance(v, bool)}},
+                 "unit_s": {k: round(v, 5) for k, v in probed["measured"].items() if type(v) in (int, float)},
+                 "missing": {k: why_missing(k, probed) for k, v in wall["parts_s"].items() if v is None}},
         "warnings": warnings, "probe": probe_report, "defaults_applied": resolved["defaults_applied"],
+        "budget": None if args.budget is None and args.memory_budget is None else budget.plan_budget(
+            units, args.budget, args.memory_budget, wall["total_s"], peak),
+        "one_round": advice.one_round_report(probe_report.pop("one_round", None), probed["measured"], counts, epochs),
     }
+
+
+def why_missing(part: str, probed: dict[str, Any]) -> str:
+    """Why the prediction has no figure for ``part`` (the report's dash)."""
+    reasons = probed["measured"].get("why_missing") or {}
+    return reasons.get(part) or reasons.get("rollouts") or "not measured within --probe-seconds"
 
 
 

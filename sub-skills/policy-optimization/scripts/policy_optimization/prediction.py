@@ -217,10 +217,12 @@ def build_warnings(name: str, resolved: dict[str, Any], counts: dict[str, int], 
 
 
 def verdict(fits: bool, counts: dict[str, int], warnings: list[dict[str, Any]], wall: dict[str, Any],
-            peak_bytes: int, peak_complete: bool, available_bytes: int, max_days: float = math.inf) -> tuple[str, str]:
+            peak_bytes: int, peak_complete: bool, available_bytes: int, max_days: float = math.inf,
+            cpu_day: bool = False) -> tuple[str, str]:
     """(status, one line): does_not_fit, never_learns, too_slow (the predicted wall time, or its
-    lower bound, exceeds ``max_days`` days: --max-days), or fits; the line names the first reason
-    and the predicted wall time and peak ("at least" where a part was not measured)."""
+    lower bound, exceeds ``max_days`` days: --max-days), or fits (``cpu_day``: "but over a day on
+    a CPU", the warning long_on_cpu); the line names the first reason and the predicted wall time
+    and peak ("at least" where a part was not measured)."""
     blocking = [w for w in warnings if w["blocks_learning"]]
     time_text = ("at least " if wall["lower_bound"] else "") + reporting.seconds_text(wall["total_s"])
     peak_text = ("" if peak_complete else "at least ") + human_bytes(peak_bytes)
@@ -233,7 +235,8 @@ def verdict(fits: bool, counts: dict[str, int], warnings: list[dict[str, Any]], 
     elif wall["total_s"] > max_days * 86400:
         status, head = "too_slow", f"too slow (over --max-days {max_days:g})"
     else:
-        status, head = "fits", f"fits and learns ({counts['learn_calls']:,} learn() calls)"
+        status, head = "fits", f"fits and learns ({counts['learn_calls']:,} learn() calls)" + (
+            ", but over a day on a CPU" if cpu_day else "")
     return status, f"{head}: {tail}"
 
 

@@ -1,7 +1,7 @@
 """The bounded probe of a run at its real size (``probe_at_real_size``): build it for real, three
-tiny rollouts show what the installed trainer stores per experience, one sampling step is timed at
-three lengths, then either a few real rollouts and ``learn()`` on a reduced number of experiences
-(measured), or, when one rollout would not fit the budget, the last step of a rollout and
+tiny rollouts show what the installed trainer stores per experience, sampling steps are timed at
+four lengths (round-robin), then either a few real rollouts and ``learn()`` on a reduced number of
+experiences (measured), or, when one rollout would not fit the budget, the last step of a rollout and
 ``learn()`` on its experience (extrapolated). Every stage stops at the next forward of the policy
 once the deadline has passed.
 
@@ -17,9 +17,13 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from skill_runtime import exits, placement, streams
-from policy_optimization import builder, measuring, prediction
+from policy_optimization import builder, measuring, prediction, unit_costs
 
 LEARN_MINIBATCHES = 4  # the probe's learn() runs on at most this many minibatches of experiences
+SAMPLING_LENGTHS = 4    # sampling steps timed at this many lengths, mean prompt to max_seq_len - 1
+SAMPLING_ROUNDS = 4     # round-robin rounds over the lengths: a warm-up, then up to three timed steps
+SAMPLING_SHARE = 0.35   # at most this share of the remaining probe budget goes to the sampling steps
+ONE_THREAD_BELOW = 0.6  # a CPU share below this (threads waiting on each other): time one thread too
 MIB = 2**20
 
 
@@ -31,25 +35,6 @@ class ProbeTimeout(Exception):
 class ProbeRaised(Exception):
     """A probe stage ended because the installed library raised there (recorded in the probe's
     report as ``raised``): the full run would raise at the same place, so the probe stops."""
-
-
-def steps_time(points: list[tuple[int, float]], first: int, last: int) -> float:
-    """Seconds of the sampling steps at lengths ``first .. last`` (inclusive): ``t(n)`` piecewise
-    linear through the measured ``(n, seconds)`` points, continued with the last slope beyond them
-    (a lower bound there: attention grows with n**2). One rollout calls ``PaLM.generate``'s loop
-    once per length (palm.py ``generate``: ``max(1, seq_len - prompt_len)`` steps)."""
-    points = sorted(points)
-
-    def at(n: int) -> float:
-        if len(points) == 1 or n <= points[0][0]:
-            return points[0][1]
-        for (n0, t0), (n1, t1) in zip(points, points[1:]):
-            if n <= n1:
-                return t0 + (t1 - t0) * (n - n0) / (n1 - n0)
-        return max(points[-1][1], t0 + (t1 - t0) * (n - n0) / (n1 - n0))
-
-    return sum(at(n) for n in range(first, last + 1))
-
 
 
 @dataclass
@@ -156,48 +141,84 @@ class Probe:
         return {"runs": runs, "sequences_per_rollout": batches[0], "items": runs[1]["items"],
                 "buffer": runs[1]["buffer"], "first_call_s": max(0.0, runs[0]["seconds"] - runs[1]["seconds"])}
 
-    # stage 2: one sampling step at three lengths -------------------------------------------------
+    # stage 2: sampling steps at four lengths -------------------------------------------------
+    def step(self, prompt) -> float:
+        """Seconds of one ``PaLM.generate`` step (the rollout's inner loop) on ``prompt`` (b, n)."""
+        kwargs = {k: self.train_kwargs[k] for k in ("temperature", "eos_token") if k in self.train_kwargs}
+        t0 = measuring.now(self.device)
+        self.palm.generate(prompt.shape[-1] + 1, prompt=prompt, finetune_scope=self.scope, **kwargs)
+        return measuring.now(self.device) - t0
+
     def sampling_steps(self, batch: int) -> list[tuple[int, float]]:
-        """Seconds of one ``PaLM.generate`` step (the rollout's inner loop) of ``batch`` sequences at
-        lengths mean prompt, midway and max_seq_len - 1. A step cannot be stopped once started, so a
-        length is skipped when its cost, scaled from the last one by (n / n_prev)**1.5 (between the
-        linear layers' n and attention's n**2), would overrun the budget."""
+        """Seconds of one ``PaLM.generate`` step of ``batch`` sequences at SAMPLING_LENGTHS lengths
+        spread from the mean prompt to max_seq_len - 1, taken round-robin (a burst of load on a
+        shared CPU then hits every length alike): per round one step at each length, up to
+        SAMPLING_ROUNDS rounds, within SAMPLING_SHARE of the remaining budget. The first step at a
+        length is a warm-up (the allocator grows its heap for the longer tensors); the figure is the
+        mean of the others (the run's sum over many steps is their mean), the warm-up only when it
+        is the one step taken. A step cannot be stopped once started, so a length is skipped when
+        its cost (its last step; before its first, the previous length's scaled by (n / n_prev)**1.5,
+        between the linear layers' n and attention's n**2) would overrun the share (the deadline for
+        its first step). Also records ``sampling_cpu`` (process CPU seconds, wall seconds, threads) for
+        ``threads_check``."""
         import torch
         first = round(sum(n * k for n, k in self.prompt_lens.items()) / self.prompt_lens.total())
         last = max(first, self.max_seq_len - 1)
-        lengths = sorted({first, (first + last) // 2, last})
-        kwargs = {k: self.train_kwargs[k] for k in ("temperature", "eos_token") if k in self.train_kwargs}
-        points: list[tuple[int, float]] = []
-        for n in lengths:
-            if points and points[-1][1] * (n / points[-1][0]) ** 1.5 > self.remaining():
-                break
-            prompt = torch.randint(1, self.palm.num_tokens, (batch, n), device=self.device)
-            samples = []
-            try:
-                while len(samples) < 3 and (not samples or sum(samples) < 0.3):
-                    t0 = measuring.now(self.device)
-                    self.palm.generate(n + 1, prompt=prompt, finetune_scope=self.scope, **kwargs)
-                    samples.append(measuring.now(self.device) - t0)
-            except ProbeTimeout:
-                pass
-            if not samples:
-                break
-            points.append((n, sorted(samples)[len(samples) // 2]))
-        return points
+        lengths = sorted({round(first + (last - first) * i / (SAMPLING_LENGTHS - 1)) for i in range(SAMPLING_LENGTHS)})
+        end = time.perf_counter() + max(0.0, self.remaining()) * SAMPLING_SHARE
+        samples: dict[int, list[float]] = {n: [] for n in lengths}
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        try:
+            for _ in range(SAMPLING_ROUNDS):
+                previous = None
+                for n in lengths:
+                    cost = samples[n][-1] if samples[n] else (previous[1] * (n / previous[0]) ** 1.5 if previous else 0.0)
+                    if time.perf_counter() + cost > (end if samples[n] else self.deadline):
+                        break
+                    prompt = torch.randint(1, self.palm.num_tokens, (batch, n), device=self.device)
+                    samples[n].append(self.step(prompt))
+                    previous = (n, samples[n][-1])
+        except ProbeTimeout:
+            pass
+        self.sampling_cpu = (time.process_time() - cpu0, time.perf_counter() - wall0, torch.get_num_threads())
+        return [(n, sum(s[1:]) / len(s[1:]) if len(s) > 1 else s[0]) for n, s in samples.items() if s]
+
+    def threads_check(self, batch: int, points: list[tuple[int, float]]) -> dict[str, Any] | None:
+        """With more than one torch thread and a CPU share below ONE_THREAD_BELOW (process CPU
+        seconds over wall seconds x threads, in ``sampling_steps``): the shortest step timed again
+        with one thread (a warm-up, then the mean of two). OpenMP threads on a busy CPU wait on each
+        other at every operation, so one thread can be many times faster there. Returns
+        ``{threads, cpu_share, step_s, one_thread_step_s}`` or None when not checked."""
+        import torch
+        cpu, wall, threads = getattr(self, "sampling_cpu", (0.0, 0.0, 1))
+        if threads < 2 or not points or wall <= 0:
+            return None
+        share = cpu / (wall * threads)
+        if share >= ONE_THREAD_BELOW or points[0][1] * 3 > self.remaining():
+            return None
+        n, step = points[0]
+        prompt = torch.randint(1, self.palm.num_tokens, (batch, n), device=self.device)
+        try:
+            with placement.torch_threads(1):
+                times = [self.step(prompt) for _ in range(3)][1:]
+        except ProbeTimeout:
+            return None
+        return {"threads": threads, "cpu_share": round(share, 3), "length": n, "step_s": round(step, 5),
+                "one_thread_step_s": round(sum(times) / len(times), 5)}
 
     # stage 3a: real rollouts and one learn() on a reduced number of experiences -------------------
-    def real_rollouts(self, rollouts: int, learn_items: int, learn: bool = True) -> dict[str, Any]:
+    def real_rollouts(self, rollouts: int, learn_items: int, learn: bool = True, repeats: int = 2) -> dict[str, Any]:
         """``rollouts`` real rollouts at the configured max_seq_len, then (when ``learn``) the real
         learn() on the first ``learn_items`` experiences (TPO: on the buffer of ``rollouts`` groups),
-        twice when the budget allows (the first includes one-time costs). Seconds and bytes; rollout
-        intervals are the times between the reward model's calls (one per rollout)."""
+        ``repeats`` times when the budget allows (the first includes one-time costs). Seconds and
+        bytes; rollout intervals are the times between the reward model's calls (one per rollout)."""
         stamps: list[float] = []
         hook = self.reward.register_forward_hook(lambda *_: stamps.append(measuring.now(self.device)))
         out: dict[str, Any] = {"rollouts": rollouts, "learn": []}
 
         def on_learn(stored):
             self.rollouts_done(out, stored)
-            for _ in range(2 if learn else 0):
+            for _ in range(repeats if learn else 0):
                 if out["learn"] and out["learn"][0]["seconds"] * 1.5 > self.remaining():
                     break
                 timed = self.timed_learn(stored, out["stored"], learn_items)
@@ -250,110 +271,30 @@ class Probe:
 
 
 
-def stored_field(stored: dict[str, Any], name: str, prompt_len: int, max_seq_len: int) -> int:
-    """Bytes of one stored field per rollout for a prompt of ``prompt_len`` tokens, from the three
-    tiny rollouts (prompt, max_seq_len) = (1, 2), (1, 3), (2, 3). An experience is
-    max(max_seq_len, prompt + 1) long (palm.py generate samples at least one token); a TPO buffer row
-    is the padded prompt width + max_seq_len whatever the prompt."""
-    a, b, *c = stored["runs"]
-    per_position = b["fields"][name] - a["fields"][name]
-    per_prompt_token = c[0]["fields"][name] - b["fields"][name] if c else 0
-    length = max_seq_len if stored["buffer"] else max(max_seq_len, prompt_len + 1)
-    return a["fields"][name] + (length - 2) * per_position + (prompt_len - 1) * per_prompt_token
-
-
-def stored_at(stored: dict[str, Any], prompt_lens: Counter, max_seq_len: int) -> dict[str, int]:
-    """Mean bytes per rollout of each stored field over the prompts (train() draws them uniformly);
-    ``prompt_lens`` counts the prompts of each length."""
-    return {f: sum(n * stored_field(stored, f, p, max_seq_len) for p, n in prompt_lens.items()) // prompt_lens.total()
-            for f in stored["runs"][1]["fields"]}
-
-
-def mean_rollout_sampling(points: list[tuple[int, float]], prompt_lens: Counter, max_seq_len: int,
-                          upto: int | None = None) -> float | None:
-    """Mean seconds of one rollout's sampling loop over the prompts (each equally likely: train()
-    draws with randrange), from lengths p to max_seq_len - 1 (``upto`` instead of that when given)."""
-    if not points:
-        return None
-    last = max_seq_len - 1 if upto is None else upto
-    total = sum(n * steps_time(points, p, max(p, last)) for p, n in prompt_lens.items())
-    return total / prompt_lens.total()
-
-
-def eval_seconds(points: list[tuple[int, float]], batch: int, eval_ids, samples: int, max_seq_len: int,
-                 pad: int) -> float:
-    """Seconds of one [eval] scoring, derived: ``evaluation.held_out_reward`` samples each set of
-    equal-length held-out prompts as one ``generate`` call of (prompts x ``samples``) sequences to
-    ``max_seq_len``; each step's time is the probe's at ``batch`` sequences (``points``), scaled
-    by the ratio of the batches (a step's cost grows about linearly with its batch)."""
-    lengths = Counter((eval_ids != pad).sum(-1).tolist())
-    return sum(steps_time(points, p, max(p, max_seq_len - 1)) * count * samples / batch
-               for p, count in lengths.items())
-
-
-def take_real(out: dict[str, Any], per_rollout: int, epochs: int, measured: dict[str, Any],
-              transients: dict[str, Any], probe_report: dict[str, Any]) -> None:
-    """Unit figures from real rollouts and learn(): steady rollout seconds (median after the first),
-    the first one's extra, per-experience learn seconds (second call), the first call's extra,
-    transients. Anything the budget cut is left out (the prediction then says lower bound)."""
-    import statistics
-    intervals, learns = out.get("rollout_seconds", []), out.get("learn", [])
-    probe_report["rollouts"] = {"count": len(intervals), "seconds": [round(s, 4) for s in intervals],
-                                "learn": learns, "stopped": out.get("stopped")}
-    if intervals:
-        steady = statistics.median(intervals[1:]) if len(intervals) > 1 else intervals[0]
-        measured["rollout_s"] = steady
-        measured["first_rollout_extra_s"] += max(0.0, intervals[0] - steady)
-    if "rollout_peak_bytes" in out:
-        transients["rollout_bytes"] = max(0, out["rollout_peak_bytes"] - (len(intervals) - 1) * per_rollout)
-        transients["rollout_device_bytes"] = out["rollout_device_peak_bytes"]
-    if len(learns) == 1:
-        probe_report["notes"].append("learn() timed once: its one-time cost is spread over every experience "
-                                     "(the learn() time is an upper bound)")
-    if learns:
-        last = learns[-1]
-        measured["learn_item_s"] = last["seconds"] / (last["items"] * max(1, epochs))
-        measured["first_learn_extra_s"] = max(0.0, learns[0]["seconds"] - last["seconds"]) if len(learns) > 1 else 0.0
-        transients.update(learn_bytes=learns[0]["peak_bytes"], learn_items=learns[0]["items"],
-                          learn_device_bytes=learns[0]["device_peak_bytes"])
-
-
-def take_last_step(out: dict[str, Any], points, prompt_lens, max_seq_len, epochs, measured, transients,
-                   probe_report) -> None:
-    """Unit figures when no rollout fits the budget: sampling steps up to max_seq_len - 2 from the
-    timed steps, plus the measured last step (one sampling step and the full-length scoring);
-    learn() per experience from one experience (its first call: an upper bound)."""
-    probe_report["last_step"] = {k: out.get(k) for k in ("seconds", "learn", "stopped")}
-    if "seconds" in out:
-        measured["rollout_s"] = mean_rollout_sampling(points, prompt_lens, max_seq_len, upto=max_seq_len - 2) \
-            + out["seconds"]
-        transients["rollout_bytes"] = out["rollout_peak_bytes"]
-        transients["rollout_device_bytes"] = out["rollout_device_peak_bytes"]
-    else:  # the sampling loop alone: without the scoring of the full sequences
-        measured["rollout_s"] = mean_rollout_sampling(points, prompt_lens, max_seq_len)
-        measured["lower_bound"] = True
-    if points[-1][0] < max_seq_len - 1:  # the longest steps not timed: continued linearly
-        measured["lower_bound"] = True
-    if out.get("learn"):
-        learn = out["learn"][0]
-        measured["learn_item_s"] = learn["seconds"] / max(1, epochs)
-        transients.update(learn_bytes=learn["peak_bytes"], learn_items=1,
-                              learn_device_bytes=learn["device_peak_bytes"])
-
+def missing(report: dict[str, Any], measured: dict[str, Any], part: str, why: str) -> None:
+    """A figure the probe could not measure: ``why`` in its notes and as the reason the report
+    gives for ``part``'s dash (``measured["why_missing"]``)."""
+    report["notes"].append(why)
+    measured.setdefault("why_missing", {})[part] = why
 
 
 def probe_at_real_size(args, resolved: dict[str, Any], device_kwargs: dict[str, Any], device,
-                       meter: measuring.MemoryMeter, available: dict[str, int], progress: streams.Progress) -> dict[str, Any]:
+                       meter: measuring.MemoryMeter, available: dict[str, int], progress: streams.Progress,
+                       one_round: bool = False) -> dict[str, Any]:
     """Build the run for real (its prompt ids too) and probe it until ``--probe-seconds`` after the start of the build:
-    construct (timed), the three tiny rollouts (always), one sampling step at three lengths, then
+    construct (timed), the three tiny rollouts (always), sampling steps at four lengths, then
     real rollouts and learn() when a rollout fits the budget, else the last step of a rollout.
 
     Returns ``stored`` (what a rollout stores), ``per_rollout`` and ``fields_bytes`` (bytes at the
-    configured size), ``base`` (bytes held before the rollouts, per pool), ``measured`` (unit
+    configured size), ``prompt_lens`` (prompts per unpadded length), ``base`` (bytes held before the rollouts, per pool), ``measured`` (unit
     seconds), ``transients`` (bytes above the memory before a stage) and ``report`` (the probe's
     own account: regime, stage seconds, notes, and ``raised`` {stage, error} when the library
     raised in a stage: the probe stops there, and what it had not measured stays None).
-    learn() is never called when a known trap makes it raise (``learn_raises``).
+    learn() is never called when a known trap makes it raise (``learn_raises``). With
+    ``one_round`` (plan --one-round), after the probe: one round at the real size, unbounded by the
+    budget: update_timesteps rollouts and one learn() on all their experiences (``one_round`` in
+    the report: what ``real_rollouts`` returns). The report also has the 1-minute load average at
+    its start and end (``load_average``) and ``threads_check`` (``Probe.threads_check``).
     Raises SkillError(1) when the build or a stage runs out of memory."""
     from accelerate.utils import set_seed
 
@@ -361,7 +302,9 @@ def probe_at_real_size(args, resolved: dict[str, Any], device_kwargs: dict[str, 
     max_seq_len, minibatch, epochs = train["max_seq_len"], eff["minibatch_size"], eff["epochs"]
     pool = "device" if device.type == "cuda" else "host"
     report: dict[str, Any] = {"budget_s": args.probe_seconds, "regime": None, "stages_s": {},
-                              "peaks_resettable": meter.resettable, "notes": []}
+                              "peaks_resettable": meter.resettable, "notes": [],
+                              "load_average": {"start": measuring.load_average(), "end": None,
+                                               "cpus": placement.usable_cpus()}}
     measured: dict[str, Any] = {}
     transients: dict[str, Any] = {}
     started = time.perf_counter()
@@ -387,7 +330,8 @@ def probe_at_real_size(args, resolved: dict[str, Any], device_kwargs: dict[str, 
         finally:
             report["stages_s"][key] = round(time.perf_counter() - t0, 3)
 
-    progress.note(f"probing the run at its real size, at most {args.probe_seconds:g} s (--probe-seconds)")
+    progress.note(f"probing the run at its real size, at most {args.probe_seconds:g} s (--probe-seconds)"
+                  f" at load average {report['load_average']['start']} on {report['load_average']['cpus']} CPUs")
     set_seed(args.seed)
     with stage("construct", "build the trainer"):
         built = builder.build(resolved, device_kwargs, device, args.seed)
@@ -408,16 +352,17 @@ def probe_at_real_size(args, resolved: dict[str, Any], device_kwargs: dict[str, 
         base = {"host": meter.rss(), **({"device": meter.device_now()} if pool == "device" else {})}
         probe.deadline = started + args.probe_seconds
         group_size, items = stored["sequences_per_rollout"], stored["items"]
-        fields_bytes = stored_at(stored, probe.prompt_lens, max_seq_len)
+        fields_bytes = unit_costs.stored_at(stored, probe.prompt_lens, max_seq_len)
         per_rollout = sum(fields_bytes.values())
         items_per_learn = train["update_timesteps"] * items
         measured["first_rollout_extra_s"] = stored["first_call_s"]
-        with stage("sampling_steps", "one sampling step at three lengths"):
+        with stage("sampling_steps", f"sampling steps at {SAMPLING_LENGTHS} lengths"):
             points = probe.sampling_steps(group_size)
+            report["threads_check"] = probe.threads_check(group_size, points)
         report["sampling_step_s"] = [[n, round(s, 5)] for n, s in points]
-        sampling_s = mean_rollout_sampling(points, probe.prompt_lens, max_seq_len)
+        sampling_s = unit_costs.mean_rollout_sampling(points, probe.prompt_lens, max_seq_len)
         if built.eval_prompt_ids is not None and points:
-            measured["eval_s"] = eval_seconds(points, group_size, built.eval_prompt_ids, resolved["eval"]["samples"],
+            measured["eval_s"] = unit_costs.eval_seconds(points, group_size, built.eval_prompt_ids, resolved["eval"]["samples"],
                                               max_seq_len, probe.pad)
         # learn() on a few minibatches: memory grows over the first ones (the allocator's heap)
         learn_target = min(LEARN_MINIBATCHES * minibatch, items_per_learn) or 1
@@ -429,31 +374,39 @@ def probe_at_real_size(args, resolved: dict[str, Any], device_kwargs: dict[str, 
             r = min(wanted, affordable)
             with stage(f"{r} real rollouts and learn()", f"{r} real rollouts" + ("" if raises else " and one learn()")):
                 out = probe.real_rollouts(r, min(learn_target, r * items), learn=not raises)
-            take_real(out, per_rollout, epochs, measured, transients, report)
+            unit_costs.take_real(out, per_rollout, epochs, measured, transients, report)
         elif sampling_s is not None:
             report["regime"] = "extrapolated"
             seqs_per_item = group_size if stored["buffer"] else 1
             guess = 12 * seqs_per_item * max_seq_len * resolved["palm"]["num_tokens"] * 4
             learn_ok = guess < 0.5 * (available[pool] - meter.rss())
             if not learn_ok and not raises:
-                report["notes"].append(f"learn() not probed: about {guess / MIB:,.0f} MiB of activations "
-                                       "for one experience would not fit half the free memory")
+                missing(report, measured, "learn", f"learn() not probed: about {guess / MIB:,.0f} MiB of activations "
+                                                   "for one experience would not fit half the free memory")
             # the last step: one sampling step and about three full-length forwards (scoring)
             n_last, t_last = points[-1]
             step = t_last * (max_seq_len / n_last) ** 2  # a full-length forward, at most
             with stage("last rollout step and learn()", "the last step of one rollout, and learn()"):
                 out = probe.last_step(learn_ok and not raises) if 4 * step < probe.remaining() else {}
             if out.get("learn_skipped") == "budget" or not out and not raises:
-                report["notes"].append("learn() not probed: it would overrun --probe-seconds"
-                                       + ("" if out else ", as would the last rollout step"))
-            take_last_step(out, points, probe.prompt_lens, max_seq_len, epochs, measured, transients, report)
+                missing(report, measured, "learn", "learn() not probed: it would overrun --probe-seconds"
+                                                   + ("" if out else ", as would the last rollout step"))
+            unit_costs.take_last_step(out, points, probe.prompt_lens, max_seq_len, epochs, measured, transients, report)
         else:
-            report["notes"].append("no sampling step timed within --probe-seconds: time not predicted")
+            missing(report, measured, "rollouts", "no sampling step timed within --probe-seconds: time not predicted")
+        if one_round and not report.get("raised"):
+            probe.deadline = math.inf
+            with stage("one round", f"one round at the real size: {train['update_timesteps']} rollouts and one learn()"):
+                report["one_round"] = probe.real_rollouts(train["update_timesteps"], items_per_learn, learn=not raises,
+                                                          repeats=1)
     except ProbeRaised:
         pass
     finally:
         probe.close()
     report["elapsed_s"] = round(time.perf_counter() - started, 3)
+    report["load_average"]["end"] = measuring.load_average()
+    if raises:
+        measured.setdefault("why_missing", {})["learn"] = f"learn() raises on this configuration (warning {raises[0]['code']})"
     return {"stored": stored, "per_rollout": per_rollout, "fields_bytes": fields_bytes, "base": base,
-            "measured": measured, "transients": transients, "report": report}
+            "measured": measured, "transients": transients, "report": report, "prompt_lens": probe.prompt_lens}
 

@@ -64,22 +64,27 @@ PLANS = Path(__file__).resolve().parents[2] / "assets" / "plans"  # the shipped 
 # --- reading ---------------------------------------------------------------------------------------
 
 def read_config(path: str) -> dict[str, Any]:
-    """Parse ``path``: JSON when it ends in .json, else TOML; ``-`` or /dev/stdin is standard input.
-    At most ``MAX_CONFIG_BYTES`` + 1 bytes are read. A FIFO or other non-regular file that is not
-    standard input would block until a writer opens it: refused (a device such as /dev/zero is read
-    up to the cap, then refused as too large).
-    Raises SkillError(2) when it cannot be read, is a FIFO or socket, is larger than the cap, cannot
-    be parsed, or is not a table of tables."""
+    """Parse ``path``: JSON when it ends in .json, else TOML; ``-`` or /dev/stdin is standard input
+    (TOML). At most ``MAX_CONFIG_BYTES`` + 1 bytes are read. A named pipe (FIFO) or socket would
+    block until a writer opens it: refused, except a descriptor this process already holds
+    (/dev/fd/N, as ``<(...)`` gives); a device such as /dev/zero is read up to the cap, then
+    refused as too large.
+    Raises SkillError(2) when it cannot be read, is a FIFO or socket, is a terminal on standard
+    input, is larger than the cap, cannot be parsed, or is not a table of tables."""
     import stat
     import sys
     stdin = path in ("-", "/dev/stdin")
     file = Path(path)
     try:
-        if not stdin:
+        inherited = path.startswith(("/dev/fd/", "/proc/self/fd/"))  # a descriptor already open: <(...)
+        if not stdin and not inherited:
             mode = file.stat().st_mode
             if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
                 raise exits.SkillError(f"config {path}: a named pipe or socket, which blocks until a writer opens "
                                        "it: pass a regular file, or pipe the config into --config -")
+        if stdin and sys.stdin.isatty():
+            raise exits.SkillError(f"config {path}: standard input is a terminal: pipe the config in "
+                                   "(--config - < run.toml) or pass its file")
         if stdin:
             data = sys.stdin.buffer.read(MAX_CONFIG_BYTES + 1)
         else:
