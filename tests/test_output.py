@@ -292,7 +292,7 @@ def test_estimate_line_says_the_load_it_assumed(smoke, monkeypatch):
 # --- the commands the README and the SKILL.md files give -----------------------------------------
 
 CONSOLE = {"tiny-rlhf-smoke": SMOKE, "tiny-palm-smoke": PALM_SMOKE, "tiny-reward-smoke": REWARD_SMOKE}
-MARKDOWN = [REPO / "README.md", *check.skill_files()]
+MARKDOWN = [REPO / "README.md", REPO / "CONTRIBUTING.md", *check.skill_files()]
 SHELL_OPERATORS = {"&&", "||", "|", ";", ">", ">>", "2>", "2>&1"}
 
 
@@ -430,3 +430,11 @@ def test_a_module_run_by_path_says_it_is_one(empty_dir, module, argv):
     scripts = [*REPO.glob("scripts/*.py"), *REPO.glob("sub-skills/*/scripts/*.py")]
     silent = [p.name for p in scripts if 'if __name__ == "__main__"' not in p.read_text(encoding="utf-8")]
     assert silent == []  # no script of the tree does nothing when run
+
+
+def test_contributing_names_files_that_exist():
+    """CONTRIBUTING.md's recipes name real files and tests (the commands are checked with the
+    README's, test_every_documented_command_is_a_real_helper_with_real_options)."""
+    text = (REPO / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"`((?:scripts|sub-skills|tests|references|src)/[\w./-]+\.(?:py|md|json))", text))
+    assert len(named) > 8 and all((REPO / n).is_file() for n in named), sorted(n for n in named if not (REPO / n).is_file())
