@@ -429,6 +429,10 @@ def build_parser() -> options.OneLineParser:
     parser.add_argument("--plan-accuracy", action="store_true",
                         help="compare plan_run.py's predicted wall time and peak memory with real runs of "
                              "its shipped configs (assets/plans/accuracy-*.toml)")
+    parser.add_argument("--train-overhead", action="store_true",
+                        help="what the run kit adds to a round of palm-rlhf-skill train: metrics and watchdog "
+                             "(budget 5%%) and a checkpoint (budget 20%%), at the learning check's size and the "
+                             "accuracy configs' (--repeat: pairs per config)")
     parser.add_argument("--plan-config", action="append", metavar="NAME",
                         help="with --plan-accuracy: one shipped config (e.g. accuracy-ppo.toml); repeatable")
     parser.add_argument("--axis", action="append", choices=list(scaling.SCALING_AXES), metavar="NAME",
@@ -450,8 +454,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.repeat is None:
         args.repeat = 3 if args.scaling or args.plan_accuracy else 5
-    if args.scaling and args.plan_accuracy:
-        raise exits.SkillError("--scaling and --plan-accuracy are separate runs: choose one")
+    if sum((args.scaling, args.plan_accuracy, args.train_overhead)) > 1:
+        raise exits.SkillError("--scaling, --plan-accuracy and --train-overhead are separate runs: choose one")
     if args.axis and not args.scaling:
         raise exits.SkillError("--axis applies to --scaling")
     if args.markdown and not (args.scaling or args.plan_accuracy):
@@ -470,6 +474,14 @@ def main(argv: list[str] | None = None) -> int:
         placement.resolve_device(args.device, trainers=False)
     args.progress_bars = streams.Progress("bench-smoke", (not args.json or args.progress) and not args.quiet)
     rerun = [a for a in (sys.argv[1:] if argv is None else argv) if a not in ("--json", "--markdown")]
+    if args.train_overhead:  # the run kit's own measurement (policy_optimization/run/overhead.py)
+        from policy_optimization.run import overhead
+        import torch
+        torch.set_num_threads(1)
+        with workspace.private_workdir():
+            report = overhead.bench(args.progress_bars, args.repeat if "--repeat" in rerun else None)
+        report.update(versions=env["versions"], argv=rerun)
+        return runner.emit(report, args.json, overhead.summary, STATUS_EXIT[report["status"]])
     if args.plan_accuracy:  # the accuracy logic lives with the planner
         with workspace.private_workdir():
             report, _ = accuracy.accuracy(sys.modules[__name__], args, env)

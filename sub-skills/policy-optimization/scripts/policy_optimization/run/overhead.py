@@ -5,6 +5,7 @@ paired ratios), at a given config's size. Budgets: metrics and watchdog at most 
 checkpoint at most 20% (the issue that asked for the run kit)."""
 from __future__ import annotations
 
+import os
 import statistics
 import tempfile
 import time
@@ -15,7 +16,12 @@ from policy_optimization.run import checkpoint, loop
 from skill_runtime import streams
 
 BUDGETS = {"metrics_ratio": 0.05, "checkpoint_ratio": 0.20}
-TRAIN_OVERRIDES = ["train.num_episodes=null"]  # a plan config as a run: [run] rounds instead
+PLANS = Path(__file__).resolve().parents[3] / "assets" / "plans"
+# (config, --set overrides that make a plan config a run, pairs): the learning check's size and the
+# accuracy configs' (bench --plan-accuracy), GRPO and PPO; a plan config runs [run] rounds of one learn().
+CONFIGS = (("learning-check-size.toml", [], 10),
+           ("accuracy-grpo.toml", ["train.num_episodes=null", "train.max_timesteps=null"], 3),
+           ("accuracy-ppo.toml", ["train.num_episodes=null", "train.max_timesteps=null"], 3))
 
 
 def measure(config: str, overrides: list[str], pairs: int = 5) -> dict[str, Any]:
@@ -63,3 +69,37 @@ def measure(config: str, overrides: list[str], pairs: int = 5) -> dict[str, Any]
             "checkpoint_s": saved, "metrics_ratio": metrics_ratio, "checkpoint_ratio": checkpoint_ratio,
             "within": {key: value <= BUDGETS[key] for key, value in
                        (("metrics_ratio", metrics_ratio), ("checkpoint_ratio", checkpoint_ratio))}}
+
+
+def bench(progress: streams.Progress, pairs: int | None = None) -> dict[str, Any]:
+    """``bench --train-overhead``: ``measure`` on each of CONFIGS (``pairs`` overrides each one's
+    count) in one process, and the verdict: ok when every ratio is within BUDGETS. The 1-minute
+    load average before and after each is recorded (a busy machine makes weak evidence)."""
+    rows = []
+    for name, overrides, default_pairs in CONFIGS:
+        n = pairs or default_pairs
+        with progress.stage(f"{name}: {n} pairs of a plain and an observed round, and a checkpoint", total=None):
+            load = [os.getloadavg()[0]]
+            result = measure(str(PLANS / name), overrides, n)
+            load.append(os.getloadavg()[0])
+        rows.append({**result, "config": name, "load_average": [round(x, 2) for x in load]})
+    ok = all(all(r["within"].values()) for r in rows)
+    return {"kind": "train-overhead", "status": "ok" if ok else "failed", "budgets": BUDGETS, "rows": rows,
+            "cpus": os.cpu_count()}
+
+
+def summary(report: dict[str, Any]) -> str:
+    """The plain report: per config the median ratios against their budgets, the verdict last."""
+    lines = []
+    for r in report["rows"]:
+        marks = {k: "PASS" if ok else "FAIL" for k, ok in r["within"].items()}
+        busy = max(r["load_average"]) >= report["cpus"]
+        weak = " (weak: load average up to {:.1f} on {} CPUs)".format(max(r["load_average"]), report["cpus"]) if busy else ""
+        lines.append(f"{r['config']}: metrics and watchdog {r['metrics_ratio']:+.1%} of a round "
+                     f"(budget {BUDGETS['metrics_ratio']:.0%}) {marks['metrics_ratio']}{weak}; checkpoint "
+                     f"{r['checkpoint_ratio']:.1%} of a round (budget {BUDGETS['checkpoint_ratio']:.0%}) "
+                     f"{marks['checkpoint_ratio']}{weak}; a plain round {statistics.median(r['plain_s']):.2f} s")
+    word = "OK (exit 0): every ratio within its budget" if report["status"] == "ok" else \
+        "FAILED (exit 1): a ratio over its budget; next: profile Run.one_round (policy_optimization/run/metrics.py)"
+    lines.append(f"bench --train-overhead: {word}")
+    return "\n".join(lines)
