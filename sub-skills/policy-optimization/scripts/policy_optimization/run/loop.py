@@ -98,6 +98,9 @@ class Run:
     started_s: float = field(default_factory=time.perf_counter)
     stop_signal: int | None = None
     last_checkpoint: Path | None = None
+    groups: dict[str, list] = field(default_factory=dict)   # trainable tensors per group (trainers.trainable_groups)
+    policy_palm: Any = None                                  # the policy's PaLM and LoRA scope, unwrapped once
+    scope: str | None = None
 
     @property
     def name(self) -> str:
@@ -137,8 +140,10 @@ class Run:
         built = builder.build(resolved, device_kwargs, device, seed=resolved["run"]["seed"])
         import ddp_fixes
         ddp_fixes.apply_ddp_fixes(built.trainer)  # a no-op in one process (distributed.md#what-each-trainer-needs)
+        name, trainer = resolved["name"], built.trainer
         self = cls(run, prepared.loaded["config"], resolved, built, device, options, rows=[], start=0,
-                   facts=run_facts(resolved, built))
+                   facts=run_facts(resolved, built), groups=trainers.trainable_groups(name, trainer),
+                   policy_palm=trainers.actor_palm(name, trainer), scope=trainers.actor_scope(name, trainer))
         checkpoint.prime_rotary_to(self.trainer, self.rotary_cap())
         latest = checkpoint.latest(run) if prepared.resume else None
         if latest is not None:
@@ -178,7 +183,7 @@ class Run:
         kwargs = self.train_kwargs()
         try:
             return evaluation.held_out_reward(
-                trainers.actor_palm(self.name, self.trainer), trainers.actor_scope(self.name, self.trainer),
+                self.policy_palm, self.scope,
                 trainers.unwrap(self.trainer, self.trainer.reward_model), self.built.eval_prompt_ids,
                 self.resolved["eval"]["samples"], kwargs["max_seq_len"], self.resolved["run"]["seed"] + EVAL_SEED_OFFSET,
                 temperature=kwargs.get("temperature", 1.0), eos_token=kwargs.get("eos_token"),
@@ -201,7 +206,7 @@ class Run:
         """Train round ``round_`` and return its row (rules filled). Raises SkillError(2) when the
         reward program raised or returned a wrong shape, SkillError(1) when the library raised."""
         name, trainer = self.name, self.trainer
-        before = metrics.snapshot_trainable(name, trainer)
+        before = metrics.snapshot_trainable(self.groups)
         meter = measuring_meter(self.device)
         t0 = time.perf_counter()
         try:
@@ -211,8 +216,8 @@ class Run:
             raise round_error(f"round {round_}", exc) from None
         wall = time.perf_counter() - t0
         seen = gathered(self.trainer, seen)
-        norms, non_finite = metrics.change_norms(name, trainer, before)
-        probe = metrics.policy_probe(name, trainer, seen) if self.main else {"entropy": None, "kl_base": None}
+        norms, non_finite = metrics.change_norms(self.groups, before)
+        probe = metrics.policy_probe(self.policy_palm, self.scope, seen) if self.main else {"entropy": None, "kl_base": None}
         held = self.held_out() if self.evaluates(round_) else None
         memory = {"peak_mib": round(meter.peak() / 2**20, 1), "rss_mib": round(meter.rss() / 2**20, 1)}
         lr = trainers.optimizers(name, trainer)["actor"].param_groups[0]["lr"]

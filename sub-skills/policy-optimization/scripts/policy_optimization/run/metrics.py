@@ -45,8 +45,8 @@ class Observation:
     response_lengths: list[int] = field(default_factory=list)   # response tokens that count, per sequence
     sampled_tokens: int = 0                                     # tokens sampled after the prompts
     advantages: list[float] = field(default_factory=list)       # every advantage the update used
-    kl_terms: list[float] = field(default_factory=list)         # the library's KL term, per minibatch
-    grad_norms: list[float] = field(default_factory=list)       # actor optimizer, per step
+    kl_terms: list = field(default_factory=list)                # the library's KL term, per minibatch (0-d tensors)
+    grad_norms: list = field(default_factory=list)              # actor optimizer, per step (0-d tensors)
     steps: dict[str, int] = field(default_factory=dict)         # optimizer steps, per optimizer
     learn_calls: int = 0
     last_rollout: tuple[Any, Any, Any] | None = None            # (x, prompt_mask, mask) of the last one
@@ -69,12 +69,12 @@ def _wrap_module_function(stack: contextlib.ExitStack, module: Any, name: str, r
     stack.callback(setattr, module, name, original)
 
 
-def _grad_norm(optimizer) -> float:
-    """L2 norm over every gradient the optimizer is about to step (float; 0.0 without gradients),
-    ``torch.nn.utils.get_total_norm``."""
+def _grad_norm(params: list):
+    """L2 norm over the gradients of ``params`` that exist, a 0-d tensor
+    (``torch.nn.utils.get_total_norm``; 0 without gradients): read once per round, not per step."""
     import torch
-    grads = [p.grad.detach() for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-    return float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+    grads = [p.grad.detach() for p in params if p.grad is not None]
+    return torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
 
 
 @contextlib.contextmanager
@@ -124,7 +124,7 @@ def observe(name: str, trainer) -> Iterator[Observation]:
 
         module = importlib.import_module(trainers.TRAINERS[name].source)
         _wrap_module_function(stack, module, "masked_kl_div",
-                              lambda out: seen.kl_terms.append(float(out.detach().float().mean())))
+                              lambda out: seen.kl_terms.append(out.detach().float().mean()))
         if name == "ppo":
             _wrap_module_function(stack, module, "masked_normalize",
                                   lambda out: seen.advantages.extend(out.detach().float().reshape(-1).cpu().tolist()))
@@ -137,39 +137,39 @@ def observe(name: str, trainer) -> Iterator[Observation]:
 
             stack.callback(optimizer.register_step_post_hook(stepped).remove)
         actor = trainers.optimizers(name, trainer)["actor"]
-        stack.callback(actor.register_step_pre_hook(lambda opt, *_: seen.grad_norms.append(_grad_norm(opt))).remove)
+        params = [p for group in actor.param_groups for p in group["params"]]
+        stack.callback(actor.register_step_pre_hook(lambda *_: seen.grad_norms.append(_grad_norm(params))).remove)
         yield seen
 
 
-def snapshot_trainable(name: str, trainer) -> dict[str, list]:
-    """Detached clones of every trainable tensor, per group (``trainers.trainable_groups``): the
+def snapshot_trainable(groups: dict[str, list]) -> dict[str, list]:
+    """Detached clones of every trainable tensor of ``groups`` (``trainers.trainable_groups``): the
     round's starting point for ``change_norms``. One copy of the trainable weights (LoRA: small;
     ``actor_lora=False``: the whole policy)."""
-    return {group: [p.detach().clone() for p in params] for group, params in trainers.trainable_groups(name, trainer).items()}
+    return {group: [p.detach().clone() for p in params] for group, params in groups.items()}
 
 
-def change_norms(name: str, trainer, before: dict[str, list]) -> tuple[dict[str, float], bool]:
+def change_norms(groups: dict[str, list], before: dict[str, list]) -> tuple[dict[str, float], bool]:
     """L2 norm of each trainable group's change since ``before`` (``snapshot_trainable``), and
     whether any trainable weight is now NaN or inf."""
     import torch
-    norms, non_finite = {}, False
-    for group, params in trainers.trainable_groups(name, trainer).items():
-        total = 0.0
-        for p, p0 in zip(params, before[group]):
-            total += float(torch.sum((p.detach().float() - p0.float()) ** 2))
-            non_finite = non_finite or not bool(torch.isfinite(p).all())
+    norms, finite = {}, []
+    for group, params in groups.items():
+        squares = torch.stack([torch.sum((p.detach().float() - p0.float()) ** 2) for p, p0 in zip(params, before[group])])
+        finite += [torch.isfinite(p).all() for p in params]
+        total = float(squares.sum()) if len(params) else 0.0
         norms[group] = math.sqrt(total) if math.isfinite(total) else float("nan")
-    return norms, non_finite
+    return norms, not bool(torch.stack(finite).all()) if finite else False
 
 
-def policy_probe(name: str, trainer, seen: Observation, sequences: int = PROBE_SEQUENCES) -> dict[str, float | None]:
+def policy_probe(palm, scope: str | None, seen: Observation, sequences: int = PROBE_SEQUENCES) -> dict[str, float | None]:
     """Entropy (nats per response token) of the policy's next-token distribution and its KL to the
     LoRA-off base PaLM (KL(policy || base), nats per response token), unfiltered (no top-k), on the
     round's last ``sequences`` sequences: from the probabilities the rollout stored (PPO, GRPO,
     FlowRL: the policy as it sampled them) or, for TPO, a forward of the policy now. ``kl_base`` is
-    None when the trainer trains all weights (``actor_lora=False``: no base to compare with)."""
+    None when the trainer trains all weights (``actor_lora=False``: no base to compare with).
+    ``palm`` and ``scope``: the policy's PaLM and LoRA scope (``trainers.actor_palm``, ``actor_scope``)."""
     import torch
-    palm, scope = trainers.actor_palm(name, trainer), trainers.actor_scope(name, trainer)
     stored = [m for m in seen.last_memories if m.sequence.shape == seen.last_memories[-1].sequence.shape] \
         if seen.last_memories else []
     if stored:  # row t of action_prob is the distribution that sampled token t (ppo.py, grpo.py: shift by 1)
@@ -238,8 +238,8 @@ def build_row(round_: int, seen: Observation, grouped: bool, wall_s: float, prin
            "advantage_abs_max": max((abs(a) for a in advantages), default=None),
            "response_length_mean": _mean([float(n) for n in lengths]),
            "one_token_response_fraction": (sum(n <= 1 for n in lengths) / len(lengths)) if lengths else None,
-           "kl_rollout": _mean(seen.kl_terms), **probe, "losses": streams.parse_losses(printed),
-           "grad_norm": _mean(seen.grad_norms), "optimizer_steps": dict(seen.steps),
+           "kl_rollout": _mean([float(v) for v in seen.kl_terms]), **probe, "losses": streams.parse_losses(printed),
+           "grad_norm": _mean([float(v) for v in seen.grad_norms]), "optimizer_steps": dict(seen.steps),
            "trainable_change_norm": norms, "non_finite_weights": non_finite_weights, "lr": lr,
            "held_out_reward": held_out, "rules": []}
     return {key: row[key] for key in ROW_KEYS}
