@@ -118,7 +118,7 @@ def accuracy_table(rows: list[dict[str, Any]]) -> list[str]:
                  " ".join(f"{w:+.0%}/{p:+.0%}" for w, p in zip(r["wall_errors"], r["peak_errors"])),
                  f"{min(r['load_average'])}-{max(r['load_average'])}",
                  f"{min(r['probe_load_average'])}-{max(r['probe_load_average'])}" if r["probe_load_average"] else "-",
-                 f"PASS (weak: {r['weak_reason']})" if r["weak"] else r["verdict"].upper()]
+                 "PASS (weak)" if r["weak"] else r["verdict"].upper()]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return lines
 
@@ -131,13 +131,11 @@ def accuracy_markdown(report: dict[str, Any]) -> str:
             f"Measured {report['date']} on {m['system']}, {m['cpu']} ({m['cpu_count']} CPUs), Python {v['python']}, "
             f"torch {v['torch']}, palm-rlhf-pytorch {v['palm-rlhf-pytorch']}; device {report['device']}, one torch "
             f"thread. Each row: {report['repeat']} interleaved pairs of `palm-rlhf-skill plan --json` on a shipped "
-            "config (`assets/plans/`), then the same run for real (`--execute`), each a fresh process; measured "
-            "wall time and peak RSS come from the operating system (`os.wait4`). Errors are predicted / measured "
-            f"- 1, the median over the pairs; targets: wall within +/-{TARGETS['wall_error']:.0%}, peak within "
-            f"+/-{TARGETS['peak_error']:.0%}. Load: the range of the 1-minute load average around the pairs (the "
-            "machine is shared: a pair whose load moved measures the machine as much as the plan); probe load: "
-            "the same at the start and end of each plan's probe. A pass at a load average at or above the CPU "
-            "count, or from one pair, is weak: the noise may hide an error.", "",
+            "config (`assets/plans/`), then the same run (`--execute`), fresh processes; measured wall and peak "
+            "RSS from `os.wait4`. Errors: predicted / measured - 1, the median over the pairs; targets: wall "
+            f"+/-{TARGETS['wall_error']:.0%}, peak +/-{TARGETS['peak_error']:.0%}. Load: the 1-minute load average "
+            "around the pairs; probe load: at the start and end of each probe. A pass is weak at a load average "
+            "at or above the CPU count or from one pair.", "",
             "Regenerate (then replace this subsection with the output):", "",
             "```bash", "palm-rlhf-skill bench --plan-accuracy --markdown", "```", "",
             *accuracy_table(report["rows"])]
