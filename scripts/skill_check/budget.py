@@ -43,6 +43,9 @@ BUDGET = {
     # FlowRL's printed numbers, seven symptom rows, citations for 17 sections); each ~3% headroom.
     # The run kit (issue 20): reports.md 8500 -> 9750 (the metrics row, train summary and watch
     # report tables, each tested against a real run: ~1300 tokens); training-run.md 4250 (~3750).
+    # workflows.md 8250 -> 8750: issue 21's line citations for the loop shape, the DataLoader and
+    # the actor scope, and issue 22's load-scaled estimate (~300 tokens; the plan section was
+    # trimmed to its old size first), plus about 2%.
     # A reference not listed gets "*".
     "reference tokens": {
         "references/glossary.md": 1000,
@@ -58,7 +61,7 @@ BUDGET = {
         "sub-skills/policy-optimization/references/training-run.md": 4250,
         "sub-skills/policy-optimization/references/trainer-selection.md": 3350,
         "sub-skills/policy-optimization/references/troubleshooting.md": 17750,
-        "sub-skills/policy-optimization/references/workflows.md": 8250,
+        "sub-skills/policy-optimization/references/workflows.md": 8750,
         "sub-skills/reward-modeling/references/implicit-prm.md": 1500,
         "sub-skills/reward-modeling/references/reward-api.md": 4750,
         "*": 2000,
