@@ -10,6 +10,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import skill_runtime
 from skill_runtime import SKILL_ROOT
 from skill_runtime import exits
 
@@ -18,8 +19,16 @@ API_RECORD_PATH = SKILL_ROOT / "scripts" / "api_record.json"
 
 
 def load_api_record() -> dict[str, Any]:
-    """The machine-checkable record of what the docs claim: tested version range and API facts."""
-    return json.loads(API_RECORD_PATH.read_text(encoding="utf-8"))
+    """The machine-checkable record of what the docs claim: tested version range and API facts.
+    Raises SkillError (exit 2) when the file is missing, unreadable or not a JSON object: a damaged
+    copy of the tree (``skill_runtime.damaged``)."""
+    try:
+        record = json.loads(API_RECORD_PATH.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise exits.SkillError(skill_runtime.damaged(API_RECORD_PATH, f"unreadable: {exits.one_line(exc)}")) from None
+    if not isinstance(record, dict):
+        raise exits.SkillError(skill_runtime.damaged(API_RECORD_PATH, f"not a JSON object: {type(record).__name__}"))
+    return record
 
 
 def installed_version(distribution: str) -> str | None:
