@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +41,14 @@ def inprocess(module, capsys, monkeypatch, cwd, *argv) -> tuple[int, dict]:
     monkeypatch.chdir(cwd)
     code = module.main(["--json", "--device", "cpu", *argv])
     return code, json.loads(capsys.readouterr().out)
+
+
+def default_signals() -> None:
+    """``preexec_fn`` for a child that a test signals: SIGINT and SIGTERM at their defaults, as in
+    a foreground job, so the test holds when pytest itself runs as a background job (``nohup
+    pytest &`` starts with SIGINT ignored, and a child inherits that)."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def one_error_line(err: str) -> str:

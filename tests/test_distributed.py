@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, REPO, SMOKE, load_script, run, run_json
+from conftest import BIN, REPO, SMOKE, default_signals, load_script, run, run_json
 import probe_kit
 from skill_runtime import exits, placement, streams, version_gate
 from policy_optimization import launch, smoke_estimate, smoke_ranks, smoke_report, smoke_settings, trainers
@@ -647,10 +647,10 @@ def test_signal_to_the_launcher_stops_its_ranks_and_cleans_up(tmp_path, empty_di
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TMPDIR": str(tmp)}
-    # a job started in the background inherits SIGINT ignored: give the smoke the default disposition
+    # a job started in the background inherits SIGINT ignored: give the smoke the default dispositions
     proc = subprocess.Popen([sys.executable, str(SMOKE), "--trainer", "all", "--nproc", "2", "--json"],
                             cwd=empty_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            preexec_fn=default_signals)
     deadline = time.monotonic() + 120
     run_dir = None
     while run_dir is None or len(processes_mentioning(str(run_dir))) < 3:  # torchrun + 2 ranks
