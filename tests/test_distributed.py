@@ -337,25 +337,26 @@ SEEDS = textwrap.dedent("""
     from accelerate.utils import set_seed
     import palm_rlhf_pytorch.grpo as grpo, palm_rlhf_pytorch.ppo as ppo, palm_rlhf_pytorch.tpo as tpo
     import palm_rlhf_pytorch.flowrl as flowrl
-    torch.manual_seed(0) if sys.argv[1] == "torch" else set_seed(0)
-    draws = [m.randrange(0, 1000) for m in (grpo, ppo, tpo, flowrl) for _ in range(4)]  # the prompt draw
-    print("seed", sys.argv[1], draws, torch.rand(2).tolist(), flush=True)
+    for how in ("torch", "set_seed"):  # torch's first: the process's own unseeded random state
+        torch.manual_seed(0) if how == "torch" else set_seed(0)
+        draws = [m.randrange(0, 1000) for m in (grpo, ppo, tpo, flowrl) for _ in range(4)]  # the prompt draw
+        print("seed", how, draws, torch.rand(2).tolist(), flush=True)
 """)
 
 
 def test_torch_manual_seed_leaves_the_prompt_draw_unseeded(empty_dir):
     """The page's Seeding note: the trainers draw prompts with Python's random.randrange, which
-    torch.manual_seed does not seed (two processes differ) and set_seed does (they agree)."""
-    def draw(how):
-        proc = run([sys.executable, "-c", SEEDS, how], empty_dir, timeout=120)
-        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("seed")]
-        assert line, proc.stderr[-1500:]
-        _, _, rest = line[0].split(" ", 2)
-        draws, sampled = rest.split("] [")
-        return draws, sampled
-    (a, ta), (b, tb) = draw("torch"), draw("torch")
+    torch.manual_seed does not seed (two processes differ) and set_seed does (they agree). Each of
+    the two processes seeds with torch.manual_seed first, then with set_seed."""
+    def draws():
+        proc = run([sys.executable, "-c", SEEDS], empty_dir, timeout=120)
+        lines = [ln.split(" ", 2) for ln in proc.stdout.splitlines() if ln.startswith("seed")]
+        assert [how for _, how, _ in lines] == ["torch", "set_seed"], proc.stderr[-1500:]
+        return {how: tuple(rest.split("] [")) for _, how, rest in lines}
+    first, second = draws(), draws()
+    (a, ta), (b, tb) = first["torch"], second["torch"]
     assert a != b and ta == tb  # prompts differ, torch's sampling stream is the same
-    assert draw("set_seed") == draw("set_seed")
+    assert first["set_seed"] == second["set_seed"]
 
 
 SINGLETON = textwrap.dedent("""
