@@ -4,11 +4,16 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+# One torch thread per test process (pytest-xdist runs two on a 2-core machine) and per child: set
+# before anything imports torch; the helpers' own --cpu-threads still apply where a test gives them.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "sub-skills" / "policy-optimization" / "scripts" / "tiny_rlhf_smoke.py"
@@ -40,6 +45,14 @@ def inprocess(module, capsys, monkeypatch, cwd, *argv) -> tuple[int, dict]:
     monkeypatch.chdir(cwd)
     code = module.main(["--json", "--device", "cpu", *argv])
     return code, json.loads(capsys.readouterr().out)
+
+
+def default_signals() -> None:
+    """``preexec_fn`` for a child that a test signals: SIGINT and SIGTERM at their defaults, as in
+    a foreground job, so the test holds when pytest itself runs as a background job (``nohup
+    pytest &`` starts with SIGINT ignored, and a child inherits that)."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def one_error_line(err: str) -> str:
@@ -115,3 +128,32 @@ def restore_sigint():
     before = signal.getsignal(signal.SIGINT)
     yield
     signal.signal(signal.SIGINT, before)
+
+
+def pytest_itemcollected(item):
+    """Groups for pytest-xdist's ``--dist loadgroup`` (pyproject.toml's addopts): every test that
+    starts a multi-process world (marked ``distributed``) on one worker, one after another, so two
+    torchrun worlds never share the cores; and the tests of a module that share a module-scoped
+    fixture of that module (a trained run, a built wheel) on one worker, so it is built once.
+    (Set as each item is collected: xdist reads the groups in its own collection_modifyitems.)"""
+    if item.get_closest_marker("xdist_group"):
+        return
+    if item.get_closest_marker("distributed"):
+        item.add_marker(pytest.mark.xdist_group("distributed"))
+        return
+    module = item.nodeid.split("::", 1)[0]
+    shared = [d for defs in getattr(item, "_fixtureinfo").name2fixturedefs.values() for d in defs
+              if d.scope in ("module", "class", "package") and d.baseid.startswith(module)]
+    if shared:
+        item.add_marker(pytest.mark.xdist_group(module))
+
+
+def pytest_collection_finish(session):
+    """A worker whose groups did not take (pytest-xdist renames a grouped test's node id; a pytest
+    that refuses the rename schedules every test alone): stop, rather than build shared fixtures
+    twice and start two multi-process worlds at once."""
+    if getattr(session.config.option, "loadgroup", False):
+        lost = [i.nodeid for i in session.items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
+        if lost:
+            raise pytest.UsageError(f"pytest-xdist's --dist loadgroup did not group {lost[0]} (and {len(lost) - 1} "
+                                    "more): install the pytest of pyproject.toml's test extra")

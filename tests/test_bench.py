@@ -14,7 +14,7 @@ from importlib import metadata
 
 import pytest
 
-from conftest import BIN, REPO, SMOKE, load_script, run, run_json
+from conftest import BIN, REPO, SMOKE, default_signals, load_script, run, run_json
 from doc_tables import assert_keys_documented
 from skill_runtime import exits
 from policy_optimization import scaling
@@ -80,7 +80,7 @@ def test_an_interrupted_bench_leaves_no_child_running(empty_dir, sig, code):
     child (the warm-up import) is stopped before the bench exits, never left running with PPID 1."""
     proc = subprocess.Popen([sys.executable, str(BENCH), "--trainer", "ppo", "--repeat", "1", "--quiet"],
                             cwd=empty_dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+                            env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, preexec_fn=default_signals)
     deadline, children = time.monotonic() + 120, []
     while not children and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)

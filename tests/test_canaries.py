@@ -690,7 +690,7 @@ def test_prompts_path_canary_guards_every_reader(tmp_path):
         target = lib / "palm_rlhf_pytorch" / module
         assert target.read_text().count(old) == 1
         target.write_text(target.read_text().replace(old, old.replace(".split('\\n')", ".splitlines()")))
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0",
                            "tests/test_canaries.py::test_prompts_path_trailing_newline"], cwd=REPO,
                           env={**os.environ, "PYTHONPATH": str(lib), "CUDA_VISIBLE_DEVICES": ""},
                           capture_output=True, text=True, timeout=600)

@@ -135,7 +135,7 @@ def test_fixed_trap_fails_its_canary_naming_the_section(tmp_path):
                                   "self.accelerate.clip_grad_norm_(self.actor_critic.actor_parameters()"))
     lib_ppo = lib / "palm_rlhf_pytorch" / "ppo.py"
     lib_ppo.write_text(lib_ppo.read_text().replace("self.accelerator.clip", "self.accelerate.clip"))
-    proc = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+    proc = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0",
                 "tests/test_canaries.py::test_ppo_max_norm[ppo]"], REPO, env={"PYTHONPATH": str(lib)})
     assert proc.returncode == 1, proc.stdout[-2000:]
     assert "troubleshooting.md#ppo-max-norm" in proc.stdout, proc.stdout[-3000:]

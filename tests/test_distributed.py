@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, REPO, SMOKE, load_script, run, run_json
+from conftest import BIN, REPO, SMOKE, default_signals, load_script, run, run_json
 import probe_kit
 from skill_runtime import exits, placement, streams, version_gate
 from policy_optimization import launch, smoke_estimate, smoke_ranks, smoke_report, smoke_settings, trainers
@@ -337,25 +337,26 @@ SEEDS = textwrap.dedent("""
     from accelerate.utils import set_seed
     import palm_rlhf_pytorch.grpo as grpo, palm_rlhf_pytorch.ppo as ppo, palm_rlhf_pytorch.tpo as tpo
     import palm_rlhf_pytorch.flowrl as flowrl
-    torch.manual_seed(0) if sys.argv[1] == "torch" else set_seed(0)
-    draws = [m.randrange(0, 1000) for m in (grpo, ppo, tpo, flowrl) for _ in range(4)]  # the prompt draw
-    print("seed", sys.argv[1], draws, torch.rand(2).tolist(), flush=True)
+    for how in ("torch", "set_seed"):  # torch's first: the process's own unseeded random state
+        torch.manual_seed(0) if how == "torch" else set_seed(0)
+        draws = [m.randrange(0, 1000) for m in (grpo, ppo, tpo, flowrl) for _ in range(4)]  # the prompt draw
+        print("seed", how, draws, torch.rand(2).tolist(), flush=True)
 """)
 
 
 def test_torch_manual_seed_leaves_the_prompt_draw_unseeded(empty_dir):
     """The page's Seeding note: the trainers draw prompts with Python's random.randrange, which
-    torch.manual_seed does not seed (two processes differ) and set_seed does (they agree)."""
-    def draw(how):
-        proc = run([sys.executable, "-c", SEEDS, how], empty_dir, timeout=120)
-        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("seed")]
-        assert line, proc.stderr[-1500:]
-        _, _, rest = line[0].split(" ", 2)
-        draws, sampled = rest.split("] [")
-        return draws, sampled
-    (a, ta), (b, tb) = draw("torch"), draw("torch")
+    torch.manual_seed does not seed (two processes differ) and set_seed does (they agree). Each of
+    the two processes seeds with torch.manual_seed first, then with set_seed."""
+    def draws():
+        proc = run([sys.executable, "-c", SEEDS], empty_dir, timeout=120)
+        lines = [ln.split(" ", 2) for ln in proc.stdout.splitlines() if ln.startswith("seed")]
+        assert [how for _, how, _ in lines] == ["torch", "set_seed"], proc.stderr[-1500:]
+        return {how: tuple(rest.split("] [")) for _, how, rest in lines}
+    first, second = draws(), draws()
+    (a, ta), (b, tb) = first["torch"], second["torch"]
     assert a != b and ta == tb  # prompts differ, torch's sampling stream is the same
-    assert draw("set_seed") == draw("set_seed")
+    assert first["set_seed"] == second["set_seed"]
 
 
 SINGLETON = textwrap.dedent("""
@@ -647,10 +648,10 @@ def test_signal_to_the_launcher_stops_its_ranks_and_cleans_up(tmp_path, empty_di
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TMPDIR": str(tmp)}
-    # a job started in the background inherits SIGINT ignored: give the smoke the default disposition
+    # a job started in the background inherits SIGINT ignored: give the smoke the default dispositions
     proc = subprocess.Popen([sys.executable, str(SMOKE), "--trainer", "all", "--nproc", "2", "--json"],
                             cwd=empty_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            preexec_fn=default_signals)
     deadline = time.monotonic() + 120
     run_dir = None
     while run_dir is None or len(processes_mentioning(str(run_dir))) < 3:  # torchrun + 2 ranks

@@ -34,6 +34,33 @@ def test_torch_outside_tested_range_exits_3_unless_allowed(smoke, monkeypatch, c
     assert code == 0 and any(w.startswith(f"torch {version} is outside") for w in report["warnings"])
 
 
+@pytest.mark.parametrize("version", ["0.26.0", "0.29.3"])
+def test_accelerate_below_its_floor_exits_3_unless_allowed(smoke, monkeypatch, capsys, empty_dir, version):
+    """Issue 22, item 3: below accelerate's verified floor the smoke failed inside the library
+    ('TypeError: 'NoneType' object is not iterable', exit 1, references/installation.md#verified-floors);
+    the gate stops it first, as for torch: exit 3, one line naming accelerate and the range."""
+    real = version_gate.installed_version
+    monkeypatch.setattr(version_gate, "installed_version", lambda d: version if d == "accelerate" else real(d))
+    monkeypatch.chdir(empty_dir)
+    assert runner.run_cli(smoke.main, ["--construct-only", "--device", "cpu"]) == 3
+    line = one_error_line(capsys.readouterr().err)
+    record = version_gate.load_api_record()
+    floor = record["requirements_supported"]["accelerate"]
+    assert f"accelerate {version} is outside the tested range {floor}" in line, line
+    assert f"pip install 'accelerate{floor}'" in line and "--allow-untested" in line
+    code, report = inprocess(smoke, capsys, monkeypatch, empty_dir, "--construct-only", "--allow-untested")
+    assert code == 0 and any(w.startswith(f"accelerate {version} is outside") for w in report["warnings"])
+
+
+def test_accelerate_missing_exits_3(smoke, monkeypatch, capsys, empty_dir):
+    real = version_gate.installed_version
+    monkeypatch.setattr(version_gate, "installed_version", lambda d: None if d == "accelerate" else real(d))
+    monkeypatch.chdir(empty_dir)
+    assert runner.run_cli(smoke.main, ["--construct-only", "--device", "cpu"]) == 3
+    line = one_error_line(capsys.readouterr().err)
+    assert "accelerate is not installed: pip install 'accelerate>=" in line, line
+
+
 def test_doctor_exits_3_for_torch_outside_the_tested_range(monkeypatch, capsys, empty_dir):
     from palm_rlhf_skill import doctor
     real = doctor.version_gate.installed_version

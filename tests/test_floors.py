@@ -95,3 +95,19 @@ def test_torch_gate_floor_is_the_declared_and_tested_floor():
     python_floor = verify_floors.floor_of_python(PROJECT["requires-python"])
     assert f"Python {python_floor}+" in compatibility and f"torch {RECORD['torch_supported']}" in compatibility
     assert f"palm-rlhf-pytorch {RECORD['supported']}" in compatibility
+
+
+def test_gated_requirement_floors_are_the_declared_and_verified_floors():
+    """Issue 22, item 3: every helper gates accelerate on the floor pyproject.toml declares and
+    the record verified (a version below it fails inside the library); installation.md says so."""
+    gated = RECORD["requirements_supported"]
+    assert set(gated) == {"accelerate"}
+    declared = verify_floors.declared_requirements()
+    floors = recorded_floors()
+    text = " ".join((REPO / "references" / "installation.md").read_text(encoding="utf-8").split())
+    for name, spec in gated.items():
+        assert SpecifierSet(spec) == declared[name], (name, spec, declared[name])
+        assert floors[name]["floor"] == verify_floors.floor_of(SpecifierSet(spec))
+        assert any(f == name for f, _ in recorded_failures()), f"no recorded failure below {name}'s floor"
+        assert f"gates {name} on its verified floor `{spec}` (`requirements_supported`" in text
+        assert RECORD["tested_with"][name] in SpecifierSet(spec)

@@ -222,6 +222,69 @@ def test_concurrent_identical_installs_all_exit_0(project, home):
     assert sorted(p.name for p in (project / "t").iterdir()) == [NAME]
 
 
+def test_an_install_that_races_an_uninstall_installs_again(project, monkeypatch, capsys):
+    """Issue 22, item 2: an uninstall takes the copy away while this install reads it. The
+    install used to take the vanished folder for a file that is not a copy ('is not a copy ...
+    (a file) ... remove it by hand', exit 1); it looks again and installs (exit 0)."""
+    assert inst.main(["--target", "./skills"]) == 0
+    capsys.readouterr()
+    dest = (project / "skills" / NAME).resolve()
+    real, raced = inst.tree_files, []
+
+    def uninstalled_while_read(root, items=None):
+        if Path(root).resolve() == dest and not raced:
+            raced.append(True)
+            assert inst.uninstall("./skills", "project") == (project / "skills" / NAME, True)
+        return real(root, items)
+
+    monkeypatch.setattr(inst, "tree_files", uninstalled_while_read)
+    assert inst.main(["--target", "./skills"]) == 0, capsys.readouterr().err
+    assert raced and capsys.readouterr().out.startswith("installed ")
+    assert files_with_hashes(dest) == repo_tree()
+    assert sorted(p.name for p in (project / "skills").iterdir()) == [NAME]  # no staging or old folder left
+
+
+def test_an_uninstall_that_races_an_install_does_not_call_the_copy_edited(project, monkeypatch, capsys):
+    """Another uninstall takes the copy and an install puts a new one back while this uninstall
+    reads it: the files it read are a mixture, not an edited copy; it looks again and removes the
+    new copy (exit 0) instead of refusing with 'differs from this package's copy' (exit 1)."""
+    assert inst.main(["--target", "./skills"]) == 0
+    dest = (project / "skills" / NAME).resolve()
+    real, raced = inst.tree_files, []
+
+    def replaced_while_read(root, items=None):
+        files = real(root, items)
+        if Path(root).resolve() == dest and not raced:
+            raced.append(True)
+            files.popitem()  # what this look had read when the folder went away
+            assert inst.uninstall("./skills", "project")[1] and inst.install("./skills", "project", False)[0] == "installed"
+        return files
+
+    monkeypatch.setattr(inst, "tree_files", replaced_while_read)
+    capsys.readouterr()
+    assert inst.uninstall_main(["--target", "./skills"]) == 0, capsys.readouterr().err
+    assert raced and capsys.readouterr().out.startswith("removed ") and not dest.exists()
+
+
+def test_installs_and_uninstalls_of_one_copy_at_once_all_exit_0(project, home):
+    """Several installs and uninstalls of one copy at once (the QA's race, for real): every one
+    exits 0 with nothing on stderr; afterwards the copy is absent or identical, nothing else left."""
+    command = [str(BIN / "palm-rlhf-skill")]
+    for _ in range(4):
+        procs = [subprocess.Popen([*command, verb, "--target", "./race"], cwd=project, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+                 for _ in range(3) for verb in ("install", "uninstall")]
+        results = [(p.wait(timeout=120), p.stderr.read()) for p in procs]
+        for p in procs:
+            p.stdout.close()
+            p.stderr.close()
+        assert results == [(0, "")] * len(procs), results
+        left = sorted(p.name for p in (project / "race").iterdir()) if (project / "race").exists() else []
+        assert left in ([], [NAME]), left
+        if left:
+            assert files_with_hashes(project / "race" / NAME) == repo_tree()
+
+
 def test_uninstall_refuses_a_folder_that_is_not_this_skill(project, capsys):
     foreign = project / "skills" / NAME
     foreign.mkdir(parents=True)

@@ -32,8 +32,12 @@ def palm_smoke():
 def test_in_process_report(palm_smoke, capsys, monkeypatch, empty_dir):
     import torch
     threads = torch.get_num_threads()
-    code, report = inprocess(palm_smoke, capsys, monkeypatch, empty_dir)
-    assert torch.get_num_threads() == threads  # --cpu-threads applies only while the checks run
+    torch.set_num_threads(2)  # not the smoke's 1 (the suite's processes run one thread: tests/conftest.py)
+    try:
+        code, report = inprocess(palm_smoke, capsys, monkeypatch, empty_dir)
+        assert torch.get_num_threads() == 2  # --cpu-threads applies only while the checks run
+    finally:
+        torch.set_num_threads(threads)
     assert code == 0, [c for c in report["checks"] if not c["passed"]]
     assert report["status"] == "ok" and report["device"] == "cpu" and TOP_KEYS <= report.keys()
     assert report["cpu_threads"] == 1

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO, one_error_line, run
+from conftest import REPO, default_signals, one_error_line, run
 from policy_optimization import trainers
 from policy_optimization.run import cases, checkpoint, loop, metrics, rundir, trackers, watch, watchdog
 from skill_runtime import exits, runner
@@ -322,14 +322,12 @@ def test_a_full_disk_during_a_checkpoint_keeps_the_previous_one(tmp_path, monkey
 def test_a_signal_finishes_the_round_checkpoints_and_exits_128_plus(signum, code, tmp_path):
     """SIGINT/SIGTERM from outside (the child's dispositions set to default, so the test also holds
     when pytest itself runs in the background with SIGINT ignored)."""
-    import signal
     import subprocess
     import time
     config = cases.write(cases.Case("sig", "grpo", None, "", rounds=50), tmp_path / "config")
     proc = subprocess.Popen([sys.executable, str(TRAIN), "--config", str(config), "--run-dir", str(tmp_path / "run"),
                              "--device", "cpu", "--cpu-threads", "1"], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: [signal.signal(s, signal.SIG_DFL) for s in (signal.SIGINT, signal.SIGTERM)])
+                            stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
     metrics_file = tmp_path / "run" / "metrics.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline and (not metrics_file.is_file() or len(metrics_file.read_text().splitlines()) < 3):

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import BIN, REPO, SMOKE, inprocess, run, run_json, usage_error_without_torch
+from conftest import BIN, REPO, SMOKE, default_signals, inprocess, run, run_json, usage_error_without_torch
 import probe_kit
 from skill_runtime import byte_tokenizer, exits, runner, version_gate
 from policy_optimization import smoke_prompts
@@ -149,7 +149,8 @@ def test_sigterm_exits_143_and_removes_the_private_dir(tmp_path, empty_dir):
     tmp.mkdir()
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TMPDIR": str(tmp)}
     proc = subprocess.Popen([sys.executable, str(SMOKE), "--rollouts", "1000", "--json"], cwd=empty_dir,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_signals)  # SIGTERM at its default, whoever started pytest
     deadline = time.monotonic() + 120
     while not any(p.name.startswith("palm-rlhf-skill-") for p in tmp.iterdir()):
         assert proc.poll() is None and time.monotonic() < deadline, "the smoke never made its private dir"

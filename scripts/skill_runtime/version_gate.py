@@ -10,6 +10,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import skill_runtime
 from skill_runtime import SKILL_ROOT
 from skill_runtime import exits
 
@@ -18,8 +19,16 @@ API_RECORD_PATH = SKILL_ROOT / "scripts" / "api_record.json"
 
 
 def load_api_record() -> dict[str, Any]:
-    """The machine-checkable record of what the docs claim: tested version range and API facts."""
-    return json.loads(API_RECORD_PATH.read_text(encoding="utf-8"))
+    """The machine-checkable record of what the docs claim: tested version range and API facts.
+    Raises SkillError (exit 2) when the file is missing, unreadable or not a JSON object: a damaged
+    copy of the tree (``skill_runtime.damaged``)."""
+    try:
+        record = json.loads(API_RECORD_PATH.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise exits.SkillError(skill_runtime.damaged(API_RECORD_PATH, f"unreadable: {exits.one_line(exc)}")) from None
+    if not isinstance(record, dict):
+        raise exits.SkillError(skill_runtime.damaged(API_RECORD_PATH, f"not a JSON object: {type(record).__name__}"))
+    return record
 
 
 def installed_version(distribution: str) -> str | None:
@@ -84,16 +93,21 @@ def shadow_text(shadow: dict[str, str]) -> str:
     return f"{shadow['found']} shadows the installed {shadow['module']} ({shadow['installed']})"
 
 
-def check_versions(allow_untested: bool = False, allow_shadowed: bool | None = None) -> dict[str, Any]:
+def check_versions(allow_untested: bool = False, allow_shadowed: bool | None = None,
+                   requirements: bool = True) -> dict[str, Any]:
     """Check torch and palm-rlhf-pytorch against the tested ranges in ``scripts/api_record.json``
-    (``supported`` and ``torch_supported``), after making sure no file shadows them.
+    (``supported`` and ``torch_supported``), after making sure no file shadows them; with
+    ``requirements`` (every helper) also each requirement of ``requirements_supported``
+    (accelerate: below its verified floor the trainers fail inside the library,
+    references/installation.md#verified-floors; doctor passes False, as its dependencies check
+    holds every declared floor).
 
     Returns ``{"versions": {...}, "tested": {...}, "warnings": [...]}``.
-    Raises SkillError(exit 3) when torch or palm-rlhf-pytorch is missing; when a module of the
-    library or its requirements would be imported from outside its installed distribution (see
-    ``shadowed_modules``: a modified library copy on PYTHONPATH is untested too), unless
-    ``allow_shadowed`` (default: ``allow_untested``; every helper's --allow-untested; then a warning
-    instead); and when either is outside its tested range, unless ``allow_untested``. ``check``
+    Raises SkillError(exit 3) when torch, palm-rlhf-pytorch or a gated requirement is missing; when
+    a module of the library or its requirements would be imported from outside its installed
+    distribution (see ``shadowed_modules``: a modified library copy on PYTHONPATH is untested too),
+    unless ``allow_shadowed`` (default: ``allow_untested``; every helper's --allow-untested; then a
+    warning instead); and when any is outside its tested range, unless ``allow_untested``. ``check``
     compares the docs with any installed version (``allow_untested=True``) and with a shadow only
     on its --allow-untested.
     """
@@ -122,9 +136,14 @@ def check_versions(allow_untested: bool = False, allow_shadowed: bool | None = N
     if versions["palm-rlhf-pytorch"] is None:
         raise exits.SkillError(f"palm-rlhf-pytorch is not installed: pip install '{lib}{supported}'",
                          exits.EXIT_DEPENDENCY)
-    for name, spec, tested, fix in ((lib, supported, record["tested_version"], f"pip install '{lib}{supported}'"),
-                                    ("torch", torch_supported, torch_tested,
-                                     f"pip install torch=={torch_tested} (or that CUDA build)")):
+    gated = [(lib, supported, record["tested_version"], f"pip install '{lib}{supported}'"),
+             ("torch", torch_supported, torch_tested, f"pip install torch=={torch_tested} (or that CUDA build)")]
+    for name, spec in (record["requirements_supported"].items() if requirements else ()):
+        versions.setdefault(name, installed_version(name))
+        if versions[name] is None:
+            raise exits.SkillError(f"{name} is not installed: pip install '{name}{spec}'", exits.EXIT_DEPENDENCY)
+        gated.append((name, spec, record["tested_with"][name], f"pip install '{name}{spec}'"))
+    for name, spec, tested, fix in gated:
         if versions[name] not in SpecifierSet(spec, prereleases=True):
             message = f"{name} {versions[name]} is outside the tested range {spec} (tested: {tested})"
             if not allow_untested:

@@ -55,10 +55,14 @@ def script_path(helper: str) -> Path:
 def run_script(helper: str, argv: list[str]) -> int:
     """Import the skill-tree script behind ``helper`` (a plain import: its folder is one of the
     tree's import roots) and run its ``main(argv)`` under the runtime's ``run_cli`` (one-line
-    errors, exit codes), reporting itself as ``helper``; return the exit code."""
+    errors, exit codes), reporting itself as ``helper``; return the exit code. A script missing
+    from the tree raises ModuleNotFoundError with its ``path``, which the tree's hook
+    (``skill_runtime.report_damaged_tree``) reports as one line, exit 2, as any other damaged file."""
     path = script_path(helper)
     from skill_runtime import runner
     sys.argv = [helper, *argv]  # argparse and run_cli name the program from argv[0]
+    if not path.is_file():
+        raise ModuleNotFoundError(f"No module named {path.stem!r}", name=path.stem, path=str(path))
     try:
         module = importlib.import_module(path.stem)
         return runner.run_cli(module.main, argv)

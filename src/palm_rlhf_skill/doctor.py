@@ -95,7 +95,7 @@ def library_check(shadows: list[dict[str, str]]) -> tuple[dict[str, Any], dict[s
         return {"shadowed": shadows}, _check("library", "missing", "; ".join(map(version_gate.shadow_text, shadows)),
                                              version_gate.SHADOW_FIX)
     try:
-        gate = version_gate.check_versions(allow_untested=False)
+        gate = version_gate.check_versions(allow_untested=False, requirements=False)  # floors: dependencies_check
     except exits.SkillError as err:
         message = str(err)
         fix = message.rpartition(": ")[2] or message

@@ -149,7 +149,46 @@ def _copy_tree(source: Path, staging: Path) -> None:
 # What os.replace raises when another process changed the destination between our look and our
 # rename: it now holds a copy (ENOTEMPTY, EEXIST), is a file (ENOTDIR), or was moved away (ENOENT).
 RACE_ERRNOS = (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.ENOENT)
-ATTEMPTS = 3
+ATTEMPTS = 10
+
+
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    """What tells the folder (or file) at ``path`` from another put there later: its lstat
+    (device, inode, ctime in ns; a rename changes the ctime), None when nothing is there."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino, st.st_ctime_ns
+
+
+def _look(dest: Path, name: str, wanted: dict[str, str]) -> tuple[str, dict[str, str]] | None:
+    """What is at ``dest``: ``(state, its files)`` with state ``absent``, ``up-to-date`` (a folder,
+    or a symlink to one, with exactly ``wanted``'s files: what ``list`` says), ``different`` (another
+    copy of the skill ``name``) or ``not-a-copy`` (``is_copy`` is False). None when another process
+    removed, moved or replaced ``dest`` while this look read it (an uninstall or install running
+    at once): then the files read are a mixture and the state untrue, so look again. An OSError
+    reading a ``dest`` that stayed the same is raised."""
+    before = _identity(dest)
+    try:
+        if before is None:
+            look = "absent", {}
+        elif not is_copy(dest, name):
+            look = "not-a-copy", {}
+        else:
+            found = tree_files(dest)
+            look = ("up-to-date" if found == wanted else "different"), found
+    except OSError:
+        if _identity(dest) == before:
+            raise
+        return None
+    return look if _identity(dest) == before else None
+
+
+def _changing(dest: Path, command: str) -> exits.SkillError:
+    """The message (exit 2) when ``dest`` changed under every one of ``ATTEMPTS`` looks."""
+    return exits.SkillError(f"{dest} changed while this {command} looked at it, {ATTEMPTS} times (other installs or "
+                            f"uninstalls at work there): run it again when they are done")
 
 
 def _place(staging: Path, dest: Path, replace: bool) -> None:
@@ -173,8 +212,10 @@ def install(target: str, scope: str, force: bool) -> tuple[str, Path, int]:
     Returns ``(outcome, destination, file count)`` with outcome ``installed``, ``replaced`` or
     ``up-to-date`` (an identical copy is left alone). The new copy is assembled in a hidden
     sibling folder and renamed into place, so a failed copy never leaves half a skill behind. When
-    another install places its copy between this one's look and its rename, it looks again (up to
-    ``ATTEMPTS`` times), so identical concurrent installs all end ``installed`` or ``up-to-date``.
+    another install places its copy between this one's look and its rename, or an uninstall or
+    install changes the destination while this one looks at it (``_look``), it looks again (up to
+    ``ATTEMPTS`` times), so identical concurrent installs all end ``installed`` or ``up-to-date``,
+    also while uninstalls of the same copy run.
     Raises SkillError: exit 1 when a different copy is in the way and ``force`` is False, and
     whatever ``force`` when the folder or file in the way is not a copy of this skill (``is_copy``:
     nothing but a copy is ever deleted); exit 2 for a bad target or a destination that cannot be
@@ -188,16 +229,21 @@ def install(target: str, scope: str, force: bool) -> tuple[str, Path, int]:
     try:
         while True:
             attempt += 1
-            exists = dest.exists() or dest.is_symlink()
-            if exists:
-                if status(dest, wanted) == "up-to-date":  # what `list` says: a symlink to one too
-                    return "up-to-date", dest, len(wanted)
-                if not is_copy(dest, name):
-                    raise not_a_copy(dest, name)
-                if not force:
-                    raise exits.SkillError(f"{dest} already holds a different copy "
-                                        f"({describe_difference(wanted, tree_files(dest))}): pass --force to "
-                                        "replace it", EXIT_REFUSED)
+            look = _look(dest, name, wanted)
+            if look is None:  # an uninstall or install changed dest while this one looked
+                if attempt < ATTEMPTS:
+                    continue
+                raise _changing(dest, "install")
+            state, found = look
+            exists = state != "absent"
+            if state == "up-to-date":
+                return "up-to-date", dest, len(wanted)
+            if state == "not-a-copy":
+                raise not_a_copy(dest, name)
+            if state == "different" and not force:
+                raise exits.SkillError(f"{dest} already holds a different copy "
+                                    f"({describe_difference(wanted, found)}): pass --force to "
+                                    "replace it", EXIT_REFUSED)
             if staging is None:
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 staging = Path(tempfile.mkdtemp(prefix=f".{name}-new-", dir=dest.parent))
@@ -232,28 +278,30 @@ def uninstall(target: str, scope: str, force: bool = False) -> tuple[Path, bool]
     removed too when this left them empty. Refuses (SkillError exit 1) when the folder is not a
     copy of this skill (``is_copy``), so a mistyped PATH never deletes someone else's files. The
     copy is first renamed into a private folder beside it (atomic), then deleted: of concurrent
-    uninstalls exactly one removes it and the others find nothing there.
+    uninstalls exactly one removes it and the others find nothing there; one that looks while
+    another process changes the folder looks again (``_look``).
     """
     source = skill_root()
     name = skill_name(source)
     dest = skills_dir(target, scope) / name
-    if not (dest.exists() or dest.is_symlink()):
-        return dest, False
-    if not is_copy(dest, name):
-        if not (dest.exists() or dest.is_symlink()):  # another uninstall took it away meanwhile
-            return dest, False
-        raise not_a_copy(dest, name)
-    if not force:
-        wanted = tree_files(source, SKILL_ITEMS)
+    wanted = tree_files(source, SKILL_ITEMS)
+    for _ in range(ATTEMPTS):
         try:
-            found = tree_files(dest)
-        except OSError:  # another uninstall renamed it away while this one read it
-            found = None
-        if not (dest.exists() or dest.is_symlink()):
-            return dest, False
-        if found != wanted:
-            raise exits.SkillError(f"{dest} differs from this package's copy ({describe_difference(wanted, found or {})}"
-                                "): edits there would be lost; pass --force to remove it", EXIT_REFUSED)
+            look = _look(dest, name, wanted)  # None: another uninstall or install changed dest meanwhile
+        except OSError as err:
+            raise exits.SkillError(f"cannot read {err.filename or dest}: {err.strerror or err}") from None
+        if look is not None:
+            break
+    else:
+        raise _changing(dest, "uninstall")
+    state, found = look
+    if state == "absent":
+        return dest, False
+    if state == "not-a-copy":
+        raise not_a_copy(dest, name)
+    if state == "different" and not force:
+        raise exits.SkillError(f"{dest} differs from this package's copy ({describe_difference(wanted, found)}"
+                            "): edits there would be lost; pass --force to remove it", EXIT_REFUSED)
     try:
         old = Path(tempfile.mkdtemp(prefix=f".{name}-old-", dir=dest.parent))
         try:
