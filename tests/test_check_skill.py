@@ -256,7 +256,8 @@ def test_every_reference_section_cites_its_library_lines():
     for key in citations.NO_LIBRARY_CLAIM:
         file, _, anchor = key.partition("#")
         assert not anchor or anchor in markdown.anchors(REPO / file), f"NO_LIBRARY_CLAIM names a missing section: {key}"
-    assert len(citations.NO_LIBRARY_CLAIM) <= 20  # a short list: sections about this tree's own helpers
+    # a short list: sections about this tree's own helpers (25: the run kit's training-run.md added 5)
+    assert len(citations.NO_LIBRARY_CLAIM) <= 25
 
 
 def test_citations_match_the_recorded_lines():

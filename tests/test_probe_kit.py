@@ -113,9 +113,8 @@ def test_probes_md_is_routed_and_budgeted():
     skill = (REPO / "SKILL.md").read_text(encoding="utf-8")
     row = next(line for line in skill.splitlines() if "(references/probes.md)" in line)
     assert "the tree is silent or you doubt a fact" in row
-    from conftest import load_script
-    check = load_script(REPO / "scripts" / "check_skill.py", "check_skill")
-    assert "references/probes.md" in check.BUDGET["reference tokens"]
+    from skill_check import budget
+    assert "references/probes.md" in budget.BUDGET["reference tokens"]
 
 
 def test_run_by_path_says_it_is_a_module(empty_dir):

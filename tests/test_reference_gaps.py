@@ -20,6 +20,7 @@ import torch
 from palm_rlhf_pytorch import ActorCritic, ImplicitPRM, PaLM, RewardModel
 from palm_rlhf_pytorch.utils import masked_mean
 
+import probe_kit
 from canary import canary_env, check, covers, tiny_palm, touch  # noqa: F401
 
 PO = "sub-skills/policy-optimization/references/"
@@ -159,7 +160,7 @@ def test_bf16_weights():
         from palm_rlhf_pytorch.tpo import RLHFTrainer as T
         from palm_rlhf_pytorch.flowrl import FlowRLTrainer as F
         os.chdir(tempfile.mkdtemp())
-        tiny = lambda s: (torch.manual_seed(s), PaLM(num_tokens=64, dim=32, depth=1, heads=2, dim_head=8))[1]
+        tiny = lambda s: (torch.manual_seed(s), PaLM(**TINY_PALM))[1]
         for cls, kw, n in ((RLHFTrainer, {}, 4), (G, dict(grpo_num_times_sample_rewards=3), 2),
                            (T, dict(num_times_sample_rewards=3), 2),
                            (F, dict(flowrl_num_times_sample=3, partition_function_hidden_dim=32), 2)):
@@ -175,6 +176,7 @@ def test_bf16_weights():
             ok = all(not torch.equal(a, b) for a, b in zip(lora, palm.finetune_parameters("actor")))
             print("mp", cls.__module__, palm.token_emb.weight.dtype, ok, flush=True)
     """)  # mixed precision is one per process: a fresh one
+    script = f"TINY_PALM = {probe_kit.TINY_PALM!r}\n" + script
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("mp ")]
     assert lines == [f"mp palm_rlhf_pytorch.{m} torch.float32 True" for m in ("ppo", "grpo", "tpo", "flowrl")], \

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+import probe_kit
 from conftest import REPO, run, run_json
 from skill_runtime import byte_tokenizer, exits, placement
 from policy_optimization import builder, planner, programs, run_config
@@ -16,14 +17,7 @@ from policy_optimization import builder, planner, programs, run_config
 PLAN = REPO / "sub-skills" / "policy-optimization" / "scripts" / "plan_run.py"
 WORKFLOWS = REPO / "sub-skills" / "policy-optimization" / "references" / "workflows.md"
 
-BASE = """
-[palm]
-num_tokens = 300
-dim = 16
-depth = 1
-heads = 2
-dim_head = 8
-{palm}
+BASE = "\n[palm]\n" + "".join(f"{key} = {value}\n" for key, value in probe_kit.TINY_PALM.items()) + """{palm}
 
 [trainer]
 name = "grpo"

@@ -492,7 +492,9 @@ def test_selection_critic_optimizers_and_extra_models(built):
                        f"`{type(built['flowrl'].partition_function_optim.optimizer).__name__}` (partition function)"}
     assert rows["optimizer"] == found
     required = {n: {"AdoptAtan2": "3", "AdamAtan2": "2"}[type(t.actor_optim.optimizer).__name__] for n, t in built.items()}
-    assert rows["optimizer steps before every trainable tensor moves"] == required
+    steps = rows["optimizer steps before every trainable tensor moves"]
+    assert {n: cell.split(" ")[0] for n, cell in steps.items()} == required  # from a fresh LoRA
+    assert all(f"{int(required[n]) - 1} after `trainer.load()`)" in cell for n, cell in steps.items()), steps
     ac = built["ppo"].actor_critic
     assert isinstance(ac.critic, PaLM) and ac.critic is not ac.actor_palm and "critic" in ac.critic.finetune_modules
     assert ac.value_head.out_features == 6 == inspect.signature(type(built["ppo"])).parameters["critic_num_pred_bins"].default

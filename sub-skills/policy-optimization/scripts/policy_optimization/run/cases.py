@@ -14,6 +14,9 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import probe_kit
+from policy_optimization import trainers
+
 PROMPTS = ("ab", "cde", "fg", "hij", "kl", "mno")   # training prompts: 2-3 bytes (byte tokenizer)
 HELD_OUT = ("pq", "rst", "uv")                      # held-out prompts
 ASCII = '''
@@ -23,8 +26,6 @@ def score(x, response_mask):                       # (b, n) int64, (b, n) bool -
     hits = (x <= 128) & response_mask              # byte ids 1..128: the ASCII bytes, half the vocabulary
     return hits.sum(dim=1).float() / response_mask.sum(dim=1).clamp(min=1).float()
 '''
-GROUP_KWARG = {"grpo": "grpo_num_times_sample_rewards", "tpo": "num_times_sample_rewards",
-               "flowrl": "flowrl_num_times_sample"}
 
 
 @dataclass(frozen=True)
@@ -45,13 +46,14 @@ def base_config(trainer: str, rounds: int) -> dict:
     training-run.md#first-run), groups of 4, 4 rollouts per round, the held-out reward every round;
     measured: the held-out reward rises from about 0.5 within 8 rounds on every seed tried."""
     keys = {"name": trainer, "actor_lora": False, "actor_lr": 1e-2, "minibatch_size": 4}
-    if trainer in GROUP_KWARG:
-        keys[GROUP_KWARG[trainer]] = 3
+    group_kwarg = trainers.TRAINERS[trainer].group_kwarg
+    if group_kwarg:
+        keys[group_kwarg] = 3
     if trainer == "flowrl":
         keys["partition_function_hidden_dim"] = 32
     if trainer == "ppo":
         keys["minibatch_size"] = 2
-    return {"palm": {"num_tokens": 257, "dim": 32, "depth": 1, "heads": 2, "dim_head": 16},
+    return {"palm": dict(probe_kit.TINY_PALM),
             "trainer": keys, "prompts": {"file": "prompts.txt"}, "reward": {"program": "reward.py:score"},
             "train": {"update_timesteps": 4, "max_seq_len": 8},
             "eval": {"prompts_file": "held_out.txt", "every": 1, "samples": 8},
