@@ -89,7 +89,7 @@ def markdown(rows: list[dict]) -> str:
              "| --- | --- | --- | ---: | --- | --- | --- |"]
     for r in rows:
         if r["expect"] is None:
-            result = f"{r['false_alarms']} false alarms"
+            result = f"{r['false_alarms']} false alarm{'' if r['false_alarms'] == 1 else 's'}"
             lines.append(f"| {r['case']} | {r['trainer']} | (none) | {r['seeds']} | {result} | - | "
                          f"{', '.join(r['rules']) or '-'} |")
         else:

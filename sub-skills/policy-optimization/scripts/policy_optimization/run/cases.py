@@ -89,8 +89,9 @@ HEALTHY = Case("healthy", "grpo", None, "the toy task as it should run")
 # PPO has no healthy toy here: at these sizes it does not learn within 8 rounds (measured; its learning
 # check runs on a 16-token vocabulary: workflows.md#learning-check), and held_out_flat says so.
 HEALTHY_OTHERS = (Case("healthy tpo", "tpo", None, "the toy task as it should run"),
-                  Case("healthy flowrl", "flowrl", None, "the toy task as it should run, 8 rollouts per round, lr 5e-3",
-                       overrides={"train": {"update_timesteps": 8}, "trainer": {"actor_lr": 5e-3}}))
+                  Case("healthy flowrl", "flowrl", None, "the toy task as it should run, 8 rollouts per round, lr 3e-3, 12 training prompts",
+                       overrides={"train": {"update_timesteps": 8}, "trainer": {"actor_lr": 3e-3}},
+                       prompts=PROMPTS + ("wx", "yza", "bc", "def", "gh", "ijk")))
 BROKEN = (
     Case("constant reward", "grpo", "equal_rewards", "every completion of a prompt scores the same",
          reward="import torch\n\ndef score(x, response_mask):\n    return torch.full((x.shape[0],), 0.5)\n"),
