@@ -106,10 +106,10 @@ def test_atan2_ignores_only_a_constant_gradient_scale():
         assert torch.allclose(small, large, rtol=1e-5, atol=1e-9), \
             f"{doc}: {cls.__name__} gradients all 1e-6 vs all 1e6 moved {small.tolist()} vs {large.tolist()}"
         steady = weights_after(cls, [1.] * 21) - weights_after(cls, [1.] * 20)  # the last step's move
-        ratios = [round(((weights_after(cls, [1.] * 20 + [r]) - weights_after(cls, [1.] * 20)) / steady).mean().item(), 1)
-                  for r in (1e3, 1e-3)]
-        assert ratios == {"AdoptAtan2": [1.1, 0.9], "AdamAtan2": [0.6, 0.9]}[cls.__name__], \
-            f"{doc}: {cls.__name__} after 20 steady steps a gradient 1000 times larger, smaller moves {ratios} times as far"
+        jump = weights_after(cls, [1.] * 20 + [1e3]) - weights_after(cls, [1.] * 20)
+        ratio = round((jump / steady).mean().item(), 1)  # far from 1000: the scale changes the step a little
+        assert ratio == {"AdoptAtan2": 1.1, "AdamAtan2": 0.6}[cls.__name__], \
+            f"{doc}: {cls.__name__} after 20 steady steps a gradient 1000 times larger: {ratio} times the step"
 
 
 # 3: every nn.Dropout of the PaLM set to actor_dropout; flash attention's dropout not ----------------------
