@@ -514,6 +514,19 @@ DDP_CASES = textwrap.dedent("""
     out["ppo max_norm alias"] = case("ppo", clip="alias")
     out["ppo max_norm exposed"] = case("ppo", clip="exposed")
     out["grpo anchored rule reward"] = case("grpo", reward=AnchoredRuleReward(token_fraction({3})))
+
+    def saved_keys():  # trainer.save() under DDP, then the documented prefix stripping
+        try:
+            torch.manual_seed(0)
+            trainer = probe_kit.tiny_trainer("grpo", palm=probe_kit.tiny_palm(), group_size=2, minibatch_size=2)
+            trainer.save("ckpt.pt")
+            state = torch.load("ckpt.pt")
+            policy = probe_kit.tiny_palm(finetune_scopes=("actor",))
+            policy.load_state_dict({k.removeprefix("module.").removeprefix("actor_palm."): v for k, v in state.items()})
+            return " ".join(sorted({".".join(k.split(".")[:2]) for k in state})) + " loaded"
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}".splitlines()[0]
+    out["grpo save keys"] = saved_keys()
     print("DDP-CASES " + json.dumps(out), flush=True)
 """)
 
@@ -533,6 +546,14 @@ def ddp_cases(tmp_path_factory):
     lines = [line for line in proc.stdout.splitlines() if line.startswith("DDP-CASES ")]
     assert lines, proc.stderr[-3000:]
     return json.loads(lines[0].split(" ", 1)[1])
+
+
+def test_ddp_saved_policy_keys(ddp_cases):
+    """Knowledge round 2: a file trainer.save() wrote under DDP has module.actor_palm. keys; stripping
+    module. and actor_palm. loads it into a PaLM with the actor scope."""
+    doc = "sub-skills/policy-optimization/references/trainer-selection.md#trained-policy"
+    got = ddp_cases["grpo save keys"]
+    assert got == "module.actor_palm loaded", f"{doc}: GRPO's save() under DDP: {got}"
 
 
 REDUCTION = "RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one."

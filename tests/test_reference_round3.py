@@ -41,7 +41,7 @@ def test_filter_thres_one_samples_id_zero():
 
 
 def test_lora_alpha_is_not_an_argument_and_scale_sets_it():
-    doc = f"{LS}#top"
+    doc = f"{LS}#lora-scopes-palm-rlhf-pytorch-080"
     from palm_rlhf_pytorch.lora import LoRA
     assert "alpha" not in inspect.signature(PaLM.add_finetune_params).parameters, f"{doc}: alpha is an argument now"
     palm = tiny_palm()
