@@ -65,3 +65,12 @@ def test_pyright_resolves_every_import():
                           capture_output=True, text=True, timeout=900)
     errors = [line.strip() for line in proc.stdout.splitlines() if "error:" in line]
     assert proc.returncode == 0 and not errors, "\n".join(errors[:20]) or proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+def test_readme_layout_names_every_room():
+    """Each module of the runtime and of the policy-optimization package is named in README.md's Layout."""
+    layout = (REPO / "README.md").read_text(encoding="utf-8").split("## Layout", 1)[1]
+    rooms = [*(REPO / "scripts" / "skill_runtime").glob("*.py"),
+             *(REPO / "sub-skills" / "policy-optimization" / "scripts" / "policy_optimization").rglob("*.py")]
+    missing = sorted(p.relative_to(REPO).as_posix() for p in rooms if not p.stem.startswith("__") and f"`{p.stem}`" not in layout)
+    assert not missing, f"README.md under '## Layout': name each room: {missing}"
