@@ -168,6 +168,7 @@ def test_tensorboard_event_file_reads_back(healthy):
     rewards = accumulator.Scalars("reward_mean")
     rows = rundir.read_rows(healthy.run.metrics)
     assert [e.step for e in rewards] == list(range(1, 9))
+    assert accumulator.Scalars("held_out_reward")[0].step == 0  # the baseline before training
     assert [round(e.value, 5) for e in rewards] == [round(r["reward_mean"], 5) for r in rows[1:]]
     assert "losses/policy_loss" in accumulator.Tags()["scalars"]
 
@@ -196,6 +197,14 @@ def test_watch_plot_draws_a_png(healthy, tmp_path):
     pytest.importorskip("matplotlib")
     path = watch.plot(watch.view(healthy.run.path), tmp_path / "curves.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("target", ["missing/curves.png", "curves.unknown-format"])
+def test_watch_plot_to_a_bad_path_is_one_line(healthy, tmp_path, target):
+    pytest.importorskip("matplotlib")
+    with pytest.raises(exits.SkillError) as err:
+        watch.plot(watch.view(healthy.run.path), tmp_path / target)
+    assert err.value.exit_code == 2 and "cannot write the plot" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_watch_plot_without_matplotlib_says_how_to_install(healthy, tmp_path):
@@ -281,8 +290,16 @@ def test_a_failing_reward_program_is_one_line_and_keeps_what_finished(reward, sa
 def test_config_errors_are_one_line_exit_2(section, key, value, says, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     config = cases.write(cases.Case("bad", "grpo", None, "", overrides={section: {key: value}}), tmp_path / "config")
-    code, _, err = cli(tmp_path, capsys, "--config", str(config), "--run-dir", "run")
+    code, _, err = cli(tmp_path, capsys, "--config", str(config), "--run-dir", "runs/run")
     assert code == 2 and says in one_error_line(err)
+    assert not (tmp_path / "runs").exists(), "a refused run left its directory behind"
+
+
+def test_resume_of_no_run_leaves_no_directory(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli(tmp_path, capsys, "--resume", "runs/nothere")
+    assert code == 2 and "no run to resume there" in one_error_line(err)
+    assert not (tmp_path / "runs").exists(), "--resume of nothing created the directory"
 
 
 def test_an_unwritable_run_dir_is_one_line(tmp_path, capsys, monkeypatch):

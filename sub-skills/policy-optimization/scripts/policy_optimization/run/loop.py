@@ -256,7 +256,7 @@ class Run:
             except OSError as err:
                 raise exits.SkillError(f"writing round {row['round']} to {self.run.metrics} failed "
                                        f"({exits.one_line(err)}): free space there, then resume") from None
-            if self.options.log_with and row["round"] > 0:
+            if self.options.log_with:  # round 0 too: the held-out reward before training
                 trackers.log(self.trainer, row)
 
     def save(self, round_: int) -> Path:
@@ -335,7 +335,17 @@ def prepare(config_path: str | None, run_dir: str | Path, resume: bool, force: b
     installed library (``run_config.check_against_library``, which imports torch). Raises
     SkillError: 2 for a bad config or directory, or a changed config on resume; 3 for a tracker
     package that is missing."""
-    run = rundir.prepare(run_dir, resume, force)
+    created = rundir.first_missing(Path(run_dir))
+    try:
+        return _prepare(config_path, rundir.prepare(run_dir, resume, force), run_dir, resume, overrides, options)
+    except exits.SkillError:  # refused before a model exists: leave no directory of ours behind
+        rundir.remove_empty(Path(run_dir), created)
+        raise
+
+
+def _prepare(config_path: str | None, run: rundir.RunDir, run_dir: str | Path, resume: bool,
+             overrides: list[str] | None, options: Options) -> Prepared:
+    """``prepare`` once the run directory exists."""
     stored_file = run.path / CONFIG_FILE
     stored = json.loads(stored_file.read_text(encoding="utf-8")) if resume and stored_file.is_file() else None
     if config_path is None and stored is None:
@@ -387,7 +397,8 @@ def round_error(where: str, exc: BaseException) -> exits.SkillError:
     from policy_optimization import programs
     text = exits.one_line(exc)
     if isinstance(exc, programs.RewardProgramError):
-        return exits.SkillError(f"{where}: {exc}: fix the program, then resume (the last checkpoint is kept)")
+        return exits.SkillError(f"{where}: {exc}: fix the program, then start over with --force (the rows and "
+                                f"checkpoints so far are kept until then; --resume refuses an edited program)")
     if exits.out_of_memory(exc):
         return exits.SkillError(f"{where}: ran out of memory ({text}): smaller sizes or update_timesteps, "
                                 "then resume")

@@ -52,6 +52,32 @@ class RunDir:
         return [name for name in RUN_FILES if (self.path / name).exists()]
 
 
+def first_missing(path: Path) -> Path | None:
+    """The topmost directory of ``path`` (itself or an ancestor) that does not exist yet: what
+    ``prepare`` creates; None when ``path`` exists."""
+    path = path.expanduser().resolve()
+    missing = None
+    while not path.exists():
+        missing, path = path, path.parent
+    return missing
+
+
+def remove_empty(path: Path, created: Path | None) -> None:
+    """Remove ``path`` and its ancestors up to ``created`` (what ``first_missing`` found) while they
+    are empty directories: a refused run leaves nothing behind."""
+    if created is None:
+        return
+    path = path.expanduser().resolve()
+    while True:
+        try:
+            path.rmdir()
+        except OSError:  # not empty, or gone
+            return
+        if path == created:
+            return
+        path = path.parent
+
+
 def prepare(path: str | Path, resume: bool, force: bool) -> RunDir:
     """The run directory for a new run (created if missing), or for ``--resume``.
 

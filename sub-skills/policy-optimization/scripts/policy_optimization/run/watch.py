@@ -127,6 +127,11 @@ def plot(data: dict[str, Any], path: Path) -> Path:
     axes[-1, 0].set_xlabel("round")
     figure.suptitle(f"{data['run_dir']} ({data['state']}, {data['rounds']} rounds)", fontsize=9)
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+    try:
+        figure.savefig(path, dpi=100)
+    except (OSError, ValueError) as err:  # an unwritable or missing folder, a format matplotlib lacks
+        raise exits.SkillError(f"--plot {path}: cannot write the plot ({exits.one_line(err)}): name a writable "
+                               "FILE.png (or .pdf, .svg)") from None
+    finally:
+        plt.close(figure)
     return path
