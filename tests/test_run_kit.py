@@ -295,6 +295,15 @@ def test_config_errors_are_one_line_exit_2(section, key, value, says, tmp_path, 
     assert not (tmp_path / "runs").exists(), "a refused run left its directory behind"
 
 
+def test_a_nan_reward_in_grpo_names_the_cause(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    nan = next(c for c in cases.CASES if c.name == "NaN reward")
+    config = cases.write(cases.Case("NaN reward, GRPO", "grpo", None, "", reward=nan.reward), tmp_path / "config")
+    code, _, err = cli(tmp_path, capsys, "--config", str(config), "--run-dir", "run")
+    line = err.strip().splitlines()[-1]  # after the progress lines
+    assert code == 1 and "Traceback" not in err and "safe_div: a reward that is NaN" in line and "#group-of-one" in line, line
+
+
 def test_resume_of_no_run_leaves_no_directory(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code, _, err = cli(tmp_path, capsys, "--resume", "runs/nothere")

@@ -402,6 +402,11 @@ def round_error(where: str, exc: BaseException) -> exits.SkillError:
     if exits.out_of_memory(exc):
         return exits.SkillError(f"{where}: ran out of memory ({text}): smaller sizes or update_timesteps, "
                                 "then resume")
+    if isinstance(exc, AssertionError) and not str(exc):  # grpo.py:204, safe_div's bare assert
+        return exits.SkillError(f"{where}: the library raised an empty AssertionError (GRPO's safe_div: a reward "
+                                "that is NaN, or a group of one); read "
+                                "sub-skills/policy-optimization/references/troubleshooting.md#group-of-one",
+                                exits.EXIT_CHECK_FAILED)
     return exits.SkillError(f"{where}: the library raised {text}; read "
                             "sub-skills/policy-optimization/references/troubleshooting.md#symptom-index",
                             exits.EXIT_CHECK_FAILED)
