@@ -168,3 +168,13 @@ def test_xpos_has_no_argument_and_can_be_turned_off():
             layer.fn.rotary_emb.use_xpos = False
         assert not torch.allclose(on, off(x)), f"{doc}: use_xpos = False no longer changes the logits"
         assert causal(torch.randint(1, 200, (1, 600))).shape[1] == 600, f"{doc}: xPos caps the length now"
+
+
+def test_implicit_prm_is_zero_only_without_dropout():
+    doc = "sub-skills/reward-modeling/references/implicit-prm.md#what-it-computes"
+    from palm_rlhf_pytorch import ImplicitPRM
+    seq = torch.randint(1, 200, (2, 8))
+    prm = ImplicitPRM(tiny_palm(ff_dropout=0.3, attn_dropout=0.3))
+    with torch.no_grad():
+        assert (prm.eval()(seq) == 0).all(), f"{doc}: a fresh copy in eval mode no longer gives rewards of 0"
+        assert (prm.train()(seq) != 0).any(), f"{doc}: dropout in train mode no longer changes the rewards"
