@@ -20,14 +20,18 @@ from skill_runtime import exits, placement, runner, version_gate, workspace
 
 # --- torch outside the tested range: exit 3 as README and --help promise ---------------------------
 
-@pytest.mark.parametrize("version", ["2.12.1", "2.14.0"])
-def test_torch_outside_tested_range_exits_3_unless_allowed(smoke, monkeypatch, capsys, empty_dir, version):
+def gated_line(smoke, monkeypatch, capsys, empty_dir, dist: str, version: str) -> tuple[str, dict]:
+    """The smoke's one error line (it must exit 3) with ``dist`` reported at ``version``, and the api record."""
     real = version_gate.installed_version
-    monkeypatch.setattr(version_gate, "installed_version", lambda dist: version if dist == "torch" else real(dist))
+    monkeypatch.setattr(version_gate, "installed_version", lambda d: version if d == dist else real(d))
     monkeypatch.chdir(empty_dir)
     assert runner.run_cli(smoke.main, ["--construct-only", "--device", "cpu"]) == 3
-    line = one_error_line(capsys.readouterr().err)
-    record = version_gate.load_api_record()
+    return one_error_line(capsys.readouterr().err), version_gate.load_api_record()
+
+
+@pytest.mark.parametrize("version", ["2.12.1", "2.14.0"])
+def test_torch_outside_tested_range_exits_3_unless_allowed(smoke, monkeypatch, capsys, empty_dir, version):
+    line, record = gated_line(smoke, monkeypatch, capsys, empty_dir, "torch", version)
     assert f"torch {version} is outside the tested range {record['torch_supported']}" in line
     assert "--allow-untested" in line and f"torch=={record['tested_with']['torch']}" in line
     code, report = inprocess(smoke, capsys, monkeypatch, empty_dir, "--construct-only", "--allow-untested")
@@ -39,12 +43,7 @@ def test_accelerate_below_its_floor_exits_3_unless_allowed(smoke, monkeypatch, c
     """Issue 22, item 3: below accelerate's verified floor the smoke failed inside the library
     ('TypeError: 'NoneType' object is not iterable', exit 1, references/installation.md#verified-floors);
     the gate stops it first, as for torch: exit 3, one line naming accelerate and the range."""
-    real = version_gate.installed_version
-    monkeypatch.setattr(version_gate, "installed_version", lambda d: version if d == "accelerate" else real(d))
-    monkeypatch.chdir(empty_dir)
-    assert runner.run_cli(smoke.main, ["--construct-only", "--device", "cpu"]) == 3
-    line = one_error_line(capsys.readouterr().err)
-    record = version_gate.load_api_record()
+    line, record = gated_line(smoke, monkeypatch, capsys, empty_dir, "accelerate", version)
     floor = record["requirements_supported"]["accelerate"]
     assert f"accelerate {version} is outside the tested range {floor}" in line, line
     assert f"pip install 'accelerate{floor}'" in line and "--allow-untested" in line
