@@ -2,8 +2,10 @@
 launch and srun (two simulated nodes on 127.0.0.1), the user-side fixes in ddp_fixes.py and their
 canaries, the FSDP findings, and the launch facts and recipes that references/distributed.md states.
 
-Each 2-process run is tiny (dim 32, depth 1, a few rollouts) over gloo on 127.0.0.1.
-Select with ``pytest -m distributed``; they also run in the default suite.
+Each 2-process run is tiny (dim 32, depth 1, a few rollouts) over gloo on 127.0.0.1. The tests that
+start a multi-process world are marked ``distributed`` (select them with ``pytest -m distributed``;
+they also run in the default suite, one world at a time: conftest.py); the single-process ones are not,
+so they run beside the worlds.
 """
 from __future__ import annotations
 
@@ -27,7 +29,6 @@ from policy_optimization import launch, smoke_estimate, smoke_ranks, smoke_repor
 SCRIPTS = REPO / "sub-skills" / "policy-optimization" / "scripts"
 TRAINERS = list(trainers.TRAINERS)
 EOS = "3"  # an id no seed-0 prompt contains (the smoke refuses one that does)
-pytestmark = pytest.mark.distributed
 
 
 def checks_of(result: dict) -> dict[str, dict]:
@@ -55,6 +56,7 @@ def unfixed_run(tmp_path_factory):
     return proc, report, cwd
 
 
+@pytest.mark.distributed
 def test_all_trainers_in_sync_with_fixes(fixed_run):
     proc, report, cwd = fixed_run
     assert proc.returncode == 0, [(n, c) for n, r in report["results"].items()
@@ -89,6 +91,7 @@ def test_all_trainers_in_sync_with_fixes(fixed_run):
     assert list(cwd.iterdir()) == []
 
 
+@pytest.mark.distributed
 def test_rank_0_progress_reaches_the_launching_process(fixed_run):
     """--nproc with --progress: rank 0's progress lines (one per trainer and stage, with the elapsed
     time) reach the launching process's stderr; stdout holds only the report."""
@@ -99,6 +102,7 @@ def test_rank_0_progress_reaches_the_launching_process(fixed_run):
     assert json.loads(proc.stdout) == report
 
 
+@pytest.mark.distributed
 def test_construct_only_on_two_ranks(empty_dir):
     """--construct-only --nproc 2: built and in sync on both ranks; TPO has no replay buffer yet,
     so the per-rank buffer check is not made (it failed this mode before)."""
@@ -111,6 +115,7 @@ def test_construct_only_on_two_ranks(empty_dir):
     assert list(empty_dir.iterdir()) == []
 
 
+@pytest.mark.distributed
 def test_no_library_output_on_stdout(fixed_run):
     proc, _, _ = fixed_run
     assert "policy_loss:" not in proc.stdout and "training complete" not in proc.stdout
@@ -120,6 +125,7 @@ def test_no_library_output_on_stdout(fixed_run):
 # canaries: each asserts the upstream cause its fix works around; when one fails, upstream changed:
 # re-check the fix in ddp_fixes.py and drop it if it is no longer needed.
 
+@pytest.mark.distributed
 def test_unfixed_ppo_drifts_between_ranks(unfixed_run):
     """Canary for fix_ppo: PPO's actor steps before DDP has averaged its gradients."""
     proc, report, cwd = unfixed_run
@@ -133,6 +139,7 @@ def test_unfixed_ppo_drifts_between_ranks(unfixed_run):
     assert list(cwd.iterdir()) == []
 
 
+@pytest.mark.distributed
 def test_unfixed_grpo_stays_in_sync(unfixed_run):
     """GRPO needs no gradient fix: one backward per step, so DDP's own averaging is exact (without
     eos, where every rollout has the same length)."""
@@ -140,6 +147,7 @@ def test_unfixed_grpo_stays_in_sync(unfixed_run):
     assert checks["update_ran"]["passed"] and checks["ranks_in_sync"]["passed"]
 
 
+@pytest.mark.distributed
 def test_unfixed_tpo_has_no_generate_on_ddp_wrapper(unfixed_run):
     """Canary for fix_tpo (generate): tpo.py train() calls self.actor.generate on the DDP wrapper."""
     detail = checks_of(unfixed_run[1]["results"]["tpo"])["update_ran"]["detail"]
@@ -156,12 +164,14 @@ def test_tpo_replay_buffer_folder_is_hard_coded():
     assert not any("folder" in p or "buffer" in p for p in params)
 
 
+@pytest.mark.distributed
 def test_unfixed_flowrl_reads_actor_palm_off_ddp_wrapper(unfixed_run):
     """Canary for fix_flowrl: flowrl.py learn() reads self.actor.actor_palm."""
     detail = checks_of(unfixed_run[1]["results"]["flowrl"])["update_ran"]["detail"]
     assert detail == "AttributeError: 'DistributedDataParallel' object has no attribute 'actor_palm'"
 
 
+@pytest.mark.distributed
 def test_unfixed_save_writes_prefixed_keys_from_every_rank(unfixed_run):
     """Canary for save_checkpoint: trainer.save() saves the DDP wrapper from every rank."""
     result = unfixed_run[1]["results"]["grpo"]
@@ -244,6 +254,7 @@ def torchrun(script, port):
             "--master_addr", "127.0.0.1", "--master_port", str(port), str(script)]
 
 
+@pytest.mark.distributed
 def test_torchrun_on_cpu_needs_accelerate_use_cpu(empty_dir):
     script = empty_dir.parent / "probe.py"
     script.write_text(PROBE)
@@ -421,6 +432,7 @@ PPO_EXACT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.distributed
 def test_fix_ppo_reproduces_single_process_training_bitwise(tmp_path):
     """One rank under torchrun (Accelerate still wraps DDP): unfixed PPO ends on different weights
     than the same run without DDP (the reducer writes the averaged actor gradient back after the
@@ -461,6 +473,7 @@ def doc_block(marker: str) -> str:
     return found[0]
 
 
+@pytest.mark.distributed
 def test_doc_training_script_runs_on_two_ranks_in_sync(tmp_path):
     """The page's sync check and training script (skipped by test_doc_code_blocks: it needs
     torchrun) on 2 ranks, then its DDP load line: no drift, one checkpoint without 'module.'."""
@@ -538,6 +551,7 @@ DDP_FLAGS = textwrap.dedent("""
 """)
 
 
+@pytest.mark.distributed
 def test_doc_failures_of_ddp_flags_and_shared_tpo_buffer(tmp_path):
     """Canaries for the page's table: PPO with find_unused_parameters / static_graph, and TPO ranks
     sharing ./tpo_memmap_replay_buffer (the per-rank folder of fix_tpo)."""
@@ -606,6 +620,7 @@ def test_doc_names_exist():
         assert option in help_text and f"`{option}" in text, option
 
 
+@pytest.mark.distributed
 def test_workers_dying_without_report_is_a_failed_report(smoke, capsys, monkeypatch, empty_dir):
     """Every rank exits before rank 0 writes the report: one JSON report, status failed, exit 1."""
     args = smoke.build_parser().parse_args(["--nproc", "2", "--device", "cpu", "--json"])
@@ -639,6 +654,7 @@ def processes_mentioning(text: str) -> list[int]:
     return pids
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
 def test_signal_to_the_launcher_stops_its_ranks_and_cleans_up(tmp_path, empty_dir, signame):
     import os
@@ -673,6 +689,7 @@ def test_signal_to_the_launcher_stops_its_ranks_and_cleans_up(tmp_path, empty_di
 
 ROTARY = "distributed.md#rotary-caches-under-eos: upstream changed; re-check fix_buffers and the section"
 
+@pytest.mark.distributed
 def test_unfixed_eos_run_fails(empty_dir):
     """Canary for fix_buffers, end to end: without the fixes, rollouts that end at eos at different
     lengths on the two ranks break DDP's buffer broadcast. PPO (the first trainer) aborts in gloo
@@ -686,6 +703,7 @@ def test_unfixed_eos_run_fails(empty_dir):
     assert list(empty_dir.iterdir()) == []
 
 
+@pytest.mark.distributed
 def test_unfixed_eos_grpo_ranks_fall_out_of_step(empty_dir):
     """Canary for the GRPO row: GRPO alone, without the fixes, under eos. Its one backward per step
     keeps gradients exact, but the buffer broadcast corrupts the rotary tables: the ranks' collectives
@@ -804,6 +822,7 @@ def two_nodes(tmp_path_factory, lone_ranks):
     return code0, out0, err0, code1, out1, seconds, cwds
 
 
+@pytest.mark.distributed
 def test_two_torchrun_nodes_give_one_report_in_sync(two_nodes):
     code0, out0, err0, code1, out1, _, cwds = two_nodes
     assert code0 == 0 and code1 == 0, err0[-3000:]
@@ -823,6 +842,7 @@ def test_two_torchrun_nodes_give_one_report_in_sync(two_nodes):
     (1, r"torch\.distributed\.DistNetworkError: The client socket has timed out after \d+ms while trying to "
         r"connect to \(127\.0\.0\.1, \d+\)\."),
 ])
+@pytest.mark.distributed
 def test_missing_torchrun_node_fails_within_the_rendezvous_timeout(two_nodes, lone_ranks, node, last_line):
     """torchrun waits in its rendezvous before the smoke starts; --rdzv-conf timeout bounds it and
     its last stderr line says what is missing."""
@@ -836,6 +856,7 @@ def test_missing_torchrun_node_fails_within_the_rendezvous_timeout(two_nodes, lo
     assert static_tcp_rendezvous._default_timeout_seconds == 600 and "(default 600 s" in text
 
 
+@pytest.mark.distributed
 def test_missing_srun_task_fails_with_one_line(two_nodes, lone_ranks):
     code, out, err, seconds = finish(lone_ranks[0]["srun"])
     lines = err.strip().splitlines()
@@ -846,6 +867,7 @@ def test_missing_srun_task_fails_with_one_line(two_nodes, lone_ranks):
     assert list(lone_ranks[1].iterdir()) == []
 
 
+@pytest.mark.distributed
 def test_srun_tasks_form_a_world(tmp_path):
     """srun starting the smoke once per rank (no torchrun): SLURM_PROCID/NTASKS/LOCALID become the
     rank; the batch script exports MASTER_ADDR and MASTER_PORT. Construct-only: the world and the rank
@@ -864,6 +886,7 @@ def test_srun_tasks_form_a_world(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.distributed
 def test_accelerate_launch_recipe_on_two_machines(tmp_path):
     config = doc_fence("yaml", "distributed_type: MULTI_GPU").replace(
         "main_process_port: 29500", f"main_process_port: {launch.free_port()}")
@@ -938,6 +961,7 @@ RANK_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.distributed
 def test_launch_script_runs_n_ranks_of_any_script(tmp_path):
     """The generic launcher the run kit reuses: N local ranks of a script, its argv without
     --nproc, the exit code and output collected; each rank sees its world; a timeout stops them."""
@@ -950,8 +974,11 @@ def test_launch_script_runs_n_ranks_of_any_script(tmp_path):
     assert done.master.startswith("127.0.0.1:") and done.command[:3] == [sys.executable, "-m", "torch.distributed.run"]
     failed = launch.launch_script(script, [*argv, "--fail"], 2, "cpu", tmp_path)
     assert failed.returncode not in (0, None)
-    stopped = launch.launch_script(script, [*argv, "--sleep"], 1, "cpu", tmp_path, timeout_s=20)
-    assert stopped.returncode is None and stopped.stderr.endswith("stopped after 20 s")
+    # 8 s: the rank is asleep by then (torchrun starts it in about 2 s), and the serial group of
+    # worlds (conftest.py) waits no longer than it must
+    stopped = launch.launch_script(script, [*argv, "--sleep"], 1, "cpu", tmp_path, timeout_s=8)
+    assert stopped.returncode is None and stopped.stderr.endswith("stopped after 8 s")
+    assert stopped.stdout.startswith("0 1 torchrun True x --sleep"), stopped.stdout  # stopped while asleep
 
 
 def test_a_world_without_local_rank_gets_one():
@@ -1105,6 +1132,7 @@ FSDP = textwrap.dedent("""
 SHARDING = "distributed.md#sharding-fsdp: Accelerate or the trainers changed; re-run and update the table"
 
 
+@pytest.mark.distributed
 def test_fsdp_plugin_findings(tmp_path):
     """The page's sharding table: on CPU the plugin is ignored (DDP); forced as on GPUs, FSDP2 refuses
     every trainer in Accelerator.prepare and FSDP1 fails in the trainers' own modules."""
@@ -1139,6 +1167,7 @@ def test_fsdp_plugin_findings(tmp_path):
     assert list(cwd.iterdir()) == []
 
 
+@pytest.mark.distributed
 def test_what_torchrun_makes_of_a_ranks_usage_error(empty_dir):
     """multi-node.md: a rank's exit 2 reaches the user as torchrun's ChildFailedError summary and
     exit 1, after the rank's one line; `--nproc` after the script is torchrun's own usage error."""
