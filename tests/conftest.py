@@ -157,3 +157,17 @@ def pytest_collection_finish(session):
         if lost:
             raise pytest.UsageError(f"pytest-xdist's --dist loadgroup did not group {lost[0]} (and {len(lost) - 1} "
                                     "more): install the pytest of pyproject.toml's test extra")
+
+
+def inprocess_cli(main, capture, monkeypatch, cwd: Path, prog: str | Path, argv: list[str]) -> tuple[int, str, str]:
+    """``prog *argv`` run in this process, as its process would run it: ``main(argv)`` under
+    ``runner.run_cli`` (a SkillError as one stderr line and its exit code) from ``cwd``, with
+    ``sys.argv`` = ``[prog, *argv]`` (the program name of its messages and of its next command);
+    returns (exit code, stdout, stderr) from ``capture`` (capsys, or capfd to see the file
+    descriptors too)."""
+    from skill_runtime import runner
+    monkeypatch.chdir(cwd)
+    monkeypatch.setattr(sys, "argv", [str(prog), *argv])
+    code = runner.run_cli(main, list(argv))
+    out, err = capture.readouterr()
+    return code, out, err

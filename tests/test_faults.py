@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, REPO, SMOKE, inprocess, one_error_line, run, run_json
+from conftest import BIN, REPO, SMOKE, inprocess, inprocess_cli, load_script, one_error_line, run, run_json
 from skill_runtime import exits, placement, runner, version_gate, workspace
+
+PALM_SMOKE = REPO / "sub-skills" / "palm-modeling" / "scripts" / "tiny_palm_smoke.py"
 
 
 # --- torch outside the tested range: exit 3 as README and --help promise ---------------------------
@@ -101,8 +103,7 @@ def test_other_programs_writing_in_the_caller_directory_are_not_blamed(smoke, mo
     if script == "rlhf":
         code, report = inprocess(smoke, capsys, monkeypatch, empty_dir, "--construct-only")
     else:
-        from conftest import load_script
-        palm = load_script(REPO / "sub-skills/palm-modeling/scripts/tiny_palm_smoke.py")
+        palm = load_script(PALM_SMOKE)
         code, report = inprocess(palm, capsys, monkeypatch, empty_dir)
     check = {c["name"]: c for c in report["checks"]}["caller_directory_untouched"]
     assert code == 0 and check["passed"], check
@@ -289,31 +290,63 @@ def test_ctrl_c_right_after_the_report_exits_with_the_reports_code(empty_dir, mo
 
 # --- an environment Accelerate refuses: exit 2 with one line naming the variable ---------------------
 
+@contextlib.contextmanager
+def fresh_accelerate():
+    """Accelerate as a fresh process has it: no PartialState, AcceleratorState or GradientState, so
+    that the next one built reads the environment as a fresh process's first does (Accelerate reads
+    ACCELERATE_MIXED_PRECISION and the launcher variables only while none exists: with this
+    process's states kept, those runs exit 0); the states found are put back afterwards (as
+    ``placement.probe_accelerator`` leaves them), and whatever the block built is dropped."""
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+    found = {cls: dict(cls._shared_state) for cls in (PartialState, AcceleratorState, GradientState)}
+    for cls in found:
+        cls._shared_state.clear()
+    try:
+        yield
+    finally:
+        for cls, state in found.items():
+            cls._shared_state.clear()
+            cls._shared_state.update(state)
+
+
+def refused_run(smoke, monkeypatch, capsys, cwd, argv: list[str]) -> str:
+    """``python tiny_rlhf_smoke.py *argv --device cpu`` in-process with a fresh Accelerate: it must
+    exit 2 with nothing on stdout; its one stderr line. (``--device cpu``: the process ran with CUDA
+    hidden, where the default ``auto`` is the CPU.)"""
+    with fresh_accelerate():
+        code, out, err = inprocess_cli(smoke.main, capsys, monkeypatch, cwd, SMOKE, [*argv, "--device", "cpu"])
+    assert code == 2 and out == "", err[-2000:]
+    return one_error_line(err)
+
+
 @pytest.mark.parametrize("variable", ["LOCAL_RANK", "WORLD_SIZE"])
-def test_a_launcher_variable_that_is_not_an_integer_is_named(empty_dir, variable):
+def test_a_launcher_variable_that_is_not_an_integer_is_named(smoke, monkeypatch, capsys, empty_dir, variable):
     """Accelerate parses LOCAL_RANK, RANK, WORLD_SIZE ... with int(): the one line names the variable
     (no ACCELERATE_* is set, so that cannot be the culprit), and so does doctor's fix."""
-    env = {variable: "garbage"}
-    proc = run([sys.executable, str(SMOKE), "--construct-only", "--json"], empty_dir, env=env)
-    assert proc.returncode == 2 and proc.stdout == "", proc.stderr[-2000:]
-    line = one_error_line(proc.stderr)
+    monkeypatch.setenv(variable, "garbage")
+    line = refused_run(smoke, monkeypatch, capsys, empty_dir, ["--construct-only", "--json"])
     assert f"Accelerate refuses this environment ({variable}='garbage')" in line, line
     assert "launchers (torchrun, mpirun) set these to integers" in line
     if variable == "LOCAL_RANK":  # doctor's Accelerator() has no cpu=True: Accelerate reads WORLD_SIZE on that path only
-        proc = run([str(BIN / "palm-rlhf-skill"), "doctor", "--json"], empty_dir, env=env)
-        check = next(c for c in json.loads(proc.stdout)["checks"] if c["name"] == "accelerate")
+        from palm_rlhf_skill import doctor
+        with fresh_accelerate():
+            doctor.main(["--json"])
+        check = next(c for c in json.loads(capsys.readouterr().out)["checks"] if c["name"] == "accelerate")
         assert check["status"] == "fail" and check["fix"].startswith(f"{variable}='garbage': "), check
 
 
 @pytest.mark.parametrize("variable,value", [("ACCELERATE_USE_CPU", "banana"), ("ACCELERATE_MIXED_PRECISION", "fp8")])
-def test_an_accelerate_variable_it_refuses_is_an_environment_error(empty_dir, variable, value):
-    """Fresh processes: Accelerate reads these variables only while no AcceleratorState exists."""
-    env = {variable: value}
+def test_an_accelerate_variable_it_refuses_is_an_environment_error(smoke, monkeypatch, capsys, empty_dir,
+                                                                   variable, value):
+    """Each run starts without Accelerate's states, as a fresh process does (``fresh_accelerate``):
+    Accelerate reads ACCELERATE_MIXED_PRECISION only while no AcceleratorState exists."""
+    monkeypatch.setenv(variable, value)
     for argv in (["--construct-only", "--json"], ["--learn", "--learn-seeds", "1", "--trainer", "grpo", "--json"]):
-        proc = run([sys.executable, str(SMOKE), *argv], empty_dir, env=env)
-        assert proc.returncode == 2 and proc.stdout == "", proc.stderr[-2000:]
-        line = one_error_line(proc.stderr)
+        line = refused_run(smoke, monkeypatch, capsys, empty_dir, argv)
         assert f"Accelerate refuses this environment ({variable}={value!r})" in line and "fix or unset it" in line
-    proc = run([str(BIN / "tiny-palm-smoke"), "--steps", "1", "--json"], empty_dir, env=env)
-    assert proc.returncode == 0, proc.stderr[-2000:]  # it builds no Accelerator: nothing to refuse
+    palm = load_script(PALM_SMOKE)
+    with fresh_accelerate():
+        code, _, err = inprocess_cli(palm.main, capsys, monkeypatch, empty_dir, "tiny-palm-smoke",
+                                     ["--steps", "1", "--json", "--device", "cpu"])
+    assert code == 0, err[-2000:]  # it builds no Accelerator: nothing to refuse
     assert list(empty_dir.iterdir()) == []

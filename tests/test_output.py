@@ -18,7 +18,7 @@ import tomllib
 
 import pytest
 
-from conftest import BIN, REPO, SMOKE, inprocess, load_script, run
+from conftest import BIN, REPO, SMOKE, inprocess, inprocess_cli, load_script, run
 from skill_runtime import reporting, streams
 from policy_optimization import smoke_estimate
 
@@ -81,16 +81,15 @@ def test_lists_say_how_many_they_leave_out():
 
 # --- stdout, stderr and the last line ------------------------------------------------------------
 
-def test_redirected_report_keeps_the_verdict_and_progress_stays_on_stderr(empty_dir, tmp_path):
+def test_redirected_report_keeps_the_verdict_and_progress_stays_on_stderr(smoke, capfd, monkeypatch, empty_dir):
     """`tiny-rlhf-smoke > report.txt`: the file holds the report, ending with the verdict and the
-    next command; stderr holds only progress lines, one per stage with its elapsed time."""
-    report = tmp_path / "report.txt"
-    with report.open("w") as out:
-        proc = subprocess.run([str(BIN / "tiny-rlhf-smoke"), "--construct-only", "--device", "cpu"], cwd=empty_dir,
-                              stdout=out, stderr=subprocess.PIPE, timeout=300)  # bytes: the bars' \r kept
-    lines = report.read_text(encoding="utf-8").strip().splitlines()
-    stderr = proc.stderr.decode("utf-8")
-    assert proc.returncode == 0, stderr[-2000:]
+    next command; stderr holds only progress lines, one per stage with its elapsed time. (Run
+    in-process as the console script runs it, stdout and stderr read at their file descriptors,
+    neither a terminal.)"""
+    code, out, stderr = inprocess_cli(smoke.main, capfd, monkeypatch, empty_dir, "tiny-rlhf-smoke",
+                                      ["--construct-only", "--device", "cpu"])
+    lines = out.strip().splitlines()
+    assert code == 0, stderr[-2000:]
     assert lines[-1] == ("tiny-rlhf-smoke: OK: the construct-only smoke passed for ppo on the CPU (exit 0); "
                          "next: tiny-rlhf-smoke --trainer ppo")
     assert lines[0].startswith("ppo (palm_rlhf_pytorch.RLHFTrainer): all 4 checks passed")

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from conftest import BIN, REPO, SMOKE, default_signals, inprocess, run, run_json, usage_error_without_torch
+from conftest import (BIN, REPO, SMOKE, default_signals, inprocess, inprocess_cli, run, run_json,
+                      usage_error_without_torch)
 import probe_kit
 from skill_runtime import byte_tokenizer, exits, runner, version_gate
 from policy_optimization import smoke_prompts
@@ -93,23 +94,25 @@ def test_byte_tokenizer_pads_right_and_never_uses_pad_id(smoke):
     assert tok.dropped_empty == 1
 
 
-def test_forced_failed_check_exits_1(empty_dir):
+def test_forced_failed_check_exits_1(smoke, capsys, monkeypatch, empty_dir):
     # one rollout means one PPO optimizer step: AdoptAtan2 moves nothing on its first step
-    proc, report = run_json([sys.executable, str(SMOKE), "--rollouts", "1", "--json"], empty_dir)
-    assert proc.returncode == 1 and report["status"] == "failed"
+    code, report = inprocess(smoke, capsys, monkeypatch, empty_dir, "--rollouts", "1")
+    assert code == 1 and report["status"] == "failed"
     failed = {c["name"] for c in report["checks"] if not c["passed"]}
     assert {"actor_lora_changed", "optimizer_steps"} <= failed
 
 
-def test_cuda_without_cuda_exits_2_with_one_line(empty_dir):
-    proc = run([sys.executable, str(SMOKE), "--device", "cuda", "--json"], empty_dir)
-    assert proc.returncode == 2
-    assert proc.stdout == "" and len(proc.stderr.strip().splitlines()) == 1
-    assert "CUDA is not available" in proc.stderr and "--device cpu" in proc.stderr
+def test_cuda_without_cuda_exits_2_with_one_line(smoke, capsys, monkeypatch, empty_dir):
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # no CUDA, on any machine
+    code, out, err = inprocess_cli(smoke.main, capsys, monkeypatch, empty_dir, SMOKE, ["--device", "cuda", "--json"])
+    assert code == 2
+    assert out == "" and len(err.strip().splitlines()) == 1
+    assert "CUDA is not available" in err and "--device cpu" in err
     # plain: the import's progress line comes first, the error is the last line
-    proc = run([sys.executable, str(SMOKE), "--device", "cuda"], empty_dir)
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and proc.stdout == "" and "CUDA is not available" in lines[-1]
+    code, out, err = inprocess_cli(smoke.main, capsys, monkeypatch, empty_dir, SMOKE, ["--device", "cuda"])
+    lines = err.strip().splitlines()
+    assert code == 2 and out == "" and "CUDA is not available" in lines[-1]
     assert all(line.lstrip("\r").startswith("tiny-rlhf-smoke: import") for line in lines[:-1]), lines
 
 
@@ -135,10 +138,11 @@ def test_options_that_cannot_work_are_refused_not_ignored(empty_dir, argv, messa
     assert message in usage_error_without_torch(SMOKE, argv, empty_dir)
 
 
-def test_eos_in_fixed_prompts_does_not_suggest_another_seed(empty_dir):
-    proc = run([sys.executable, str(SMOKE), "--prompt-style", "file", "--eos-token", "102", "--json"], empty_dir)
-    assert proc.returncode == 2 and proc.stdout == "" and len(proc.stderr.strip().splitlines()) == 1
-    assert proc.stderr.strip().endswith("choose another id (the prompts of --prompt-style file do not depend on --seed)")
+def test_eos_in_fixed_prompts_does_not_suggest_another_seed(smoke, capsys, monkeypatch, empty_dir):
+    code, out, err = inprocess_cli(smoke.main, capsys, monkeypatch, empty_dir, SMOKE,
+                                   ["--prompt-style", "file", "--eos-token", "102", "--json"])
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert err.strip().endswith("choose another id (the prompts of --prompt-style file do not depend on --seed)")
 
 
 def test_sigterm_exits_143_and_removes_the_private_dir(tmp_path, empty_dir):
