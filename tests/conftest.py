@@ -157,3 +157,15 @@ def pytest_collection_finish(session):
         if lost:
             raise pytest.UsageError(f"pytest-xdist's --dist loadgroup did not group {lost[0]} (and {len(lost) - 1} "
                                     "more): install the pytest of pyproject.toml's test extra")
+
+
+def cli(main, capsys, monkeypatch, cwd: Path, *argv: str) -> tuple[int, str, str]:
+    """An entry point's ``main(argv)`` in-process, as its process runs it (``runner.run_cli``: a
+    SkillError is one stderr line and its exit code), from ``cwd``: (exit code, stdout, stderr).
+    For tests that read only those three; a process stays where the boundary is what is tested."""
+    from skill_runtime import runner
+    monkeypatch.chdir(cwd)
+    capsys.readouterr()  # only this run's output
+    code = runner.run_cli(main, list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
