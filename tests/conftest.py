@@ -159,7 +159,7 @@ def pytest_collection_finish(session):
                                     "more): install the pytest of pyproject.toml's test extra")
 
 
-def cli(main, capsys, monkeypatch, cwd: Path, *argv: str) -> tuple[int, str, str]:
+def main_in_process(main, capsys, monkeypatch, cwd: Path, *argv: str) -> tuple[int, str, str]:
     """An entry point's ``main(argv)`` in-process, as its process runs it (``runner.run_cli``: a
     SkillError is one stderr line and its exit code), from ``cwd``: (exit code, stdout, stderr).
     For tests that read only those three; a process stays where the boundary is what is tested."""

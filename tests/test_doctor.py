@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, REPO, cli, run, run_json
+from conftest import BIN, REPO, main_in_process, run, run_json
 from doc_tables import assert_keys_documented
 from palm_rlhf_skill import doctor
 from skill_runtime import placement, version_gate
@@ -142,7 +142,7 @@ def test_mixed_precision_variable_is_shown_and_a_value_accelerate_ignores_warns(
     for value in ("bf16", "BF16"):
         monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", value)
         with fresh_accelerate():
-            code, out, err = cli(doctor.main, capsys, monkeypatch, empty_dir)
+            code, out, err = main_in_process(doctor.main, capsys, monkeypatch, empty_dir)
         at = out.splitlines()
         i = next(i for i, line in enumerate(at) if line.split()[1:2] == ["accelerate"])
         lines[value] = at[i:i + 2]

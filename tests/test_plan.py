@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, REPO, cli, load_script, run, run_json, usage_error_without_torch
+from conftest import BIN, REPO, main_in_process, load_script, run, run_json, usage_error_without_torch
 from doc_tables import assert_keys_documented
 from skill_runtime import exits, placement
 from policy_optimization import (accuracy, advice, budget, builder, counting, measuring, prediction, probe,
@@ -154,7 +154,8 @@ def test_missing_required_palm_key_through_the_cli(plan, tmp_path, empty_dir, ca
     (``main(argv)`` under ``run_cli``, as the process runs it)."""
     path = tiny_config(tmp_path)
     path.write_text(path.read_text().replace("dim = 16\n", ""), encoding="utf-8")
-    code, out, err = cli(plan.main, capsys, monkeypatch, empty_dir, "--config", str(path), "--device", "cpu")
+    code, out, err = main_in_process(plan.main, capsys, monkeypatch, empty_dir,
+                                     "--config", str(path), "--device", "cpu")
     assert code == 2 and err.strip().count("\n") == 0, err
     assert "[palm] dim: missing" in err and out == ""
     assert list(empty_dir.iterdir()) == []
@@ -302,13 +303,13 @@ def test_plan_counts_match_the_real_run(plan, tmp_path, empty_dir, capsys, monke
     do, leftovers included (FlowRL, 7 rollouts, learn every 3: 2 calls of 9, 1 rollout dropped)."""
     path = tiny_config(tmp_path, "flowrl", episodes=1, timesteps=7, update=3)
     common = ["--config", str(path), "--json", "--device", "cpu", "--cpu-threads", "1"]
-    code, out, err = cli(plan.main, capsys, monkeypatch, empty_dir, *common, "--probe-seconds", "10")
+    code, out, err = main_in_process(plan.main, capsys, monkeypatch, empty_dir, *common, "--probe-seconds", "10")
     report = json.loads(out)
     assert code == 0 and report["status"] == "fits", err[-2000:]
     counts = report["counts"]
     assert (counts["learn_calls"], counts["items_per_learn"], counts["leftover_rollouts_dropped"]) == (2, 9, 1)
     assert [w["code"] for w in report["warnings"]] == ["leftovers_dropped"]
-    code, out, err = cli(plan.main, capsys, monkeypatch, empty_dir, *common, "--execute")
+    code, out, err = main_in_process(plan.main, capsys, monkeypatch, empty_dir, *common, "--execute")
     real = json.loads(out)
     assert code == 0 and real["status"] == "ok", err[-2000:]
     assert real["learn_calls"] == counts["learn_calls"] and real["items_per_learn"] == [9, 9]
@@ -359,8 +360,8 @@ def test_probe_respects_probe_seconds(plan, tmp_path, capsys, monkeypatch):
 
 def test_a_run_that_never_learns_is_flagged(plan, tmp_path, empty_dir, capsys, monkeypatch):
     path = tiny_config(tmp_path, "grpo", episodes=2, timesteps=5, update=5000)
-    code, out, _ = cli(plan.main, capsys, monkeypatch, empty_dir, "--config", str(path), "--json", "--device", "cpu",
-                       "--cpu-threads", "1", "--probe-seconds", "5")
+    code, out, _ = main_in_process(plan.main, capsys, monkeypatch, empty_dir, "--config", str(path), "--json",
+                                   "--device", "cpu", "--cpu-threads", "1", "--probe-seconds", "5")
     report = json.loads(out)
     assert code == 1 and report["status"] == "never_learns", report["verdict"]
     assert report["verdict"].startswith("never learns: predicted")

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import probe_kit
-from conftest import REPO, cli, load_script, run
+from conftest import REPO, main_in_process, load_script, run
 from skill_runtime import byte_tokenizer, exits, placement
 from policy_optimization import builder, planner, programs, run_config
 
@@ -154,7 +154,8 @@ def test_rule_reward_carries_a_parameter_only_under_multi_process_cpu(tmp_path, 
 def test_program_errors_are_one_line_exit_2_naming_the_file(tmp_path, empty_dir, capsys, monkeypatch, value, says):
     path = write_run(tmp_path, rest=f'[reward]\nprogram = "{value}"')
     (tmp_path / "broken.py").write_text("1 / 0\n", encoding="utf-8")
-    code, out, err = cli(plan.main, capsys, monkeypatch, empty_dir, "--config", str(path), "--device", "cpu")
+    code, out, err = main_in_process(plan.main, capsys, monkeypatch, empty_dir,
+                                     "--config", str(path), "--device", "cpu")
     assert code == 2 and out == "" and err.count("\n") == 1, err
     assert says.format(dir=tmp_path) in err, err
     assert list(empty_dir.iterdir()) == []
@@ -234,13 +235,13 @@ def test_plan_predicts_the_rounds_and_evaluations_execute_runs(tmp_path, empty_d
                      rest="[reward]\ntext_program = 'rules.py:vowels'\n[run]\nrounds = 2\nseed = 3\n"
                           "[eval]\nprompts_file = 'p.txt'\nevery = 2\nsamples = 2")
     common = ["--config", str(path), "--json", "--device", "cpu", "--cpu-threads", "1"]
-    code, out, err = cli(plan.main, capsys, monkeypatch, empty_dir, *common, "--probe-seconds", "5")
+    code, out, err = main_in_process(plan.main, capsys, monkeypatch, empty_dir, *common, "--probe-seconds", "5")
     report = json.loads(out)
     assert code == 0 and report["status"] == "fits", err[-2000:]
     assert (report["counts"]["rounds"], report["counts"]["rollouts"], report["counts"]["learn_calls"]) == (2, 8, 4)
     assert report["time"]["eval"] > 0 and report["seed"] == 3
     assert {"section": "train", "key": "temperature", "value": 1.0, "source": "library"} in report["defaults_applied"]
-    code, out, err = cli(plan.main, capsys, monkeypatch, empty_dir, *common, "--execute")
+    code, out, err = main_in_process(plan.main, capsys, monkeypatch, empty_dir, *common, "--execute")
     real = json.loads(out)
     assert code == 0 and real["status"] == "ok", err[-2000:]
     assert real["learn_calls"] == 4 and [e["round"] for e in real["eval"]] == [0, 2]
