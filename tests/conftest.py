@@ -1,6 +1,7 @@
 """Shared test helpers: repo paths, loading a skill-tree script in-process, running it as a CLI."""
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -159,15 +160,38 @@ def pytest_collection_finish(session):
                                     "more): install the pytest of pyproject.toml's test extra")
 
 
-def inprocess_cli(main, capture, monkeypatch, cwd: Path, prog: str | Path, argv: list[str]) -> tuple[int, str, str]:
-    """``prog *argv`` run in this process, as its process would run it: ``main(argv)`` under
-    ``runner.run_cli`` (a SkillError as one stderr line and its exit code) from ``cwd``, with
-    ``sys.argv`` = ``[prog, *argv]`` (the program name of its messages and of its next command);
-    returns (exit code, stdout, stderr) from ``capture`` (capsys, or capfd to see the file
-    descriptors too)."""
+def main_in_process(main, capture, monkeypatch, cwd: Path, *argv: str, prog: str | Path | None = None
+                    ) -> tuple[int, str, str]:
+    """An entry point's ``main(argv)`` in this process, as its process runs it (``runner.run_cli``:
+    a SkillError is one stderr line and its exit code), from ``cwd``; with ``prog``, ``sys.argv`` is
+    ``[prog, *argv]`` (the program name of its messages and of the next command it suggests).
+    Returns (exit code, stdout, stderr) of this run alone from ``capture`` (capsys, or capfd to see
+    the file descriptors too). For tests that read only those three: a process stays where the
+    boundary is what is tested."""
     from skill_runtime import runner
     monkeypatch.chdir(cwd)
-    monkeypatch.setattr(sys, "argv", [str(prog), *argv])
+    if prog is not None:
+        monkeypatch.setattr(sys, "argv", [str(prog), *argv])
+    capture.readouterr()  # only this run's output
     code = runner.run_cli(main, list(argv))
     out, err = capture.readouterr()
     return code, out, err
+
+
+@contextlib.contextmanager
+def fresh_accelerate():
+    """Accelerate as a fresh process has it: no PartialState, AcceleratorState or GradientState, so
+    that the next one built reads the environment as a fresh process's first does (Accelerate reads
+    ACCELERATE_MIXED_PRECISION and the launcher variables only while none exists: with this
+    process's states kept, those runs exit 0); the states found are put back afterwards (as
+    ``placement.probe_accelerator`` leaves them), and whatever the block built is dropped."""
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+    found = {cls: dict(cls._shared_state) for cls in (PartialState, AcceleratorState, GradientState)}
+    for cls in found:
+        cls._shared_state.clear()
+    try:
+        yield
+    finally:
+        for cls, state in found.items():
+            cls._shared_state.clear()
+            cls._shared_state.update(state)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, REPO, load_script, run, run_json
+from conftest import BIN, REPO, main_in_process, load_script, run, run_json
 from skill_check import api, arguments, budget, citations, derived, generated, install_state, markdown, paths, skills
 from skill_check import report as check_report
 from skill_runtime import runner, version_gate
@@ -357,12 +357,13 @@ def test_edited_tree_copy_names_each_kind_of_drift(tmp_path, empty_dir):
         assert any(piece in line for line in lines), (piece, lines)
 
 
-def test_stale_install_says_reinstall(tmp_path):
-    """Issue 22: check run from a checkout whose installed copy differs says so, and what to do."""
+def test_stale_install_says_reinstall(tmp_path, capsys, monkeypatch):
+    """Issue 22: check run from a checkout whose installed copy differs says so, and what to do
+    (this tree's check, ``main([])`` in-process, run from inside the edited checkout)."""
     checkout = tree_copy(tmp_path / "checkout", project=True)
     (checkout / "references" / "glossary.md").write_text("# Glossary\n\nedited\n", encoding="utf-8")
-    proc = run([sys.executable, str(SCRIPT)], checkout / "references")
-    out = proc.stdout.splitlines()
+    _, out, _ = main_in_process(check.main, capsys, monkeypatch, checkout / "references")
+    out = out.splitlines()
     warning = next(line for line in out if line.startswith("warning: stale install"))
     assert f"checkout at {checkout}" in warning and "references/glossary.md" in warning and "reinstall" in warning
     assert "reinstall from the checkout" in out[-1], out[-1]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, REPO, run, run_json
+from conftest import BIN, REPO, fresh_accelerate, main_in_process, run, run_json
 from doc_tables import assert_keys_documented
 from palm_rlhf_skill import doctor
 from skill_runtime import placement, version_gate
@@ -71,6 +71,7 @@ def test_doctor_json_is_fit_on_this_machine(empty_dir, home):
 
 
 def test_doctor_without_json_writes_the_summary_to_stdout(empty_dir, home):
+    # a process, as the next two: tqdm reads TQDM_DISABLE once, when it is imported
     proc = run([DOCTOR, "doctor"], empty_dir,
                env={"HOME": str(home), "ACCELERATE_USE_CPU": "1", "TQDM_DISABLE": "1"})
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
@@ -113,14 +114,19 @@ def test_bad_accelerate_flag_fails_and_tqdm_zero_warns(empty_dir, home):
     assert "unset TQDM_DISABLE" in checks["tqdm"]["fix"]
 
 
-def test_mixed_precision_variable_is_shown_and_a_value_accelerate_ignores_warns(empty_dir, home):
+def test_mixed_precision_variable_is_shown_and_a_value_accelerate_ignores_warns(empty_dir, home, capsys, monkeypatch):
     """Accelerate takes ACCELERATE_MIXED_PRECISION unchecked: `BF16` (upper case) trains in full
-    precision without a word. The text report shows the value; one outside PrecisionType warns."""
+    precision without a word. The text report shows the value; one outside PrecisionType warns.
+    In-process: Accelerate reads the variable when the Accelerator is built, not at import; its
+    process-wide states start cleared (``fresh_accelerate``) so this run builds its own."""
     from accelerate.utils import PrecisionType
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # as run() hides CUDA
     lines = {}
     for value in ("bf16", "BF16"):
-        proc = run([DOCTOR, "doctor"], empty_dir, env={"HOME": str(home), "ACCELERATE_MIXED_PRECISION": value})
-        at = proc.stdout.splitlines()
+        monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", value)
+        with fresh_accelerate():
+            code, out, err = main_in_process(doctor.main, capsys, monkeypatch, empty_dir)
+        at = out.splitlines()
         i = next(i for i, line in enumerate(at) if line.split()[1:2] == ["accelerate"])
         lines[value] = at[i:i + 2]
         assert f"ACCELERATE_MIXED_PRECISION={value!r}" in lines[value][0], lines[value]

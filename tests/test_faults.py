@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, REPO, SMOKE, inprocess, inprocess_cli, load_script, one_error_line, run, run_json
+from conftest import BIN, REPO, SMOKE, fresh_accelerate, inprocess, main_in_process, load_script, one_error_line, run, run_json
 from skill_runtime import exits, placement, runner, version_gate, workspace
 
 PALM_SMOKE = REPO / "sub-skills" / "palm-modeling" / "scripts" / "tiny_palm_smoke.py"
@@ -290,31 +290,12 @@ def test_ctrl_c_right_after_the_report_exits_with_the_reports_code(empty_dir, mo
 
 # --- an environment Accelerate refuses: exit 2 with one line naming the variable ---------------------
 
-@contextlib.contextmanager
-def fresh_accelerate():
-    """Accelerate as a fresh process has it: no PartialState, AcceleratorState or GradientState, so
-    that the next one built reads the environment as a fresh process's first does (Accelerate reads
-    ACCELERATE_MIXED_PRECISION and the launcher variables only while none exists: with this
-    process's states kept, those runs exit 0); the states found are put back afterwards (as
-    ``placement.probe_accelerator`` leaves them), and whatever the block built is dropped."""
-    from accelerate.state import AcceleratorState, GradientState, PartialState
-    found = {cls: dict(cls._shared_state) for cls in (PartialState, AcceleratorState, GradientState)}
-    for cls in found:
-        cls._shared_state.clear()
-    try:
-        yield
-    finally:
-        for cls, state in found.items():
-            cls._shared_state.clear()
-            cls._shared_state.update(state)
-
-
 def refused_run(smoke, monkeypatch, capsys, cwd, argv: list[str]) -> str:
     """``python tiny_rlhf_smoke.py *argv --device cpu`` in-process with a fresh Accelerate: it must
     exit 2 with nothing on stdout; its one stderr line. (``--device cpu``: the process ran with CUDA
     hidden, where the default ``auto`` is the CPU.)"""
     with fresh_accelerate():
-        code, out, err = inprocess_cli(smoke.main, capsys, monkeypatch, cwd, SMOKE, [*argv, "--device", "cpu"])
+        code, out, err = main_in_process(smoke.main, capsys, monkeypatch, cwd, *argv, "--device", "cpu", prog=SMOKE)
     assert code == 2 and out == "", err[-2000:]
     return one_error_line(err)
 
@@ -346,7 +327,7 @@ def test_an_accelerate_variable_it_refuses_is_an_environment_error(smoke, monkey
         assert f"Accelerate refuses this environment ({variable}={value!r})" in line and "fix or unset it" in line
     palm = load_script(PALM_SMOKE)
     with fresh_accelerate():
-        code, _, err = inprocess_cli(palm.main, capsys, monkeypatch, empty_dir, "tiny-palm-smoke",
-                                     ["--steps", "1", "--json", "--device", "cpu"])
+        code, _, err = main_in_process(palm.main, capsys, monkeypatch, empty_dir, "--steps", "1", "--json",
+                                       "--device", "cpu", prog="tiny-palm-smoke")
     assert code == 0, err[-2000:]  # it builds no Accelerator: nothing to refuse
     assert list(empty_dir.iterdir()) == []

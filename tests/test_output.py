@@ -18,7 +18,7 @@ import tomllib
 
 import pytest
 
-from conftest import BIN, REPO, SMOKE, inprocess, inprocess_cli, load_script, run
+from conftest import BIN, REPO, SMOKE, inprocess, main_in_process, load_script, run
 from skill_runtime import reporting, streams
 from policy_optimization import smoke_estimate
 
@@ -86,8 +86,8 @@ def test_redirected_report_keeps_the_verdict_and_progress_stays_on_stderr(smoke,
     next command; stderr holds only progress lines, one per stage with its elapsed time. (Run
     in-process as the console script runs it, stdout and stderr read at their file descriptors,
     neither a terminal.)"""
-    code, out, stderr = inprocess_cli(smoke.main, capfd, monkeypatch, empty_dir, "tiny-rlhf-smoke",
-                                      ["--construct-only", "--device", "cpu"])
+    code, out, stderr = main_in_process(smoke.main, capfd, monkeypatch, empty_dir, "--construct-only", "--device", "cpu",
+                                        prog="tiny-rlhf-smoke")
     lines = out.strip().splitlines()
     assert code == 0, stderr[-2000:]
     assert lines[-1] == ("tiny-rlhf-smoke: OK: the construct-only smoke passed for ppo on the CPU (exit 0); "

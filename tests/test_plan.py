@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, REPO, load_script, run, run_json, usage_error_without_torch
+from conftest import BIN, REPO, main_in_process, load_script, run, run_json, usage_error_without_torch
 from doc_tables import assert_keys_documented
 from skill_runtime import exits, placement
 from policy_optimization import (accuracy, advice, budget, builder, counting, measuring, prediction, probe,
@@ -149,13 +149,15 @@ def test_library_checked_errors_name_the_key(plan, tmp_path, section, key, value
     assert err.value.exit_code == 2 and expected in str(err.value) and "\n" not in str(err.value), str(err.value)
 
 
-def test_missing_required_palm_key_through_the_cli(tmp_path, empty_dir):
-    """The installed PaLM requires dim: the planner says so in one line, exit 2, nothing left behind."""
+def test_missing_required_palm_key_through_the_cli(plan, tmp_path, empty_dir, capsys, monkeypatch):
+    """The installed PaLM requires dim: the planner says so in one line, exit 2, nothing left behind
+    (``main(argv)`` under ``run_cli``, as the process runs it)."""
     path = tiny_config(tmp_path)
     path.write_text(path.read_text().replace("dim = 16\n", ""), encoding="utf-8")
-    proc = run([sys.executable, str(PLAN), "--config", str(path), "--device", "cpu"], empty_dir)
-    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr
-    assert "[palm] dim: missing" in proc.stderr and proc.stdout == ""
+    code, out, err = main_in_process(plan.main, capsys, monkeypatch, empty_dir,
+                                     "--config", str(path), "--device", "cpu")
+    assert code == 2 and err.strip().count("\n") == 0, err
+    assert "[palm] dim: missing" in err and out == ""
     assert list(empty_dir.iterdir()) == []
 
 
@@ -296,18 +298,20 @@ def test_stored_bytes_by_hand_and_against_a_real_rollout(plan, tmp_path, monkeyp
     prober.close()
 
 
-def test_plan_counts_match_the_real_run(plan, tmp_path, empty_dir):
+def test_plan_counts_match_the_real_run(plan, tmp_path, empty_dir, capsys, monkeypatch):
     """The planner's learn() calls and experiences per learn() equal what --execute sees the library
     do, leftovers included (FlowRL, 7 rollouts, learn every 3: 2 calls of 9, 1 rollout dropped)."""
     path = tiny_config(tmp_path, "flowrl", episodes=1, timesteps=7, update=3)
-    common = [sys.executable, str(PLAN), "--config", str(path), "--json", "--device", "cpu", "--cpu-threads", "1"]
-    proc, report = run_json([*common, "--probe-seconds", "10"], empty_dir)
-    assert proc.returncode == 0 and report["status"] == "fits", proc.stderr[-2000:]
+    common = ["--config", str(path), "--json", "--device", "cpu", "--cpu-threads", "1"]
+    code, out, err = main_in_process(plan.main, capsys, monkeypatch, empty_dir, *common, "--probe-seconds", "10")
+    report = json.loads(out)
+    assert code == 0 and report["status"] == "fits", err[-2000:]
     counts = report["counts"]
     assert (counts["learn_calls"], counts["items_per_learn"], counts["leftover_rollouts_dropped"]) == (2, 9, 1)
     assert [w["code"] for w in report["warnings"]] == ["leftovers_dropped"]
-    proc, real = run_json([*common, "--execute"], empty_dir)
-    assert proc.returncode == 0 and real["status"] == "ok", proc.stderr[-2000:]
+    code, out, err = main_in_process(plan.main, capsys, monkeypatch, empty_dir, *common, "--execute")
+    real = json.loads(out)
+    assert code == 0 and real["status"] == "ok", err[-2000:]
     assert real["learn_calls"] == counts["learn_calls"] and real["items_per_learn"] == [9, 9]
     assert report["predicted"]["peak_mib"] > 0 and report["predicted"]["wall_s"] > 0
     assert report["memory"]["complete"] is True and report["probe"]["regime"] == "measured"
@@ -354,11 +358,12 @@ def test_probe_respects_probe_seconds(plan, tmp_path, capsys, monkeypatch):
 
 # --- verdicts and warnings ------------------------------------------------------------------------
 
-def test_a_run_that_never_learns_is_flagged(tmp_path, empty_dir):
+def test_a_run_that_never_learns_is_flagged(plan, tmp_path, empty_dir, capsys, monkeypatch):
     path = tiny_config(tmp_path, "grpo", episodes=2, timesteps=5, update=5000)
-    proc, report = run_json([sys.executable, str(PLAN), "--config", str(path), "--json", "--device", "cpu",
-                             "--cpu-threads", "1", "--probe-seconds", "5"], empty_dir)
-    assert proc.returncode == 1 and report["status"] == "never_learns", report["verdict"]
+    code, out, _ = main_in_process(plan.main, capsys, monkeypatch, empty_dir, "--config", str(path), "--json",
+                                   "--device", "cpu", "--cpu-threads", "1", "--probe-seconds", "5")
+    report = json.loads(out)
+    assert code == 1 and report["status"] == "never_learns", report["verdict"]
     assert report["verdict"].startswith("never learns: predicted")
     assert report["counts"]["learn_calls"] == 0 and report["counts"]["max_items_held"] == 10 * 3
     warning = next(w for w in report["warnings"] if w["code"] == "never_learns")

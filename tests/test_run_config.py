@@ -4,17 +4,19 @@ checkpoint, [prompts] file / tokenizer, [eval], [run]), every misuse is one line
 key or the file, and the docs' key table is the parser's."""
 from __future__ import annotations
 
+import json
 import re
 import sys
 
 import pytest
 
 import probe_kit
-from conftest import REPO, run, run_json
+from conftest import REPO, main_in_process, load_script, run
 from skill_runtime import byte_tokenizer, exits, placement
 from policy_optimization import builder, planner, programs, run_config
 
 PLAN = REPO / "sub-skills" / "policy-optimization" / "scripts" / "plan_run.py"
+plan = load_script(PLAN, "plan_run")  # in-process: its processes are tested in test_plan.py
 WORKFLOWS = REPO / "sub-skills" / "policy-optimization" / "references" / "workflows.md"
 
 BASE = "\n[palm]\n" + "".join(f"{key} = {value}\n" for key, value in probe_kit.TINY_PALM.items()) + """{palm}
@@ -149,12 +151,13 @@ def test_rule_reward_carries_a_parameter_only_under_multi_process_cpu(tmp_path, 
     ("rules.py:one_arg", "config [reward] program: rules.py:one_arg cannot be called as function(x (b, n) int64"),
     ("broken.py:f", "config [reward] program: {dir}/broken.py fails to import: ZeroDivisionError: division by zero"),
 ])
-def test_program_errors_are_one_line_exit_2_naming_the_file(tmp_path, empty_dir, value, says):
+def test_program_errors_are_one_line_exit_2_naming_the_file(tmp_path, empty_dir, capsys, monkeypatch, value, says):
     path = write_run(tmp_path, rest=f'[reward]\nprogram = "{value}"')
     (tmp_path / "broken.py").write_text("1 / 0\n", encoding="utf-8")
-    proc = run([sys.executable, str(PLAN), "--config", str(path), "--device", "cpu"], empty_dir)
-    assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.count("\n") == 1, proc.stderr
-    assert says.format(dir=tmp_path) in proc.stderr, proc.stderr
+    code, out, err = main_in_process(plan.main, capsys, monkeypatch, empty_dir,
+                                     "--config", str(path), "--device", "cpu")
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert says.format(dir=tmp_path) in err, err
     assert list(empty_dir.iterdir()) == []
 
 
@@ -227,18 +230,20 @@ def test_a_round_is_one_train_call_and_its_defaults_are_listed(tmp_path):
     assert (counts["rollouts"], counts["learn_calls"], counts["leftover_rollouts_dropped"]) == (28, 8, 4)
 
 
-def test_plan_predicts_the_rounds_and_evaluations_execute_runs(tmp_path, empty_dir):
+def test_plan_predicts_the_rounds_and_evaluations_execute_runs(tmp_path, empty_dir, capsys, monkeypatch):
     path = write_run(tmp_path, train="update_timesteps = 2\nmax_timesteps = 4",
                      rest="[reward]\ntext_program = 'rules.py:vowels'\n[run]\nrounds = 2\nseed = 3\n"
                           "[eval]\nprompts_file = 'p.txt'\nevery = 2\nsamples = 2")
-    common = [sys.executable, str(PLAN), "--config", str(path), "--json", "--device", "cpu", "--cpu-threads", "1"]
-    proc, report = run_json([*common, "--probe-seconds", "5"], empty_dir)
-    assert proc.returncode == 0 and report["status"] == "fits", proc.stderr[-2000:]
+    common = ["--config", str(path), "--json", "--device", "cpu", "--cpu-threads", "1"]
+    code, out, err = main_in_process(plan.main, capsys, monkeypatch, empty_dir, *common, "--probe-seconds", "5")
+    report = json.loads(out)
+    assert code == 0 and report["status"] == "fits", err[-2000:]
     assert (report["counts"]["rounds"], report["counts"]["rollouts"], report["counts"]["learn_calls"]) == (2, 8, 4)
     assert report["time"]["eval"] > 0 and report["seed"] == 3
     assert {"section": "train", "key": "temperature", "value": 1.0, "source": "library"} in report["defaults_applied"]
-    proc, real = run_json([*common, "--execute"], empty_dir)
-    assert proc.returncode == 0 and real["status"] == "ok", proc.stderr[-2000:]
+    code, out, err = main_in_process(plan.main, capsys, monkeypatch, empty_dir, *common, "--execute")
+    real = json.loads(out)
+    assert code == 0 and real["status"] == "ok", err[-2000:]
     assert real["learn_calls"] == 4 and [e["round"] for e in real["eval"]] == [0, 2]
     assert all(0 <= e["reward"] <= 1 for e in real["eval"])
     assert list(empty_dir.iterdir()) == []

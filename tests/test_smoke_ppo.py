@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import (BIN, REPO, SMOKE, default_signals, inprocess, inprocess_cli, run, run_json,
+from conftest import (BIN, REPO, SMOKE, default_signals, inprocess, main_in_process, run, run_json,
                       usage_error_without_torch)
 import probe_kit
 from skill_runtime import byte_tokenizer, exits, runner, version_gate
@@ -105,12 +105,12 @@ def test_forced_failed_check_exits_1(smoke, capsys, monkeypatch, empty_dir):
 def test_cuda_without_cuda_exits_2_with_one_line(smoke, capsys, monkeypatch, empty_dir):
     import torch
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # no CUDA, on any machine
-    code, out, err = inprocess_cli(smoke.main, capsys, monkeypatch, empty_dir, SMOKE, ["--device", "cuda", "--json"])
+    code, out, err = main_in_process(smoke.main, capsys, monkeypatch, empty_dir, "--device", "cuda", "--json", prog=SMOKE)
     assert code == 2
     assert out == "" and len(err.strip().splitlines()) == 1
     assert "CUDA is not available" in err and "--device cpu" in err
     # plain: the import's progress line comes first, the error is the last line
-    code, out, err = inprocess_cli(smoke.main, capsys, monkeypatch, empty_dir, SMOKE, ["--device", "cuda"])
+    code, out, err = main_in_process(smoke.main, capsys, monkeypatch, empty_dir, "--device", "cuda", prog=SMOKE)
     lines = err.strip().splitlines()
     assert code == 2 and out == "" and "CUDA is not available" in lines[-1]
     assert all(line.lstrip("\r").startswith("tiny-rlhf-smoke: import") for line in lines[:-1]), lines
@@ -139,8 +139,8 @@ def test_options_that_cannot_work_are_refused_not_ignored(empty_dir, argv, messa
 
 
 def test_eos_in_fixed_prompts_does_not_suggest_another_seed(smoke, capsys, monkeypatch, empty_dir):
-    code, out, err = inprocess_cli(smoke.main, capsys, monkeypatch, empty_dir, SMOKE,
-                                   ["--prompt-style", "file", "--eos-token", "102", "--json"])
+    code, out, err = main_in_process(smoke.main, capsys, monkeypatch, empty_dir, "--prompt-style", "file",
+                                     "--eos-token", "102", "--json", prog=SMOKE)
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
     assert err.strip().endswith("choose another id (the prompts of --prompt-style file do not depend on --seed)")
 
