@@ -296,7 +296,8 @@ class Run:
                 if stop:
                     return "stopped", f"rule {', '.join(stop)} fired at round {round_} (--stop-on)"
                 if signals.requested:
-                    return "interrupted", f"{signal.Signals(signals.requested).name} during round {round_}"
+                    return "interrupted", (f"{signal.Signals(signals.requested).name} during round {round_}, which "
+                                           "finished and was checkpointed")
         return ("finished", None) if last == self.rounds_planned else ("paused", f"--until {last}")
 
     def finish(self, status: str, reason: str | None) -> dict[str, Any]:
