@@ -100,3 +100,38 @@ def test_config_json_and_summary_are_plain_files(tmp_path, monkeypatch):
     assert stored["config"]["reward"]["program"].endswith("reward.py:score") and "reward.program" in stored["files"]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["rounds_done"] == 1
+
+
+def test_resuming_a_finished_run_builds_nothing_and_shows_its_summary(tmp_path, monkeypatch, capsys):
+    """A finished run's --resume used to rebuild the trainer and print "rounds 2-1: 0/0"; it prints
+    the stored summary and exits 0 without building. A config with more rounds still extends it."""
+    import train_run
+    from skill_runtime import runner
+    monkeypatch.chdir(tmp_path)
+    config = write_config(tmp_path / "cfg", "grpo", rounds=1, run={"checkpoint_every": 1})
+    train(config, tmp_path / "run")
+    stored = json.loads((tmp_path / "run" / "summary.json").read_text())
+    real_build = loop.Run.build
+    monkeypatch.setattr(loop.Run, "build", classmethod(lambda cls, *a, **k: pytest.fail("a finished run was rebuilt")))
+    assert runner.run_cli(train_run.main, ["--resume", str(tmp_path / "run"), "--device", "cpu"]) == 0
+    out, err = capsys.readouterr()
+    assert "nothing to resume" in err and out.rstrip().endswith(f"{stored['verdict']}; next: {stored['next']}")
+    assert runner.run_cli(train_run.main, ["--resume", str(tmp_path / "run"), "--device", "cpu", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert {k: report[k] for k in stored} == stored
+    monkeypatch.setattr(loop.Run, "build", real_build)
+    extended = write_config(tmp_path / "cfg", "grpo", rounds=2, run={"checkpoint_every": 1})
+    assert runner.run_cli(train_run.main, ["--resume", str(tmp_path / "run"), "--config", str(extended),
+                                           "--device", "cpu", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rounds_done"] == 2
+
+
+def test_a_run_paused_before_its_first_evaluation_names_the_baseline(tmp_path, monkeypatch):
+    """--until 1 with [eval] every 2: round 0 was scored, round 1 not; the verdict gives round 0's
+    held-out reward (it used to say "no held-out evaluation")."""
+    monkeypatch.chdir(tmp_path)
+    config = write_config(tmp_path / "cfg", "grpo", rounds=4, eval={"every": 2})
+    assert train(config, tmp_path / "run", until=1)[2] == "paused"
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["held_out"]["rounds"] == [0] and summary["held_out"]["after"] is None
+    assert f"held-out reward {summary['held_out']['before']:.4g} before training, not evaluated since" in summary["verdict"]

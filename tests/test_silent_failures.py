@@ -870,3 +870,45 @@ def test_grpo_nan(name):
     check(nan, anchor, f"max_norm=1 now keeps the weights finite ({losses})")
     losses, nan, sample = overflowed(guard=True)
     check(math.inf in losses and not nan and len(set(sample)) > 1, anchor, f"guarded step: NaN {nan}, sample {sample}")
+
+
+# --- a NaN reward: what each trainer does with it (training-run.md#non-finite-rewards) -------------
+
+RUN_DOC = probe_kit.Path(__file__).resolve().parents[1] / "sub-skills/policy-optimization/references/training-run.md"
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_each_trainer_on_a_nan_reward_does_what_training_run_md_says(name, monkeypatch, tmp_path):
+    """training-run.md#non-finite-rewards: GRPO raises safe_div's empty AssertionError; PPO and
+    FlowRL train on into NaN weights; TPO trains on with finite weights and all-zero z-scores; the
+    run kit's row of PPO, TPO and FlowRL fires non_finite."""
+    section = " ".join(RUN_DOC.read_text(encoding="utf-8").split('<a id="non-finite-rewards"></a>')[1]
+                       .split("<a id=")[0].split())
+    monkeypatch.chdir(tmp_path)  # TPO's replay buffer folder
+    reseed(0)
+    reward = probe_kit.tiny_reward_model()
+    reward.register_forward_hook(lambda module, args, output: torch.full_like(output, float("nan")))
+    trainer = probe_kit.tiny_trainer(name, reward_model=reward)
+    weights = [p for group in trainers.trainable_groups(name, trainer).values() for p in group]
+    before = [p.detach().clone() for p in weights]
+    if name == "grpo":
+        with pytest.raises(AssertionError) as err:
+            run(trainer, 4, probe_kit.max_seq_len(trainer))
+        assert str(err.value) == "" and "safe_div" in err.traceback[-1].frame.code.name
+        assert "GRPO `train()` raises an empty `AssertionError` (`safe_div`" in section
+        return
+    run(trainer, 4, probe_kit.max_seq_len(trainer))
+    finite = [bool(torch.isfinite(p).all()) for p in weights]
+    changed = sum(not torch.equal(p.detach(), b) for p, b in zip(weights, before))
+    if name == "tpo":
+        assert all(finite) and changed > 0 and "TPO trains on with finite weights, its z-scored rewards all 0" in section
+        assert (normalized_rewards(probe_kit.tiny_trainer(name, reward_model=reward), name, monkeypatch) == 0).all()
+    else:
+        assert not any(finite), f"{name}: {finite.count(True)} of {len(finite)} trainable tensors stayed finite"
+        assert "PPO and FlowRL train on and write NaN into every trainable weight" in section
+    from policy_optimization.run import cases, loop
+    nan = next(c for c in cases.CASES if c.name == "NaN reward")
+    config = cases.write(cases.Case("NaN reward", name, None, "", reward=nan.reward, rounds=1), tmp_path / "config")
+    run_kit, status, _ = loop.train_to_end(str(config), tmp_path / "run")
+    assert status == "finished" and "non_finite" in run_kit.rows[-1]["rules"] and math.isnan(run_kit.rows[-1]["reward_mean"])
+    assert "the row's `reward_mean` is NaN and `non_finite` fires" in section

@@ -119,6 +119,13 @@ def main(argv: list[str] | None = None) -> int:
     from skill_runtime import placement
     threads = placement.torch_threads(args.cpu_threads) if args.cpu_threads else _same_threads()
     prepared = loop.prepare(config, run_dir, bool(args.resume), args.force, args.set, run_options)
+    finished = prepared.run.finished_summary() if prepared.resume else None
+    if finished is not None and finished["rounds_done"] >= prepared.resolved["round"]["rounds"]:
+        # every round is done (a config with more [run] rounds extends the run instead): nothing to
+        # build, the run's summary again
+        progress.note(f"{run_dir} finished all {finished['rounds_done']} rounds: nothing to resume")
+        finished["versions"], finished["warnings"] = env["versions"], env["warnings"]
+        return runner.emit(finished, args.json, plain_summary, exits.EXIT_OK)
     with workspace.private_workdir(), threads:  # the library's relative paths (TPO's replay buffer) go there
         with progress.stage("build the trainer" + (" and restore the last checkpoint" if args.resume else "")):
             run = loop.Run.build(prepared, args.device)

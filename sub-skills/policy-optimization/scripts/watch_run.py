@@ -34,7 +34,7 @@ def build_parser() -> options.OneLineParser:
                "  palm-rlhf-skill watch runs/first --last 20\n"
                "  palm-rlhf-skill watch runs/first --plot curves.png\n"
                "  palm-rlhf-skill watch runs/first --json\n\n"
-               "exit codes: 0 shown; 2 usage error, no run in DIR, or --plot without matplotlib")
+               "exit codes: 0 shown; 2 usage error, no run in DIR, or a plot it cannot write; 3 --plot without matplotlib")
     parser.add_argument("run_dir", metavar="DIR", help="the run directory (train's --run-dir)")
     parser.add_argument("--last", type=options.bounded_int(1), default=10, metavar="N",
                         help="rows in the table (default: 10)")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import signal
 import sys
 import time
@@ -209,11 +210,12 @@ class Run:
         before = metrics.snapshot_trainable(self.groups)
         meter = measuring_meter(self.device)
         t0 = time.perf_counter()
+        seen = None
         try:
             with metrics.observe(name, trainer) as seen, streams.capture_library_output() as captured:
                 trainer.train(**self.train_kwargs())
         except Exception as exc:  # noqa: BLE001 - sorted: the user's program, or the library
-            raise round_error(f"round {round_}", exc) from None
+            raise round_error(f"round {round_}", exc, seen.rewards if seen else None) from None
         wall = time.perf_counter() - t0
         seen = gathered(self.trainer, seen)
         norms, non_finite = metrics.change_norms(self.groups, before)
@@ -296,7 +298,8 @@ class Run:
                 if stop:
                     return "stopped", f"rule {', '.join(stop)} fired at round {round_} (--stop-on)"
                 if signals.requested:
-                    return "interrupted", f"{signal.Signals(signals.requested).name} during round {round_}"
+                    return "interrupted", (f"{signal.Signals(signals.requested).name} during round {round_}, which "
+                                           "finished and was checkpointed")
         return ("finished", None) if last == self.rounds_planned else ("paused", f"--until {last}")
 
     def finish(self, status: str, reason: str | None) -> dict[str, Any]:
@@ -391,9 +394,13 @@ def measuring_meter(device):
     return meter
 
 
-def round_error(where: str, exc: BaseException) -> exits.SkillError:
+def round_error(where: str, exc: BaseException, rewards: list[list[float]] | None = None) -> exits.SkillError:
     """The one line of a round (or an evaluation) that raised: the user's reward program (exit 2),
-    an allocation that failed (exit 2), or the library (exit 1)."""
+    an allocation that failed (exit 2), or the library (exit 1), which names the non-finite rewards
+    the reward model gave before it raised (``rewards``: the round's ``Observation.rewards``, one
+    list of floats per rollout), whatever the trainer made of them: GRPO's safe_div asserts on a
+    NaN (grpo.py:204); the others train on, and their row fires the watchdog's non_finite rule
+    (training-run.md#non-finite-rewards)."""
     from policy_optimization import programs
     text = exits.one_line(exc)
     if isinstance(exc, programs.RewardProgramError):
@@ -402,9 +409,17 @@ def round_error(where: str, exc: BaseException) -> exits.SkillError:
     if exits.out_of_memory(exc):
         return exits.SkillError(f"{where}: ran out of memory ({text}): smaller sizes or update_timesteps, "
                                 "then resume")
+    scores = [r for rollout in rewards or [] for r in rollout]
+    bad = sum(not math.isfinite(r) for r in scores)
+    if bad:
+        raised = text if str(exc) else f"{type(exc).__name__} (no message)"
+        return exits.SkillError(f"{where}: the reward model gave {bad} of {len(scores)} sequences a non-finite reward "
+                                f"(NaN or inf), and the library then raised {raised}; read "
+                                f"{watchdog.RUN_DOC}#non-finite-rewards",
+                                exits.EXIT_CHECK_FAILED)
     if isinstance(exc, AssertionError) and not str(exc):  # grpo.py:204, safe_div's bare assert
-        return exits.SkillError(f"{where}: the library raised an empty AssertionError (GRPO's safe_div: a reward "
-                                "that is NaN, or a group of one); read "
+        return exits.SkillError(f"{where}: the library raised an empty AssertionError (GRPO's safe_div: a group "
+                                "of one, or a NaN inside the update); read "
                                 "sub-skills/policy-optimization/references/troubleshooting.md#group-of-one",
                                 exits.EXIT_CHECK_FAILED)
     return exits.SkillError(f"{where}: the library raised {text}; read "

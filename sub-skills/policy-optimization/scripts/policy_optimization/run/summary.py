@@ -53,8 +53,12 @@ def summarize(run, status: str, reason: str | None, files: dict[str, Any]) -> di
 def verdict(summary: dict[str, Any]) -> tuple[str, str]:
     """The verdict line and the next step of a summary."""
     status, held = summary["status"], summary["held_out"]
-    change = (f"held-out reward {held['before']:.4g} -> {held['after']:.4g}" if held["after"] is not None
-              else "no held-out evaluation ([eval] prompts_file)")
+    if held["after"] is not None:
+        change = f"held-out reward {held['before']:.4g} -> {held['after']:.4g}"
+    elif held["before"] is not None:  # --until before the first evaluation after round 0
+        change = f"held-out reward {held['before']:.4g} before training, not evaluated since ([eval] every)"
+    else:
+        change = "no held-out evaluation ([eval] prompts_file)"
     rules = f"rules fired: {', '.join(summary['rules_fired'])}" if summary["rules_fired"] else "no rule fired"
     run_dir = str(Path(summary["files"]["metrics"]).parent)
     if status == "finished":

@@ -108,14 +108,15 @@ def verdict(data: dict[str, Any]) -> str:
 
 def plot(data: dict[str, Any], path: Path) -> Path:
     """Draw every curve against the round (one panel each) into ``path`` (PNG) with matplotlib's
-    non-interactive Agg backend. Raises SkillError(2) naming the install command when matplotlib
-    is missing."""
+    non-interactive Agg backend. Raises SkillError(3, a missing package) naming the install command
+    when matplotlib is missing; SkillError(2) when ``path`` cannot be written."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise exits.SkillError(f"--plot needs matplotlib, which is not installed: {PLOT_INSTALL}") from None
+        raise exits.SkillError(f"--plot needs matplotlib, which is not installed: {PLOT_INSTALL}",
+                               exits.EXIT_DEPENDENCY) from None
     curves = [(label, points) for label, points in data["curves"].items() if points]
     figure, axes = plt.subplots(len(curves) or 1, 1, figsize=(7, 1.9 * max(1, len(curves))), sharex=True, squeeze=False)
     for axis, (label, points) in zip(axes[:, 0], curves):
