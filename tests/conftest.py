@@ -157,3 +157,29 @@ def pytest_collection_finish(session):
         if lost:
             raise pytest.UsageError(f"pytest-xdist's --dist loadgroup did not group {lost[0]} (and {len(lost) - 1} "
                                     "more): install the pytest of pyproject.toml's test extra")
+
+
+import contextlib  # noqa: E402  (kept with the helper below: other sessions edit this file's top)
+
+
+@contextlib.contextmanager
+def fresh_accelerate(monkeypatch):
+    """For the block: Accelerate's process-wide states (``PartialState``, ``AcceleratorState``,
+    ``GradientState`` ``._shared_state``) empty and no ``ACCELERATE_*`` variable, as in a fresh
+    process; afterwards the states as they were found (cleared and refilled in place: instances
+    share those dicts) and torch's CPU generator as it was."""
+    import torch
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+    saved = {cls: dict(cls._shared_state) for cls in (PartialState, AcceleratorState, GradientState)}
+    for name in [k for k in os.environ if k.startswith("ACCELERATE_")]:
+        monkeypatch.delenv(name)
+    rng = torch.random.get_rng_state()
+    try:
+        for cls in saved:
+            cls._shared_state.clear()
+        yield
+    finally:
+        for cls, state in saved.items():
+            cls._shared_state.clear()
+            cls._shared_state.update(state)
+        torch.random.set_rng_state(rng)

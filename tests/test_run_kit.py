@@ -413,6 +413,7 @@ def test_the_first_run_runs_as_typed_and_watch_shows_it_rising(tmp_path, monkeyp
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     monkeypatch.setattr(sys, "argv", list(sys.argv))  # run_script names the program in sys.argv
+    monkeypatch.setattr(sys, "path", list(sys.path))  # palm_rlhf_skill.runtime puts the installed tree first
     outputs = []
     for line in block.strip().splitlines():
         program, _, rest = line.partition(" ")
