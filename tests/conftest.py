@@ -179,19 +179,26 @@ def main_in_process(main, capture, monkeypatch, cwd: Path, *argv: str, prog: str
 
 
 @contextlib.contextmanager
-def fresh_accelerate():
-    """Accelerate as a fresh process has it: no PartialState, AcceleratorState or GradientState, so
-    that the next one built reads the environment as a fresh process's first does (Accelerate reads
-    ACCELERATE_MIXED_PRECISION and the launcher variables only while none exists: with this
-    process's states kept, those runs exit 0); the states found are put back afterwards (as
-    ``placement.probe_accelerator`` leaves them), and whatever the block built is dropped."""
+def fresh_accelerate(monkeypatch=None):
+    """Accelerate as a fresh process has it for the block: no PartialState, AcceleratorState or
+    GradientState (``._shared_state`` empty), so that the next one built reads the environment as a
+    fresh process's first does (Accelerate reads ACCELERATE_MIXED_PRECISION and the launcher
+    variables only while none exists: with this process's states kept, those runs exit 0); with
+    ``monkeypatch``, no ``ACCELERATE_*`` variable either. Afterwards the states as they were found
+    (cleared and refilled in place: instances share those dicts; whatever the block built is
+    dropped) and torch's CPU generator as it was."""
+    import torch
     from accelerate.state import AcceleratorState, GradientState, PartialState
-    found = {cls: dict(cls._shared_state) for cls in (PartialState, AcceleratorState, GradientState)}
-    for cls in found:
-        cls._shared_state.clear()
+    saved = {cls: dict(cls._shared_state) for cls in (PartialState, AcceleratorState, GradientState)}
+    for name in [k for k in os.environ if k.startswith("ACCELERATE_")] if monkeypatch else []:
+        monkeypatch.delenv(name)
+    rng = torch.random.get_rng_state()
     try:
+        for cls in saved:
+            cls._shared_state.clear()
         yield
     finally:
-        for cls, state in found.items():
+        for cls, state in saved.items():
             cls._shared_state.clear()
             cls._shared_state.update(state)
+        torch.random.set_rng_state(rng)

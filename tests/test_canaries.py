@@ -236,9 +236,6 @@ import torch
 sys.path.insert(0, sys.argv[2])
 import probe_kit  # torch-free until a function runs: the import order above is the library's
 import palm_rlhf_pytorch
-if sys.argv[1] == 'rebound':
-    import palm_rlhf_pytorch.palm, palm_rlhf_pytorch.ppo
-    palm_rlhf_pytorch.palm.tqdm = palm_rlhf_pytorch.ppo.tqdm = lambda it, *a, **k: it
 palm = probe_kit.tiny_palm(0)
 trainer = probe_kit.tiny_trainer("ppo", palm=palm, reward_model=probe_kit.tiny_reward_model(palm),
                                  prompt_token_ids=torch.randint(1, probe_kit.TINY_PALM["num_tokens"], (3, 4)))
@@ -246,26 +243,46 @@ trainer.train(num_episodes=1, max_timesteps=1, max_seq_len=7)
 """
 
 
+def bar_kinds(stderr: str) -> tuple[bool, bool]:
+    """(an episodes bar, another bar: generate's) among the tqdm lines of ``stderr``."""
+    lines = [ln for ln in re.split(r"[\r\n]", stderr) if "|" in ln and "it/s" in ln]
+    return any(ln.startswith("episodes") for ln in lines), any(not ln.startswith("episodes") for ln in lines)
+
+
 @covers("tqdm-disable", *ALL)
-def test_tqdm_disable(tmp_path):
+def test_tqdm_disable(tmp_path, monkeypatch, capsys):
     import palm_rlhf_pytorch.palm as palm_module
     assert palm_module.tqdm.__module__ == "tqdm.std", update("tqdm-disable", f"palm.py tqdm {palm_module.tqdm}")
     for name in ALL:  # the episodes bar is accelerate's in every trainer; the run below is PPO's
         assert module_of(name).tqdm.__module__ == "accelerate.utils.tqdm", update("tqdm-disable", f"{name} tqdm")
         assert inspect.getsource(module_of(name)).count("use_tqdm = True") == 1, update("tqdm-disable", f"{name} generate no longer asks for the bar")
-    def bars(mode, env):
+    def bars(mode, env):  # TQDM_DISABLE is read when tqdm is imported: a fresh interpreter per mode
         env = {k: v for k, v in os.environ.items() if not k.startswith("TQDM_")} | env | {"CUDA_VISIBLE_DEVICES": ""}
         proc = subprocess.run([sys.executable, "-c", TQDM_SCRIPT, mode, str(REPO / "scripts")], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=240)
         assert proc.returncode == 0, proc.stderr[-2000:]
-        lines = [ln for ln in re.split(r"[\r\n]", proc.stderr) if "|" in ln and "it/s" in ln]
-        return any(ln.startswith("episodes") for ln in lines), any(not ln.startswith("episodes") for ln in lines)
+        return bar_kinds(proc.stderr)
 
     episodes, generate = bars("early", {"TQDM_DISABLE": "1"})
     assert episodes and not generate, update("tqdm-disable", f"early: episodes bar {episodes}, generate bar {generate}")
     episodes, generate = bars("late", {})
     assert episodes and generate, update("tqdm-disable", f"late: episodes bar {episodes}, generate bar {generate}")
-    episodes, generate = bars("rebound", {})  # the notebook fix: both names rebound in the process
+    # the notebook fix: both names rebound in a process that has imported the library (this one:
+    # no environment read at import is involved), after a run here that shows both bars
+    import probe_kit
+    def bars_here():
+        palm = probe_kit.tiny_palm(0)
+        trainer = probe_kit.tiny_trainer("ppo", palm=palm, reward_model=probe_kit.tiny_reward_model(palm),
+                                         prompt_token_ids=torch.randint(1, probe_kit.TINY_PALM["num_tokens"], (3, 4)))
+        capsys.readouterr()
+        trainer.train(num_episodes=1, max_timesteps=1, max_seq_len=7)
+        return bar_kinds(capsys.readouterr().err)
+    monkeypatch.chdir(tmp_path)
+    episodes, generate = bars_here()
+    assert episodes and generate, update("tqdm-disable", f"before the rebinding: episodes bar {episodes}, generate bar {generate}")
+    for module in (palm_module, module_of("ppo")):
+        monkeypatch.setattr(module, "tqdm", lambda it, *a, **k: it)
+    episodes, generate = bars_here()
     assert not episodes and not generate, update("tqdm-disable", f"rebound: episodes bar {episodes}, generate bar {generate}")
 
 

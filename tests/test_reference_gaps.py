@@ -10,9 +10,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -21,6 +18,7 @@ from palm_rlhf_pytorch import ActorCritic, ImplicitPRM, PaLM, RewardModel
 from palm_rlhf_pytorch.utils import masked_mean
 
 import probe_kit
+from conftest import fresh_accelerate
 from canary import canary_env, check, covers, tiny_palm, touch  # noqa: F401
 
 PO = "sub-skills/policy-optimization/references/"
@@ -122,7 +120,7 @@ def test_freeze_built_trainer():
 
 
 # 2 ---------------------------------------------------------------------------------------------
-def test_bf16_weights():
+def test_bf16_weights(tmp_path, monkeypatch):
     doc = f"{DI}#bf16-weights"
     bf16 = torch.bfloat16
     for name in GROUPS:                         # cast before building: the LoRA is float32
@@ -153,14 +151,14 @@ def test_bf16_weights():
         for _ in range(3):
             train(trainer, ROLLOUTS[name])
         assert moved(lora, palm.finetune_parameters("actor")), f"{doc}: {name}: the bf16 policy recipe no longer trains"
-    script = textwrap.dedent("""
-        import contextlib, io, os, tempfile, torch
-        from palm_rlhf_pytorch import PaLM, RewardModel, RLHFTrainer
-        from palm_rlhf_pytorch.grpo import RLHFTrainer as G
-        from palm_rlhf_pytorch.tpo import RLHFTrainer as T
-        from palm_rlhf_pytorch.flowrl import FlowRLTrainer as F
-        os.chdir(tempfile.mkdtemp())
-        tiny = lambda s: (torch.manual_seed(s), PaLM(**TINY_PALM))[1]
+    from palm_rlhf_pytorch import RLHFTrainer
+    from palm_rlhf_pytorch.grpo import RLHFTrainer as G
+    from palm_rlhf_pytorch.tpo import RLHFTrainer as T
+    from palm_rlhf_pytorch.flowrl import FlowRLTrainer as F
+    tiny = lambda s: (torch.manual_seed(s), PaLM(**probe_kit.TINY_PALM))[1]
+    lines = []
+    monkeypatch.chdir(tmp_path)
+    with fresh_accelerate(monkeypatch):  # mixed precision is one per process: as in a fresh one
         for cls, kw, n in ((RLHFTrainer, {}, 4), (G, dict(grpo_num_times_sample_rewards=3), 2),
                            (T, dict(num_times_sample_rewards=3), 2),
                            (F, dict(flowrl_num_times_sample=3, partition_function_hidden_dim=32), 2)):
@@ -174,13 +172,9 @@ def test_bf16_weights():
                 for _ in range(3):
                     t.train(num_episodes=1, max_timesteps=n, update_timesteps=n, max_seq_len=8)
             ok = all(not torch.equal(a, b) for a, b in zip(lora, palm.finetune_parameters("actor")))
-            print("mp", cls.__module__, palm.token_emb.weight.dtype, ok, flush=True)
-    """)  # mixed precision is one per process: a fresh one
-    script = f"TINY_PALM = {probe_kit.TINY_PALM!r}\n" + script
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("mp ")]
+            lines.append(f"mp {cls.__module__} {palm.token_emb.weight.dtype} {ok}")
     assert lines == [f"mp palm_rlhf_pytorch.{m} torch.float32 True" for m in ("ppo", "grpo", "tpo", "flowrl")], \
-        f"{doc}: mixed_precision='bf16': {lines} {proc.stderr[-800:]}"
+        f"{doc}: mixed_precision='bf16': {lines}"
 
 
 # 3 ---------------------------------------------------------------------------------------------

@@ -7,11 +7,6 @@ Tiny CPU models from the probe kit (canary.tiny_palm, canary.make); each test in
 from __future__ import annotations
 
 import inspect
-import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +14,7 @@ import torch
 from palm_rlhf_pytorch import PaLM, RewardModel
 
 import probe_kit
+from conftest import fresh_accelerate
 from canary import canary_env, capture_memories, make, tiny_palm  # noqa: F401
 
 PO = "sub-skills/policy-optimization/references/"
@@ -78,30 +74,24 @@ def test_reward_model_labels_and_negative_padding():
     assert torch.allclose(masked, unpadded, atol=1e-5), f"{doc}: mask = x >= 0 no longer equals the unpadded reward"
 
 
-def test_set_seed_device_specific_before_any_accelerator():
+def test_set_seed_device_specific_before_any_accelerator(tmp_path, monkeypatch):
     doc = f"{DI}#seeding"
-    script = textwrap.dedent("""
-        import os, sys, tempfile
-        sys.path.insert(0, sys.argv[1])
-        from accelerate.utils import set_seed
+    from accelerate.utils import set_seed
+    lines = []
+    with fresh_accelerate(monkeypatch):  # no accelerator yet, as in a fresh process
         try:
             set_seed(0, device_specific=True)
         except ValueError as err:
-            print("ValueError", str(err)[:60])
-        import probe_kit
-        os.chdir(tempfile.mkdtemp())
+            lines.append(f"ValueError {str(err)[:60]}")
+        monkeypatch.chdir(tmp_path)
         try:
             probe_kit.tiny_trainer("grpo")
-            print("built")
+            lines.append("built")
         except AttributeError as err:
-            print("AttributeError", err)
-    """)
-    proc = subprocess.run([sys.executable, "-c", script, str(Path(probe_kit.__file__).parent)], capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
-    lines = proc.stdout.splitlines()
+            lines.append(f"AttributeError {err}")
     assert lines == ["ValueError Please make sure to properly initialize your accelerator via",
                      "AttributeError 'AcceleratorState' object has no attribute 'mixed_precision'"], \
-        f"{doc}: set_seed(device_specific=True) before a trainer: {lines} {proc.stderr[-800:]}"
+        f"{doc}: set_seed(device_specific=True) before a trainer: {lines}"
 
 
 def test_temperature_zero_makes_a_group_alike():

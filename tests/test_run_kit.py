@@ -405,17 +405,32 @@ def test_the_summary_keys_are_documented(healthy):
     assert set(summary) - {"versions", "warnings"} <= documented and documented <= set(summary) | {"versions", "warnings"}
 
 
-def test_the_first_run_runs_as_typed_and_watch_shows_it_rising(tmp_path):
+def test_the_first_run_runs_as_typed_and_watch_shows_it_rising(tmp_path, monkeypatch, capsys):
+    """The doc's block line by line: the `train` line through the console script's ``main`` in-process
+    (the run, not the process, is what is checked: the signal tests run train_run.py as a process),
+    every other line (the torch-free `watch`) as the installed console script, as typed."""
     from conftest import BIN
+    from palm_rlhf_skill import cli as skill_cli
     text = RUN_DOC.read_text(encoding="utf-8").split('<a id="first-run"></a>', 1)[1]
     block = text.split("```bash\n", 1)[1].split("```", 1)[0]
     (tmp_path / "sub-skills").symlink_to(REPO / "sub-skills")  # the skill root, as a clone has it
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # run_script names the program in sys.argv
+    monkeypatch.setattr(sys, "path", list(sys.path))  # palm_rlhf_skill.runtime puts the installed tree first
     outputs = []
     for line in block.strip().splitlines():
         program, _, rest = line.partition(" ")
-        proc = run([str(BIN / program), *rest.split()], tmp_path, timeout=600)
-        assert proc.returncode == 0, (line, proc.stderr[-2000:])
-        outputs.append(proc.stdout)
+        assert (BIN / program).is_file(), line
+        if rest.split()[0] == "train":
+            assert program == "palm-rlhf-skill", line
+            code = skill_cli.main(rest.split())
+            out, err = capsys.readouterr()
+        else:
+            proc = run([str(BIN / program), *rest.split()], tmp_path, timeout=600)
+            code, out, err = proc.returncode, proc.stdout, proc.stderr
+        assert code == 0, (line, err[-2000:])
+        outputs.append(out)
     assert "FINISHED: 15 rounds, held-out reward" in outputs[0]
     held = [r["held_out_reward"] for r in rundir.read_rows(tmp_path / "runs" / "first" / "metrics.jsonl")
             if r["held_out_reward"] is not None]
@@ -425,16 +440,20 @@ def test_the_first_run_runs_as_typed_and_watch_shows_it_rising(tmp_path):
 
 
 @pytest.mark.distributed
-def test_nproc_2_trains_and_resumes_to_the_same_rows(tmp_path):
+def test_nproc_2_trains_and_resumes_to_the_same_rows(tmp_path, monkeypatch, capsys):
     """train --nproc 2 (torchrun, gloo on the CPU): rank 0 writes the files, both ranks' rollouts are
     in the rows, and an interrupted run resumed under --nproc 2 ends with the rows and policy of
     the uninterrupted one (training-run.md#several-processes)."""
     config = cases.write(cases.Case("nproc", "grpo", None, "", rounds=2), tmp_path / "config")
 
-    def train_cli(*argv):
-        proc = run([sys.executable, str(TRAIN), *argv, "--nproc", "2", "--device", "cpu", "--json"], tmp_path, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        return json.loads(proc.stdout)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+
+    def train_cli(*argv):  # the launcher in-process; torchrun and its two ranks are processes
+        code = runner.run_cli(train_main(), [*argv, "--nproc", "2", "--device", "cpu", "--json"])
+        out, err = capsys.readouterr()
+        assert code == 0, err[-2000:]
+        return json.loads(out)
 
     whole = train_cli("--config", str(config), "--run-dir", str(tmp_path / "whole"))
     assert whole["status"] == "finished" and whole["processes"] == 2 and whole["rollouts"] == 2 * 2 * 4

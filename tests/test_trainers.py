@@ -15,7 +15,7 @@ import sys
 import pytest
 
 import doc_tables
-from conftest import SMOKE, run, run_json
+from conftest import SMOKE, run
 from doc_tables import code, documents, flatten, section, table
 import probe_kit
 from skill_runtime import exits, reporting, runner
@@ -123,12 +123,21 @@ def test_flowrl_partition_function_and_reference_policy(reports):
 
 
 @pytest.fixture(scope="module")
-def all_cli(tmp_path_factory) -> tuple[int, dict, list]:
-    """``--trainer all --json`` through the CLI from an empty directory: (exit code, report, left)."""
+def all_cli(smoke, tmp_path_factory) -> tuple[int, dict, list]:
+    """``--trainer all --json`` from an empty directory, on the CPU, through the command line's
+    ``run_cli`` in-process (its exit code and one-line errors, as the process gives them; the
+    process runs by path in test_distributed.py): (exit code, report, left)."""
     cwd = tmp_path_factory.mktemp("cwd-all")
-    proc, report = run_json([sys.executable, str(SMOKE), "--trainer", "all", "--json"], cwd)
-    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    return proc.returncode, report, sorted(os.listdir(cwd))
+    caller, out, err = os.getcwd(), io.StringIO(), io.StringIO()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            exit_code = runner.run_cli(smoke.main, ["--trainer", "all", "--json", "--device", "cpu"])
+    finally:
+        os.chdir(caller)
+    assert out.getvalue().strip(), f"no stdout; stderr: {err.getvalue()[-2000:]}"
+    assert "Traceback" not in err.getvalue(), err.getvalue()[-2000:]
+    return exit_code, json.loads(out.getvalue()), sorted(os.listdir(cwd))
 
 
 def test_trainer_all_cli_from_empty_dir(all_cli):
