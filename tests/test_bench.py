@@ -96,6 +96,25 @@ def test_an_interrupted_bench_leaves_no_child_running(empty_dir, sig, code):
     assert list(empty_dir.iterdir()) == []
 
 
+def test_a_signal_while_a_child_starts_is_held_until_the_caller_holds_it():
+    """The bench's and the launcher's race (``runner.starting_child``): a Ctrl-C between the fork and
+    Popen's return raised inside Popen, before the caller held ``proc``, and the child ran on with
+    PPID 1 (the SIGINT case above failed so on a loaded machine). Held back, it arrives once ``proc``
+    is assigned; the child itself takes SIGTERM (stop_child's terminate, not its kill)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # conftest's restore_sigint puts it back
+    proc, raised_at = None, None
+    try:
+        with runner.starting_child() as preexec:
+            proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], preexec_fn=preexec)
+            os.kill(os.getpid(), signal.SIGINT)  # as if it came in the middle of the start
+            time.sleep(0.2)
+            raised_at = "held"  # reached: nothing was raised inside the block
+    except KeyboardInterrupt:
+        assert proc is not None and raised_at == "held"
+        runner.stop_child(proc, 10)
+    assert proc is not None and proc.returncode == -signal.SIGTERM
+
+
 def test_quick_bench_through_the_console_script(empty_dir):
     """CI's quick form: one repeat, one trainer; checks it works and reports, not its timings."""
     exe = BIN / "palm-rlhf-skill"

@@ -3,13 +3,14 @@ line and a documented exit code; ``emit`` writes the report, the one place every
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from skill_runtime import exits, streams
 
@@ -95,6 +96,36 @@ class _GuardedStdout:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def starting_child() -> Iterator[Callable[[], None] | None]:
+    """SIGINT and SIGTERM held back while the block starts a child process, so that one arriving
+    between the fork and ``Popen``'s return (the child already runs, but the caller holds no
+    ``proc`` to stop yet) is delivered as the block ends, where the caller's ``try`` already holds
+    ``proc``::
+
+        proc = None
+        try:
+            with runner.starting_child() as preexec:
+                proc = subprocess.Popen(argv, preexec_fn=preexec)
+            ...  # wait for it
+        except BaseException:
+            if proc is not None:
+                runner.stop_child(proc, grace_s)
+            raise
+
+    Yields the ``preexec_fn`` that gives the child this process's signal mask as it was (its own
+    Ctrl-C and SIGTERM work), or None outside the main thread (nothing held there)."""
+    import signal
+    if threading.current_thread() is not threading.main_thread():
+        yield None
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield lambda: signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def stop_child(proc: Any, grace_s: float) -> tuple[Any, Any]:

@@ -119,11 +119,14 @@ def run_child(argv: list[str]) -> dict[str, Any]:
     """
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+        proc = None
         try:
+            with runner.starting_child() as preexec:
+                proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, preexec_fn=preexec)
             _, status, usage = os.wait4(proc.pid, 0)
         except BaseException:  # SIGINT / SIGTERM to the bench alone: never leave the child running
-            runner.stop_child(proc, STOP_GRACE_S)
+            if proc is not None:
+                runner.stop_child(proc, STOP_GRACE_S)
             raise
         wall = time.perf_counter() - start
         proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen

@@ -201,16 +201,19 @@ def run_launcher(cmd: list[str], cwd: Path, env: dict[str, str],
     so only torchrun can reach them), SIGKILL after STOP_GRACE_S.
 
     Returns (exit code, or None on timeout; stdout; stderr)."""
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = None
     try:
+        with runner.starting_child() as preexec:  # a signal during the start waits for proc
+            proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, preexec_fn=preexec)
         out, err = proc.communicate(timeout=timeout_s)
         return proc.returncode, out, err
     except subprocess.TimeoutExpired:
         out, err = runner.stop_child(proc, STOP_GRACE_S)
         return None, out, err + f"\nstopped after {timeout_s:g} s"
     except BaseException:  # SIGINT / SIGTERM to this process alone: never orphan torchrun's ranks
-        runner.stop_child(proc, STOP_GRACE_S)
+        if proc is not None:
+            runner.stop_child(proc, STOP_GRACE_S)
         raise
 
 
