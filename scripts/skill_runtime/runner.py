@@ -99,33 +99,42 @@ class _GuardedStdout:
 
 
 @contextlib.contextmanager
-def starting_child() -> Iterator[Callable[[], None] | None]:
+def starting_child() -> Iterator[None]:
     """SIGINT and SIGTERM held back while the block starts a child process, so that one arriving
     between the fork and ``Popen``'s return (the child already runs, but the caller holds no
-    ``proc`` to stop yet) is delivered as the block ends, where the caller's ``try`` already holds
+    ``proc`` to stop yet) is raised as the block ends, where the caller's ``try`` already holds
     ``proc``::
 
         proc = None
         try:
-            with runner.starting_child() as preexec:
-                proc = subprocess.Popen(argv, preexec_fn=preexec)
+            with runner.starting_child():
+                proc = subprocess.Popen(argv)
             ...  # wait for it
         except BaseException:
             if proc is not None:
                 runner.stop_child(proc, grace_s)
             raise
 
-    Yields the ``preexec_fn`` that gives the child this process's signal mask as it was (its own
-    Ctrl-C and SIGTERM work), or None outside the main thread (nothing held there)."""
+    Held at Python's level: for the block, the two handlers only note the signal; afterwards the
+    handlers are restored and the first noted signal is raised again for them. (A signal mask would
+    not do: a process-directed signal goes to any thread that does not block it, tqdm's monitor
+    thread for one, and Python then runs the handler in the main thread inside ``Popen``.) The
+    child starts with the dispositions an ``exec`` gives: the default for a handled signal.
+    Outside the main thread (no signal handlers there) it holds nothing."""
     import signal
     if threading.current_thread() is not threading.main_thread():
-        yield None
+        yield
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    noted: list[int] = []
+    previous = {signum: signal.signal(signum, lambda received, frame: noted.append(received))
+                for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield lambda: signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if noted:
+            signal.raise_signal(noted[0])
 
 
 def stop_child(proc: Any, grace_s: float) -> tuple[Any, Any]:

@@ -121,8 +121,8 @@ def run_child(argv: list[str]) -> dict[str, Any]:
         start = time.perf_counter()
         proc = None
         try:
-            with runner.starting_child() as preexec:
-                proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, preexec_fn=preexec)
+            with runner.starting_child():  # a signal during the start waits until proc is held
+                proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
             _, status, usage = os.wait4(proc.pid, 0)
         except BaseException:  # SIGINT / SIGTERM to the bench alone: never leave the child running
             if proc is not None:

@@ -203,9 +203,9 @@ def run_launcher(cmd: list[str], cwd: Path, env: dict[str, str],
     Returns (exit code, or None on timeout; stdout; stderr)."""
     proc = None
     try:
-        with runner.starting_child() as preexec:  # a signal during the start waits for proc
+        with runner.starting_child():  # a signal during the start waits until proc is held
             proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True, preexec_fn=preexec)
+                                    text=True)
         out, err = proc.communicate(timeout=timeout_s)
         return proc.returncode, out, err
     except subprocess.TimeoutExpired:
