@@ -12,6 +12,7 @@ import sys
 
 import pytest
 import torch
+from palm_rlhf_pytorch import RewardModel
 
 import accelerate
 import probe_kit
@@ -27,21 +28,29 @@ def section(path, heading: str) -> str:
     return " ".join(text.split())
 
 
+class NoGradReward(RewardModel):
+    """reward-api.md's recipe: scores without a graph; still a RewardModel (PPO's beartype)."""
+
+    @torch.no_grad()
+    def forward(self, *args, **kwargs):
+        return super().forward(*args, **kwargs)
+
+
 @pytest.mark.parametrize("name", tuple(trainers.TRAINERS))
 def test_the_trainers_call_the_reward_model_with_autograd_on(name, tmp_path, monkeypatch):
     """reward-api.md#what-the-trainers-accept: every trainer's rollout calls the reward model with
-    grad enabled, so a RewardModel as built returns a reward with a graph; with its forward under
-    no_grad (the section's recipe), none."""
+    grad enabled, so a RewardModel as built returns a reward with a graph; the section's subclass
+    (forward under no_grad) returns none, and PPO's beartype accepts it."""
     where = f"{REWARD_API.relative_to(REPO)}#what-the-trainers-accept"
     text = section(REWARD_API, "What the trainers accept")
     assert "Those calls run with autograd on" in text and \
-        "`reward_model.forward = torch.no_grad()(reward_model.forward)`" in text, where
+        "a subclass whose `forward` is `@torch.no_grad()` and returns `super().forward(...)`" in text, where
     monkeypatch.chdir(tmp_path)
     for no_grad_forward in (False, True):
         torch.manual_seed(0)
         reward = probe_kit.tiny_reward_model()
-        if no_grad_forward:
-            reward.forward = torch.no_grad()(reward.forward)
+        if no_grad_forward:  # the section's subclass, built as the probe kit builds a RewardModel
+            reward = NoGradReward(probe_kit.tiny_palm(), num_binned_output=0)
         seen = []
         reward.register_forward_hook(lambda module, args, output: seen.append(
             (torch.is_grad_enabled(), output.requires_grad)))
