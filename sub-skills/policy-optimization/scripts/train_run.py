@@ -119,8 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     from skill_runtime import placement
     threads = placement.torch_threads(args.cpu_threads) if args.cpu_threads else _same_threads()
     prepared = loop.prepare(config, run_dir, bool(args.resume), args.force, args.set, run_options)
-    finished = prepared.run.finished_summary() if prepared.resume else None
-    if finished is not None and finished["rounds_done"] >= prepared.resolved["round"]["rounds"]:
+    finished = prepared.run.read_summary() if prepared.resume else None
+    if finished and finished.get("status") == "finished" and \
+            finished["rounds_done"] >= prepared.resolved["round"]["rounds"]:
         # every round is done (a config with more [run] rounds extends the run instead): nothing to
         # build, the run's summary again
         progress.note(f"{run_dir} finished all {finished['rounds_done']} rounds: nothing to resume")

@@ -47,14 +47,14 @@ class RunDir:
     def summary(self) -> Path:
         return self.path / SUMMARY
 
-    def finished_summary(self) -> dict[str, Any] | None:
-        """The summary.json of a run that finished all its rounds (status ``finished``), else None
-        (no summary yet, an unreadable one, or a run paused, stopped, interrupted or failed)."""
+    def read_summary(self) -> dict[str, Any] | None:
+        """The run's summary.json (written as the run ends: ``status`` finished, paused, stopped,
+        interrupted or failed), or None while there is none yet (a running run) or it is unreadable."""
         try:
             summary = json.loads(self.summary.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
-        return summary if isinstance(summary, dict) and summary.get("status") == "finished" else None
+        return summary if isinstance(summary, dict) else None
 
     def holds_a_run(self) -> list[str]:
         """The run files already here (metrics.jsonl, checkpoints/, ...): another run's."""

@@ -6,7 +6,6 @@ Torch-free: it reads JSON only, so it answers in well under a second while the r
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ def view(path: str | Path, last: int = 10) -> dict[str, Any]:
         raise exits.SkillError(f"{path}: no {rundir.METRICS} there: not a run directory (palm-rlhf-skill train "
                                "--config FILE --run-dir DIR writes one)")
     rows = rundir.read_rows(run.metrics)
-    summary = json.loads(run.summary.read_text(encoding="utf-8")) if run.summary.is_file() else None
+    summary = run.read_summary()
     fired: dict[str, list[int]] = {}
     for row in rows:
         for rule in row.get("rules") or []:
