@@ -15,6 +15,7 @@ import torch
 from palm_rlhf_pytorch import RewardModel
 
 import accelerate
+import doc_tables
 import probe_kit
 from conftest import REPO, run
 from policy_optimization import launch, trainers
@@ -23,9 +24,8 @@ REWARD_API = REPO / "sub-skills/reward-modeling/references/reward-api.md"
 
 
 def section(path, heading: str) -> str:
-    """The text of ``path`` from the heading ``## heading`` to the next ``## ``, whitespace collapsed."""
-    text = path.read_text(encoding="utf-8").split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
-    return " ".join(text.split())
+    """``doc_tables.section`` with its whitespace collapsed (claims wrap across lines)."""
+    return " ".join(doc_tables.section(path, heading).split())
 
 
 class NoGradReward(RewardModel):
@@ -42,7 +42,7 @@ def test_the_trainers_call_the_reward_model_with_autograd_on(name, tmp_path, mon
     grad enabled, so a RewardModel as built returns a reward with a graph; the section's subclass
     (forward under no_grad) returns none, and PPO's beartype accepts it."""
     where = f"{REWARD_API.relative_to(REPO)}#what-the-trainers-accept"
-    text = section(REWARD_API, "What the trainers accept")
+    text = section(REWARD_API, "## What the trainers accept")
     assert "Those calls run with autograd on" in text and \
         "a subclass whose `forward` is `@torch.no_grad()` and returns `super().forward(...)`" in text, where
     monkeypatch.chdir(tmp_path)
@@ -80,7 +80,7 @@ def test_ddp_refuses_a_frozen_reward_model(tmp_path):
     no requires_grad check on that path), and DDP refuses a module with nothing to train."""
     where = f"{REWARD_API.relative_to(REPO)}#what-the-trainers-accept"
     assert "not `requires_grad_(False)` (under multi-process CPU, DDP refuses a frozen model)" in \
-        section(REWARD_API, "What the trainers accept"), where
+        section(REWARD_API, "## What the trainers accept"), where
     source = inspect.getsource(accelerate.Accelerator.prepare_model)
     multi_cpu = source.split("elif self.distributed_type == DistributedType.MULTI_CPU:", 1)[1].split("elif ", 1)[0]
     assert "DistributedDataParallel(model" in multi_cpu and "requires_grad" not in multi_cpu, where

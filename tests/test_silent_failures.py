@@ -20,7 +20,9 @@ from torch.overrides import TorchFunctionMode
 
 from palm_rlhf_pytorch import PaLM, RewardModel
 
+import doc_tables
 import probe_kit
+from conftest import REPO
 from canary import (CANARY_GROUP, VOCAB, ConstantReward, LastTokenReward, actor_palm, canary_env,  # noqa: F401
                     capture_memories, check, covers, lora, make, module_of, printed, reseed, tiny_palm, touch,
                     trap_raises)
@@ -874,7 +876,7 @@ def test_grpo_nan(name):
 
 # --- a NaN reward: what each trainer does with it (training-run.md#non-finite-rewards) -------------
 
-RUN_DOC = probe_kit.Path(__file__).resolve().parents[1] / "sub-skills/policy-optimization/references/training-run.md"
+RUN_DOC = REPO / "sub-skills/policy-optimization/references/training-run.md"
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -882,8 +884,7 @@ def test_each_trainer_on_a_nan_reward_does_what_training_run_md_says(name, monke
     """training-run.md#non-finite-rewards: GRPO raises safe_div's empty AssertionError; PPO and
     FlowRL train on into NaN weights; TPO trains on with finite weights and all-zero z-scores; the
     run kit's row of PPO, TPO and FlowRL fires non_finite."""
-    section = " ".join(RUN_DOC.read_text(encoding="utf-8").split('<a id="non-finite-rewards"></a>')[1]
-                       .split("<a id=")[0].split())
+    section = " ".join(doc_tables.section(RUN_DOC, "## A NaN or inf reward").split())
     monkeypatch.chdir(tmp_path)  # TPO's replay buffer folder
     reseed(0)
     reward = probe_kit.tiny_reward_model()
