@@ -272,7 +272,7 @@ def test_citations_match_the_recorded_lines():
 def test_derived_facts_and_stated_defaults_match_the_library():
     installed = api.installed_api(RECORD)
     assert derived.check_facts(RECORD, installed, REPO) == []
-    assert derived.check_default_claims(installed, markdown.markdown_files()) == []
+    assert derived.check_default_claims(installed, markdown.markdown_files(), REPO) == []
     assert len(derived.FACTS) >= 50
 
 
@@ -283,6 +283,16 @@ def test_default_claims_are_read_from_prose():
             "`pad_value=-1` is a fix, not a default.")
     assert [(n, v) for _, n, v in derived.default_claims(text, names)] == [
         ("kl_div_loss_weight", "0.7"), ("max_episodes", "4"), ("pad_value", "0"), ("update_timesteps", "5000")]
+
+
+def test_helper_flag_defaults_are_read_from_prose_and_parsers():
+    """A helper's flag in prose next to "default": the nearest flag before it claims it, a flag
+    with no known default included (so `--max-days` (default 30) is not a claim about `--seed`)."""
+    text = "`--seed N` (default 1), `--json`. Flags: `--seed`, `--max-days` (default 30: too long)."
+    assert [(n, v) for _, n, v in derived.default_claims(text, {"--seed"})] == [("--seed", "1")]
+    flags = derived.helper_option_defaults(REPO)
+    assert ("plan_run.py", 60.0) in flags["--probe-seconds"]  # None in the parser: its --help's "(default: 60)"
+    assert ("tiny_rlhf_smoke.py", 0) in flags["--seed"] and ("tiny_rlhf_smoke.py", "ppo") in flags["--trainer"]
 
 
 # --- the issue's proofs: a changed library, an edited tree -----------------------------------------
@@ -330,7 +340,8 @@ def test_edited_cited_code_names_the_sections_citing_it(tmp_path, empty_dir):
 def test_edited_tree_copy_names_each_kind_of_drift(tmp_path, empty_dir):
     """A copy of the tree checks itself: a deleted argument row, a wrong default in the glossary,
     an argument row citing unrelated lines, a citation moved to unrecorded lines, a section
-    without a citation and an edited derived number each fail, naming file and section."""
+    without a citation, an edited derived number and a wrong default of a helper's flag each
+    fail, naming file and section."""
     tree = tree_copy(tmp_path / "tree")
     ar = tree / arguments.API_REFERENCE
     text = ar.read_text(encoding="utf-8")
@@ -342,6 +353,7 @@ def test_edited_tree_copy_names_each_kind_of_drift(tmp_path, empty_dir):
     edit_file(tree / "sub-skills/policy-optimization/references/distributed.md", "\n## Seeding\n",
               "\n## A new claim\nGRPO shards the prompts.\n\n## Seeding\n")
     edit_file(tree / SEL, "(11 by default)", "(12 by default)")
+    edit_file(tree / "references/installation.md", "`--seed` (default 0)", "`--seed` (default 1)")
     proc, report = run_json([sys.executable, str(tree / "scripts" / "check_skill.py"), "--json"], empty_dir)
     assert proc.returncode == 1, proc.stderr[-2000:]
     lines = [check_report.drift_line(d) for d in report["drift"]]
@@ -353,7 +365,8 @@ def test_edited_tree_copy_names_each_kind_of_drift(tmp_path, empty_dir):
             f"{arguments.API_REFERENCE}:", "argument entry `epochs`: citation grpo.py:486",
             f"{TS}#group-of-one: citation palm_rlhf_pytorch/grpo.py:205: documented recorded cited lines",
             "distributed.md#a-new-claim: section citations: documented 'A new claim' cites no library lines",
-            f"{SEL}#decision-points: derived fact grpo_group"]
+            f"{SEL}#decision-points: derived fact grpo_group",
+            "references/installation.md#helpers: default of `--seed`: documented 1, installed 0 ("]
     for piece in want:
         assert any(piece in line for line in lines), (piece, lines)
 

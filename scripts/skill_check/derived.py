@@ -10,11 +10,15 @@ Three checks:
 2. Default claims: a record argument named in prose next to the word "default" with a value
    (``\u0060kl_div_loss_weight\u0060 (default 0.1)``, ``the default \u0060pad_value=0\u0060``) must
    carry a default that argument has in the installed library, in some symbol of the record.
+   The same for a helper's own option (``\u0060--seed\u0060 (default 0)``): the default of that flag in
+   the parser of some entry script of the tree (``helper_option_defaults``).
 3. Versions: "palm-rlhf-pytorch X.Y.Z" in prose is the record's tested version.
 """
 from __future__ import annotations
 
+import argparse
 import ast
+import importlib
 import math
 import re
 from pathlib import Path
@@ -209,7 +213,9 @@ def check_facts(record: dict[str, Any], installed: dict[str, Any], root: Path) -
 VALUE = r"(?P<value>-?\d+(?:\.\d+)?(?:e-?\d+)?\b\.?|True|False|None|'[^']*')"
 DEFAULT_THEN_VALUE = re.compile(r"\bdefault(?:s|ing)?(?: to| is| of|:)?\s+`?" + VALUE, re.IGNORECASE)
 ASSIGNED = re.compile(r"`(?P<name>[A-Za-z_]\w*)\s*=\s*" + VALUE + r"`")
-NAMED = re.compile(r"`(?P<name>[A-Za-z_]\w*)(?:\(\))?`")
+# `name`, `name()`, or a helper's flag with or without its value: `--seed`, `--seed N`
+HELP_DEFAULT = re.compile(r"\(default: " + VALUE)
+NAMED = re.compile(r"`(?P<name>[A-Za-z_]\w*(?=(?:\(\))?`)|--[a-z][\w-]*(?=[ `]))[^`]*`")
 SENTENCE_END = re.compile(r"[.;!?](?:\s|$)|\n\s*\n|\|")
 
 
@@ -220,8 +226,9 @@ def default_claims(text: str, names: set[str]) -> list[tuple[int, str, str]]:
     found = []
     for m in DEFAULT_THEN_VALUE.finditer(text):
         start = max((e.end() for e in SENTENCE_END.finditer(text, 0, m.start())), default=0)
-        named = [n for n in NAMED.finditer(text, start, m.start()) if n["name"] in names]
-        if named:
+        # the nearest of the names; a helper flag outside them (no known default) claims it instead
+        named = [n for n in NAMED.finditer(text, start, m.start()) if n["name"] in names or n["name"].startswith("--")]
+        if named and named[-1]["name"] in names:
             found.append((m.start(), named[-1]["name"], m["value"]))
     for m in ASSIGNED.finditer(text):
         window = text[max(0, m.start() - 20):m.end() + 20]
@@ -243,9 +250,35 @@ def same(claimed: str, default: Any) -> bool:
     return value == default
 
 
-def check_default_claims(installed: dict[str, Any], files: list[Path]) -> list[dict[str, str]]:
-    """Drift for every default stated in prose that no record symbol's argument of that name has."""
-    by_name: dict[str, list[tuple[str, Any]]] = {}
+def helper_option_defaults(root: Path) -> dict[str, list[tuple[str, Any]]]:
+    """``--flag`` -> ``[(entry script, default), ...]`` over every entry script of the tree under
+    ``root`` that builds an argparse parser (``build_parser()``, in the tree's import roots:
+    ``skill_runtime.IMPORT_ROOTS``), imported by name; the parsers import no torch. A flag whose
+    parser default is None (resolved after parsing) has the default its help states, "(default:
+    VALUE"; a flag with neither (or a ``store_true`` flag's ``False``) is left out."""
+    from skill_runtime import IMPORT_ROOTS
+    by_flag: dict[str, list[tuple[str, Any]]] = {}
+    for folder in IMPORT_ROOTS:
+        for path in sorted((root / folder).glob("*.py")):
+            if "def build_parser(" not in path.read_text(encoding="utf-8"):
+                continue
+            for action in importlib.import_module(path.stem).build_parser()._actions:
+                default = action.default
+                if default is None:  # resolved later: the default its --help states, if any
+                    stated = HELP_DEFAULT.search(action.help or "")
+                    default = literal(stated["value"].rstrip(".")) if stated else None
+                if default is None or default is False or default == argparse.SUPPRESS:
+                    continue
+                for flag in (f for f in action.option_strings if f.startswith("--")):
+                    by_flag.setdefault(flag, []).append((path.name, default))
+    return by_flag
+
+
+def check_default_claims(installed: dict[str, Any], files: list[Path], root: Path) -> list[dict[str, str]]:
+    """Drift for every default stated in prose that no record symbol's argument of that name has,
+    and for every helper flag's default stated in prose that no entry script's parser under
+    ``root`` gives that flag (``helper_option_defaults``)."""
+    by_name: dict[str, list[tuple[str, Any]]] = helper_option_defaults(root)
     for symbol, methods in installed.items():
         for method, params in (methods or {}).items():
             for p in params or []:

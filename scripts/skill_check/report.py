@@ -28,7 +28,7 @@ def run_checks(allow_shadowed: bool = False) -> dict[str, Any]:
     drift = (api.compare_api(record, installed) + generated.compare_docs(record, files)
              + skill_drift + path_drift + argument_drift + citation_drift
              + citations.uncited_sections(references) + derived.check_facts(record, installed, ROOT)
-             + derived.check_default_claims(installed, files) + derived.check_version_mentions(record, files)
+             + derived.check_default_claims(installed, files, ROOT) + derived.check_version_mentions(record, files)
              + budget_drift)
     methods = sum(len(e["methods"]) for e in record["api"].values())
     return {
