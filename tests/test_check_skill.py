@@ -27,7 +27,8 @@ def library_copy(tmp_path: Path, *edits: tuple[str, str, str]) -> Path:
     for file, old, new in edits:
         target = lib / "palm_rlhf_pytorch" / file
         text = target.read_text()
-        assert text.count(old) == 1, f"{old!r} not unique in {file}"
+        assert text.count(old) == 1, (f"this test's edit of the library copy: {old!r} occurs {text.count(old)} times "
+                                      f"in the installed palm_rlhf_pytorch/{file}, not once (upstream changed the line)")
         target.write_text(text.replace(old, new))
     return lib
 
@@ -46,8 +47,10 @@ def tree_copy(dest: Path, project: bool = False) -> Path:
 
 
 def edit_file(path: Path, old: str, new: str) -> None:
+    """Replace the one occurrence of ``old`` in a copy's file (an edit a test makes to prove a check)."""
     text = path.read_text(encoding="utf-8")
-    assert text.count(old) == 1, f"{old!r} not unique in {path}"
+    assert text.count(old) == 1, (f"this test's edit of {path.name}: {old!r} occurs {text.count(old)} times in the copy, "
+                                  "not once: the doc's text moved; edit the test's old text to match it")
     path.write_text(text.replace(old, new), encoding="utf-8")
 
 
@@ -307,14 +310,21 @@ def derived_places(report: dict) -> set[str]:
     return {d["file"] for d in report["drift"] if d["symbol"].startswith("derived fact")}
 
 
+def default_edit(file: str, symbol: str, param: str, new: str) -> tuple[str, str, str]:
+    """The library-copy edit that moves ``param``'s installed default (its line ``param = default,``
+    in ``file``) to ``new``: written from the installed signature, so it follows upstream."""
+    default = derived.defaults_of(api.installed_api(RECORD))(symbol, "__init__", param)
+    return file, f"{param} = {default!r},", f"{param} = {new},"
+
+
 @pytest.mark.parametrize("edit, places", [
-    (("grpo.py", "grpo_num_times_sample_rewards = 10,", "grpo_num_times_sample_rewards = 7,"), GROUP_SIZE_PLACES),
-    (("flowrl.py", "beta = 15.0,", "beta = 10.0,"),
+    (("grpo.py", "grpo.RLHFTrainer", "grpo_num_times_sample_rewards", "7"), GROUP_SIZE_PLACES),
+    (("flowrl.py", "flowrl.FlowRLTrainer", "beta", "10.5"),
      {f"{TS}#equal-rewards-group", f"{TS}#flowrl-printed-balance", f"{TS}#flowrl-probabilities", f"{SEL}#decision-points"}),
 ], ids=["grpo-group-size", "flowrl-beta"])
 def test_changed_default_names_every_stale_place(tmp_path, empty_dir, edit, places):
     """Issue 21: a library whose default moved names every section whose prose follows from it."""
-    lib = library_copy(tmp_path, edit)
+    lib = library_copy(tmp_path, default_edit(*edit))
     proc, report = run_json([sys.executable, str(SCRIPT), "--json", "--allow-untested"], empty_dir,
                             env={"PYTHONPATH": str(lib)})
     assert proc.returncode == 1, proc.stderr[-2000:]
@@ -322,7 +332,8 @@ def test_changed_default_names_every_stale_place(tmp_path, empty_dir, edit, plac
     lines = [check_report.drift_line(d) for d in report["drift"] if d["symbol"].startswith("derived fact")]
     assert lines and all(": documented " in line and "installed defaults give " in line for line in lines), lines
     if edit[0] == "grpo.py":
-        assert (f"{TS}#equal-rewards-group: derived fact grpo_group: documented \"GRPO's default group of 11\", "
+        group = derived.defaults_of(api.installed_api(RECORD))(edit[1], "__init__", edit[2]) + 1
+        assert (f"{TS}#equal-rewards-group: derived fact grpo_group: documented \"GRPO's default group of {group}\", "
                 "installed defaults give \"GRPO's default group of 8\"") in " ".join(lines), lines
 
 
@@ -334,7 +345,19 @@ def test_edited_cited_code_names_the_sections_citing_it(tmp_path, empty_dir):
     cited = [d for d in report["drift"] if d["symbol"] == "citation palm_rlhf_pytorch/grpo.py:204"]
     run_doc = "sub-skills/policy-optimization/references/training-run.md"
     assert sorted(d["file"] for d in cited) == [f"{run_doc}#non-finite-rewards", f"{TS}#group-of-one"], report["drift"]
-    assert "assert (den >= 0.).all()" in cited[0]["installed"] and "changed" in cited[0]["installed"]
+    assert "assert (den >= 0.).all()" in cited[0]["installed"] and "changed at line 204" in cited[0]["installed"]
+
+
+def test_an_edited_line_inside_a_cited_range_is_named(tmp_path, empty_dir):
+    """A change in the middle of a cited range: the drift names that line and its new text, not
+    the range's unchanged first line."""
+    lib = library_copy(tmp_path, ("grpo.py", "                    prompt_mask = prompt_mask,\n                    mask = mask,\n                )",
+                                  "                    prompt_mask = prompt_mask,\n                    mask = mask & True,\n                )"))
+    proc, report = run_json([sys.executable, str(SCRIPT), "--json", "--allow-untested"], empty_dir,
+                            env={"PYTHONPATH": str(lib)})
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    cited = [d for d in report["drift"] if d["symbol"].endswith("grpo.py:650-654")]
+    assert cited and all("changed at line 653: 'mask = mask & True,'" in d["installed"] for d in cited), report["drift"]
 
 
 def test_edited_tree_copy_names_each_kind_of_drift(tmp_path, empty_dir):
@@ -363,7 +386,7 @@ def test_edited_tree_copy_names_each_kind_of_drift(tmp_path, empty_dir):
                 "installed an argument (default 0.2)") in lines, lines
     want = ["references/glossary.md#glossary: default of `kl_div_loss_weight`: documented 0.7, installed 0.1",
             f"{arguments.API_REFERENCE}:", "argument entry `epochs`: citation grpo.py:486",
-            f"{TS}#group-of-one: citation palm_rlhf_pytorch/grpo.py:205: documented recorded cited lines",
+            f"{TS}#group-of-one: citation palm_rlhf_pytorch/grpo.py:205: documented lines not yet recorded, installed no entry in scripts/citations.json",
             "distributed.md#a-new-claim: section citations: documented 'A new claim' cites no library lines",
             f"{SEL}#decision-points: derived fact grpo_group",
             "references/installation.md#helpers: default of `--seed`: documented 1, installed 0 ("]

@@ -27,6 +27,8 @@ from canary import (CANARY_GROUP, VOCAB, ConstantReward, LastTokenReward, actor_
                     capture_memories, check, covers, lora, make, module_of, printed, reseed, tiny_palm, touch,
                     trap_raises)
 from policy_optimization import trainers
+from skill_check import api as skill_api, derived
+from skill_runtime import version_gate
 
 ALL = tuple(trainers.TRAINERS)
 V = VOCAB  # vocabulary of the tiny PaLM (the probe kit's)
@@ -243,8 +245,11 @@ def test_printed_losses(name):
         palm = tiny_palm()
         out = run(make(name, palm, LastTokenReward(palm, sign), minibatch_size=64), 3)
         first.append(printed(out, "flowrl_loss" if name == "flowrl" else "policy_loss")[0])
-    if name == "flowrl":  # the reward term (beta * normalized reward)^2 alone: 15^2 * (2 - 1) / 2
-        check(all(abs(v - 15 ** 2 / 2) < 5 for v in first), anchor, f"FlowRL first losses {first}")
+    if name == "flowrl":  # the reward term alone, beta**2 * (G - 1) / G: the references' derived fact
+        start = derived.values(derived.defaults_of(skill_api.installed_api(version_gate.load_api_record())))
+        assert CANARY_GROUP == 2, "flowrl_start_g2 (scripts/skill_check/derived.py) is for a group of 2"
+        check(all(abs(v - start["flowrl_start_g2"]) < 5 for v in first), anchor,
+              f"FlowRL first losses {first}, not beta**2 / 2 = {start['flowrl_start_g2']} at the installed default beta")
         return
     # a minibatch holding whole groups (or PPO's, normalized per minibatch): -beta_s * entropy, the
     # entropy of a fresh policy about ln(vocabulary), the same for opposite rewards

@@ -374,7 +374,8 @@ def test_every_option_outside_its_modes_is_refused_before_torch(smoke):
     """The refusals follow the option table: each option given in a mode it does not apply to is a
     usage error naming the option (exit 2), and so is each option without its further condition."""
     settable = [o for o in smoke_options.OPTIONS if not o.common and o.kwargs.get("action") != "store_true"]
-    assert {o.flag for o in settable} == set(SAMPLE)
+    assert {o.flag for o in settable} == set(SAMPLE), \
+        f"tests/test_trainers.py SAMPLE: one value (not the default) for each option that takes one: {sorted({o.flag for o in settable} ^ set(SAMPLE))}"
     for option in smoke_options.OPTIONS:
         value = [SAMPLE[option.flag]] if option.flag in SAMPLE else []
         for mode in set(smoke_settings.MODES) - option.modes:
@@ -389,14 +390,15 @@ def test_every_option_outside_its_modes_is_refused_before_torch(smoke):
         with pytest.raises(exits.SkillError, match=f"^{flag} applies to {re.escape(condition)}$"):
             smoke.main(argv)
     assert {o.flag for o in smoke_options.OPTIONS if o.when} == {"--grpo-variant", "--prompt-len", "--no-ddp-fixes",
-                                                                 "--dist-timeout"}
+                                                                 "--dist-timeout"}, \
+        "tests/test_trainers.py: an option with a further condition (`when`) gets its own refused argv in the loop above"
 
 
 def test_report_config_follows_the_option_table(reports, all_cli):
     """The train smoke report's config: the probe kit's tiny PaLM plus the options the table marks
     ``config`` (at their values), and the torch threads."""
     shown = {o.dest for o in smoke_options.OPTIONS if o.config}
-    assert shown == {"dim", "depth", "prompt_len", "new_tokens"}
+    assert {"dim", "depth", "prompt_len", "new_tokens"} <= shown  # the probe kit's sizes (checked below)
     for report in [r for _, r, _ in reports.values()] + [all_cli[1]]:
         assert set(report["config"]) == set(probe_kit.TINY_PALM) | shown | {"cpu_threads"}
         assert report["config"]["new_tokens"] == probe_kit.NEW_TOKENS and report["config"]["prompt_len"] is None

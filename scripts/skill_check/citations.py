@@ -116,8 +116,14 @@ def fingerprint(text: str) -> str:
     return hashlib.sha256(normal.encode("utf-8")).hexdigest()[:16]
 
 
+def line_prints(text: str) -> list[str]:
+    """A 6-character fingerprint of each cited line: which line changed, without storing the code."""
+    return [fingerprint(line)[:6] for line in text.splitlines()]
+
+
 def load_record() -> dict[str, Any]:
-    """``{citation key: {"sha": fingerprint, "first": first cited line}}`` (empty when missing)."""
+    """``{citation key: {"sha": fingerprint, "first": first cited line, "lines": line_prints
+    joined by spaces}}`` (empty when missing)."""
     path = ROOT / RECORD_FILE
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
@@ -129,7 +135,8 @@ def record_of(files: list[Path]) -> dict[str, Any]:
         for c in citations(md):
             text = cited_text(c)
             if text is not None:
-                out[c.key] = {"sha": fingerprint(text), "first": text.splitlines()[0].strip()[:100]}
+                out[c.key] = {"sha": fingerprint(text), "first": text.splitlines()[0].strip()[:100],
+                              "lines": " ".join(line_prints(text))}
     return dict(sorted(out.items()))
 
 
@@ -159,12 +166,24 @@ def check_citations(files: list[Path]) -> tuple[list[dict[str, str]], int]:
                 continue
             known = record.get(c.key)
             if known is None:
-                add("recorded cited lines", f"not in {RECORD_FILE} (check the lines, then run "
-                                            "check_skill.py --write-citations)")
+                add("lines not yet recorded", f"no entry in {RECORD_FILE} (a new or moved citation: read the cited "
+                                              "lines, then run check_skill.py --write-citations)")
             elif known["sha"] != fingerprint(text):
-                add(f"cited lines {known['first']!r}", f"changed: {text.splitlines()[0].strip()[:80]!r} "
-                                                      "(re-read the section against the code)")
+                number, line = changed_line(c, known.get("lines", "").split(), text)
+                add(f"cited lines {known['first']!r}", f"changed at line {number}: {line.strip()[:80]!r} (re-read "
+                                                      "the section against the code, then check_skill.py --write-citations)")
     return drift, checked
+
+
+def changed_line(c: Citation, recorded: list[str], text: str) -> tuple[int, str]:
+    """(line number in the installed file, its text) of the first cited line whose fingerprint
+    differs from ``recorded`` (``line_prints`` of the recorded text); the first line past the
+    recorded ones when only lines were added, the first cited line when nothing was recorded."""
+    numbers = [n for a, b in c.spans for n in range(a, b + 1)]
+    lines, now = text.splitlines(), line_prints(text)
+    i = next((i for i, (old, new) in enumerate(zip(recorded, now)) if old != new), min(len(recorded), len(now)))
+    i = min(i, len(lines) - 1) if recorded else 0
+    return numbers[i], lines[i]
 
 
 def _spans(c: Citation) -> str:

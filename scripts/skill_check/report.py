@@ -74,7 +74,8 @@ def summary(report: dict[str, Any]) -> str:
     else:
         lines.append(f"check: DRIFT (exit 1): {len(report['drift'])} difference(s), listed above ({checked}); next: "
                      + ("these are the installed copy's: reinstall from the checkout and check again (warning above)"
-                        if stale else "fix the docs or the record (scripts/api_record.json) where each line points"))
+                        if stale else "fix the docs or the record where each line points (scripts/api_record.json: "
+                        "--dump-installed; scripts/citations.json: --write-citations)"))
     return "\n".join(lines)
 
 
