@@ -146,6 +146,7 @@ def test_rule_reward_carries_a_parameter_only_under_multi_process_cpu(tmp_path, 
 
 @pytest.mark.parametrize("value, says", [
     ("missing.py:f", "config [reward] program: {dir}/missing.py: no such file"),
+    ("folder:f", "config [reward] program: {dir}/folder: is a directory, not a file"),
     ("rules.py:nothing", "config [reward] program: {dir}/rules.py has no nothing"),
     ("rules.py:not_callable", "config [reward] program: {dir}/rules.py:not_callable is a int, not callable"),
     ("rules.py:one_arg", "config [reward] program: rules.py:one_arg cannot be called as function(x (b, n) int64"),
@@ -154,6 +155,7 @@ def test_rule_reward_carries_a_parameter_only_under_multi_process_cpu(tmp_path, 
 def test_program_errors_are_one_line_exit_2_naming_the_file(tmp_path, empty_dir, capsys, monkeypatch, value, says):
     path = write_run(tmp_path, rest=f'[reward]\nprogram = "{value}"')
     (tmp_path / "broken.py").write_text("1 / 0\n", encoding="utf-8")
+    (tmp_path / "folder").mkdir()
     code, out, err = main_in_process(plan.main, capsys, monkeypatch, empty_dir,
                                      "--config", str(path), "--device", "cpu")
     assert code == 2 and out == "" and err.count("\n") == 1, err
@@ -183,6 +185,8 @@ def test_checkpoints_of_the_palm_and_the_reward_model_are_loaded(tmp_path):
         build(res)
     (tmp_path / "palm.pt").unlink()
     assert error_of(path) == f"config [palm] checkpoint: {tmp_path / 'palm.pt'}: no such file"
+    (tmp_path / "palm.pt").mkdir()
+    assert error_of(path) == f"config [palm] checkpoint: {tmp_path / 'palm.pt'}: is a directory, not a file"
 
 
 def test_reward_sources_combine_as_documented(tmp_path):

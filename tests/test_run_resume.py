@@ -93,6 +93,15 @@ def test_resume_with_a_changed_config_names_the_keys(tmp_path, monkeypatch):
         loop.Run.open(None, tmp_path / "run", "cpu", resume=True, options=loop.Options(progress=False))
 
 
+def test_a_renamed_file_is_one_changed_key():
+    """A key naming another file is that key once, not again as its file contents."""
+    stored = {"config": {"reward": {"program": "a.py:f"}, "run": {"rounds": 3}}, "files": {"reward.program": "1"}}
+    renamed = {"config": {"reward": {"program": "b.py:f"}, "run": {"rounds": 5}}, "files": {"reward.program": "2"}}
+    edited = {"config": stored["config"], "files": {"reward.program": "2"}}
+    assert loop.changed_keys(stored, renamed) == ["reward.program"]
+    assert loop.changed_keys(stored, edited) == ["reward.program (file contents)"]
+
+
 def test_config_json_and_summary_are_plain_files(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     train(write_config(tmp_path / "cfg", "grpo", rounds=1), tmp_path / "run")

@@ -32,6 +32,17 @@ def label(value: str) -> str:
     return f"{Path(file).name}:{name}"
 
 
+def must_be_file(where: str, file: str) -> Path:
+    """``file`` as a Path, when it is a file; SkillError(2) after ``where`` (the config key) saying
+    that it is a directory, or missing."""
+    path = Path(file)
+    if path.is_dir():
+        raise exits.SkillError(f"{where}: {file}: is a directory, not a file")
+    if not path.is_file():
+        raise exits.SkillError(f"{where}: {file}: no such file")
+    return path
+
+
 def load_program(section: str, key: str, value: str) -> Callable:
     """Import ``file.py`` of ``value`` (``"file.py:callable"``, the path absolute) as a fresh module
     and return its ``callable``, after checking that it accepts the arguments of CONTRACTS.
@@ -40,9 +51,7 @@ def load_program(section: str, key: str, value: str) -> Callable:
     take those arguments."""
     file, _, name = value.rpartition(":")
     where = f"config [{section}] {key}"
-    path = Path(file)
-    if not path.is_file():
-        raise exits.SkillError(f"{where}: {file}: no such file")
+    path = must_be_file(where, file)
     spec = importlib.util.spec_from_file_location(f"run_program_{section}_{key}_{path.stem}", path)
     if spec is None or spec.loader is None:
         raise exits.SkillError(f"{where}: {file}: not a Python file")

@@ -364,8 +364,8 @@ def check_against_library(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def must_exist(section: str, key: str, path: str) -> None:
-    if not Path(path).is_file():
-        raise exits.SkillError(f"config [{section}] {key}: {path}: no such file")
+    from policy_optimization import programs
+    programs.must_be_file(f"config [{section}] {key}", path)
 
 
 def round_counts(resolved: dict[str, Any]) -> dict[str, int] | None:

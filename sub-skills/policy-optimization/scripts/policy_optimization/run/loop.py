@@ -71,14 +71,14 @@ def file_digests(config: dict[str, Any]) -> dict[str, str]:
 
 def changed_keys(stored: dict[str, Any], now: dict[str, Any]) -> list[str]:
     """``section.key`` of every value that differs between two loaded configs (and ``section.key
-    (file contents)`` for a named file that changed); ``run.rounds`` may change (a run can be
-    extended)."""
+    (file contents)`` for a named file that changed under the same name); ``run.rounds`` may
+    change (a run can be extended)."""
     def flat(config: dict[str, Any]) -> dict[str, Any]:
         return {f"{s}.{k}": v for s, table in config["config"].items() for k, v in table.items()}
     before, after = flat(stored), flat(now)
     keys = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k) and k != "run.rounds")
     keys += sorted(f"{k} (file contents)" for k in stored["files"].keys() & now["files"].keys()
-                   if stored["files"][k] != now["files"][k])
+                   if stored["files"][k] != now["files"][k] and k not in keys)
     return keys
 
 
