@@ -372,6 +372,22 @@ def test_a_run_that_never_learns_is_flagged(plan, tmp_path, empty_dir, capsys, m
     assert any("never reach update_timesteps" in r for r in report["reasons"])
 
 
+def test_prompts_that_fill_max_seq_len_are_flagged(plan, tmp_path, empty_dir, capsys, monkeypatch):
+    """A max_seq_len that the prompts fill: one-token responses, so the plan does not say the run learns."""
+    assert advice.prompts_fill_max_seq_len({3: 4}, 8) is None
+    few = advice.prompts_fill_max_seq_len({3: 3, 10: 1}, 8)
+    assert few["blocks_learning"] is False and few["message"].startswith("1 of 4 prompts have 7 ids or more (the longest 10)")
+    assert advice.prompts_fill_max_seq_len({3: 1, 7: 3}, 8)["blocks_learning"] is True
+    path = tiny_config(tmp_path, "grpo")
+    code, out, _ = main_in_process(plan.main, capsys, monkeypatch, empty_dir, "--config", str(path), "--json",
+                                   "--device", "cpu", "--cpu-threads", "1", "--probe-seconds", "5",
+                                   "--set", "train.max_seq_len=2")
+    report = json.loads(out)
+    warning = next(w for w in report["warnings"] if w["code"] == "prompts_fill_max_seq_len")
+    assert code == 1 and warning["blocks_learning"] and warning["doc"].endswith("#generate-seq-len"), report["verdict"]
+    assert "fits and learns" not in report["verdict"] and list(empty_dir.iterdir()) == []
+
+
 @pytest.mark.parametrize("trainer, override, code", [
     ("ppo", "trainer.max_norm=0.5", "ppo_max_norm"),
     ("ppo", "trainer.minibatch_size=1", "minibatch_of_one"),

@@ -1,6 +1,7 @@
 """What the plan advises beyond the settings' warnings: the inputs of inverse planning
 (``budget_units``), a run of over a day on a CPU (``long_on_cpu``), torch threads that wait on each
-other on a busy CPU (``threads_warning``), the defaults behind a fix (``defaults_note``), and the
+other on a busy CPU (``threads_warning``), prompts that leave no room for a response
+(``prompts_fill_max_seq_len``), the defaults behind a fix (``defaults_note``), and the
 comparison of ``plan --one-round`` with its prediction (``one_round_report``).
 
 Torch-free: arithmetic on the plan's figures.
@@ -11,6 +12,7 @@ from typing import Any
 
 from skill_runtime import reporting
 from policy_optimization import budget, counting, prediction, unit_costs
+from policy_optimization.run import watchdog
 
 DAY_S = 86400.0
 SLOWER_BY = 1.5  # one thread this many times faster than the run's threads: warn threads_oversubscribed
@@ -111,6 +113,23 @@ def long_on_cpu(device_type: str, wall_s: float, units: budget.Units, counts: di
                        f"rollouts and {counts['learn_calls']:,} learn() calls"
                        + defaults_note(defaults_applied, ("num_episodes", "max_timesteps", "max_seq_len")),
             "fix": f"in one day at this size: {budget_text(day)}; or a GPU (--device cuda)", "doc": None}
+
+
+def prompts_fill_max_seq_len(prompt_lens: dict[int, int] | None, max_seq_len: int) -> dict[str, Any] | None:
+    """``prompts_fill_max_seq_len`` when some prompts are ``max_seq_len - 1`` ids or longer: a
+    rollout samples ``max(1, max_seq_len - n)`` tokens after an ``n``-id prompt (palm.py:429), so
+    each of those gets a one-token response (what the run's ``one_token_responses`` rule sees).
+    ``prompt_lens``: prompts per unpadded length (the probe's). Blocks learning when at least the
+    watchdog's ONE_TOKEN_FRACTION of the prompts do."""
+    full = sum(count for n, count in (prompt_lens or {}).items() if n >= max_seq_len - 1)
+    if not full:
+        return None
+    total, longest = sum(prompt_lens.values()), max(prompt_lens)
+    return {"code": "prompts_fill_max_seq_len", "blocks_learning": full / total >= watchdog.ONE_TOKEN_FRACTION,
+            "message": f"{full} of {total} prompts have {max_seq_len - 1} ids or more (the longest {longest}) for "
+                       f"max_seq_len {max_seq_len}, the prompt included: each gets a one-token response",
+            "fix": f"max_seq_len above {longest + 1} (the longest prompt plus the response length you want), "
+                   "or shorter prompts", "doc": f"{prediction.DOCS}#generate-seq-len"}
 
 
 def threads_warning(check: dict[str, Any] | None, load: dict[str, Any]) -> dict[str, Any] | None:

@@ -66,7 +66,9 @@ def plan(args, resolved: dict[str, Any], device_kwargs: dict[str, Any], device, 
     units = advice.budget_units(resolved, counts, probed, params, base, pool)
     if memory and not fits:
         advice.name_the_memory_fit(warnings, units, available[pool])
-    warnings += [w for w in (advice.threads_warning(probed["report"].get("threads_check"),
+    warnings += [w for w in (advice.prompts_fill_max_seq_len(probed.get("prompt_lens"),
+                                                             resolved["effective"]["train"]["max_seq_len"]),
+                             advice.threads_warning(probed["report"].get("threads_check"),
                                                     probed["report"].get("load_average") or {}),
                              advice.long_on_cpu(device.type, wall["total_s"], units, counts,
                                                 resolved["defaults_applied"])) if w]
