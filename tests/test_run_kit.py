@@ -186,6 +186,9 @@ def test_watch_shows_the_rows_curves_and_verdict(healthy, tmp_path):
     assert data["state"] == "finished" and data["rounds"] == 8 and len(data["last_rows"]) == 3
     text = watch.text(data)
     assert text.splitlines()[-1].startswith("watch: FINISHED after round 8; held-out ")
+    assert text.splitlines()[-1].endswith("; next: " + data["summary"]["next"])  # the next step train gave
+    flat = {**data, "summary": {**data["summary"], "next": "read training-run.md#held-out-flat"}}
+    assert watch.verdict(flat).endswith("; next: read training-run.md#held-out-flat")
     assert "held-out ▁" in text or re.search(r"held-out [▁-█ ]+ ", text)
     proc = run([sys.executable, str(WATCH), str(healthy.run.path), "--json"], tmp_path)
     assert proc.returncode == 0 and json.loads(proc.stdout)["rounds"] == 8

@@ -100,8 +100,8 @@ def verdict(data: dict[str, Any]) -> str:
         nxt = f"watch it again, or plot it: {reporting.command('palm-rlhf-skill watch', data['run_dir'] + ' --plot curves.png')}"
     elif data["state"] == "stopped":
         nxt = f"fix what stopped it, then {reporting.command('palm-rlhf-skill train', '--resume ' + data['run_dir'])}"
-    else:
-        nxt = f"load {Path(data['run_dir']) / rundir.POLICY} with PaLM(**[palm]).load(path)"
+    else:  # finished: the next step train gave it (summary.verdict: the flat-held-out section when it did not learn)
+        nxt = (data["summary"] or {}).get("next") or f"load {Path(data['run_dir']) / rundir.POLICY} with PaLM(**[palm]).load(path)"
     return f"watch: {data['state'].upper()} after round {data['rounds']}{change}{rules}; next: {nxt}"
 
 
