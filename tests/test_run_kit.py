@@ -447,6 +447,19 @@ def test_only_the_writing_rank_locks_the_run_directory(tmp_path, monkeypatch):
     lock.release()
     assert sorted(p.name for p in run_dir.iterdir()) == []
 
+def test_without_fcntl_there_is_no_lock_and_train_says_so(tmp_path, monkeypatch):
+    """Where Python has no fcntl (Windows) no lock is taken (RunLock), nothing pretends one is, and
+    loop.prepare says so in one line."""
+    monkeypatch.setattr(rundir, "fcntl", None)
+    run_, lock = rundir.prepare(tmp_path / "run", False, False)
+    assert lock is None and list(run_.path.iterdir()) == []
+    said = []
+    with pytest.raises(exits.SkillError, match="no non-empty line"):
+        loop.prepare(str(cases.write(cases.Case("x", "grpo", None, "", prompts=("",)), tmp_path / "config")),
+                     tmp_path / "run2", False, False, None, loop.Options(progress=False, say=said.append))
+    assert said == [f"no lock on {tmp_path / 'run2'}: this Python has no fcntl (Windows): run one train per directory"]
+    assert not (tmp_path / "run2").exists()
+
 @pytest.mark.parametrize("broken", ["blank prompts", "empty held-out", "prompts not UTF-8", "cuda without CUDA"])
 def test_a_refused_start_leaves_no_run_directory(broken, tmp_path, monkeypatch, capsys):
     """A start refused while the trainer is built (after the run directory was made) removes the
