@@ -423,13 +423,17 @@ def test_a_second_train_on_a_live_run_is_refused_and_changes_nothing(tmp_path, m
     assert not (run_dir / rundir.LOCK).exists()
 
 
-def test_only_the_writing_rank_locks_the_run_directory(tmp_path, monkeypatch):
+def test_only_the_writing_rank_locks_the_run_directory(tmp_path, monkeypatch, capsys):
     """Under a launcher's world rank 0 writes the files (Run.main) and alone takes the lock; another
     rank neither locks nor does --force's removal, so a rank of a refused world changes nothing."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "metrics.jsonl").write_text("")
     held = rundir.RunLock.acquire(rundir.RunDir(run_dir), "--run-dir run")  # another train's lock
+    monkeypatch.chdir(tmp_path)  # --nproc's launcher refuses it before it starts a rank
+    code = runner.run_cli(train_main(), ["--resume", "run", "--nproc", "2", "--device", "cpu"])
+    assert code == 2 and f"--resume run: another train is running in {run_dir} (pid {os.getpid()} " in \
+        one_error_line(capsys.readouterr().err)
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", "29500")

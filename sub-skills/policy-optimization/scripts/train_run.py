@@ -10,7 +10,8 @@ Usage:
     train_run.py --config run.toml --run-dir runs/first --nproc 2   # 2 DDP processes (torchrun)
 
 Progress on stderr (a bar over rounds with an ETA), the summary on stdout (``--json``: one object).
-Files in the run directory: metrics.jsonl, checkpoints/, config.json, policy.pt, summary.json.
+Files in the run directory: metrics.jsonl, checkpoints/, config.json, policy.pt, summary.json, and train.lock
+while a process trains it (a second train there exits 2).
 Config keys: references/workflows.md#plan-a-run; the run kit: references/training-run.md.
 """
 from __future__ import annotations
