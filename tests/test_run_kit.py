@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import sys
 
@@ -375,6 +376,122 @@ def test_a_signal_finishes_the_round_checkpoints_and_exits_128_plus(signum, code
     assert "finishing the round in progress" in err and "Traceback" not in err
     assert f"--resume {tmp_path / 'run'}" in out.splitlines()[-1]
 
+
+
+def run_files(path):
+    """Every file under ``path`` and its bytes."""
+    return {str(f.relative_to(path)): f.read_bytes() for f in sorted(path.rglob("*")) if f.is_file()}
+
+
+def test_a_second_train_on_a_live_run_is_refused_and_changes_nothing(tmp_path, monkeypatch, capsys):
+    """Two trains on one run directory (issue: a --resume beside a live run rolled metrics.jsonl back
+    under it, rows lost): while a train process holds DIR (stopped with SIGSTOP, so its files stay
+    still), a new run there, --force and --resume each exit 2 with one line naming DIR and the
+    holder's pid, and change no byte; watch still reads the live run. The holder SIGKILLed leaves
+    no stale lock: --resume continues from its last checkpoint, every round once."""
+    import signal
+    import subprocess
+    import time
+    monkeypatch.chdir(tmp_path)
+    config = cases.write(cases.Case("lock", "grpo", None, "", overrides={"run": {"checkpoint_every": 1}}, rounds=50),
+                         tmp_path / "config")
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, str(TRAIN), "--config", str(config), "--run-dir", str(run_dir),
+                             "--device", "cpu", "--cpu-threads", "1"], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, preexec_fn=default_signals)
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline and proc.poll() is None and checkpoint.latest(rundir.RunDir(run_dir)) is None:
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGSTOP)
+        assert proc.poll() is None and checkpoint.latest(rundir.RunDir(run_dir)) is not None
+        before = run_files(run_dir)
+        for argv in (["--resume", "run", "--until", "1"], ["--config", str(config), "--run-dir", "run"],
+                     ["--config", str(config), "--run-dir", "run", "--force"]):
+            code, out, err = cli(tmp_path, capsys, *argv)
+            line = one_error_line(err)
+            assert code == 2 and f"another train is running in {run_dir} (pid {proc.pid} on " in line, (argv, line)
+            assert run_files(run_dir) == before, f"{argv} changed the live run's files"
+        assert watch.view(run_dir)["state"] == "running"
+        proc.kill()
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    assert (run_dir / rundir.LOCK).is_file()  # a stale file, not a stale lock
+    done = int(checkpoint.latest(rundir.RunDir(run_dir)).name.split("-")[1])
+    code, out, err = cli(tmp_path, capsys, "--resume", "run", "--until", str(done + 1))
+    assert code == 0, err[-2000:]
+    assert [r["round"] for r in rundir.read_rows(run_dir / "metrics.jsonl")] == list(range(done + 2))
+    assert not (run_dir / rundir.LOCK).exists()
+
+
+def test_only_the_writing_rank_locks_the_run_directory(tmp_path, monkeypatch, capsys):
+    """Under a launcher's world rank 0 writes the files (Run.main) and alone takes the lock; another
+    rank neither locks nor does --force's removal, so a rank of a refused world changes nothing."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text("")
+    held = rundir.RunLock.acquire(rundir.RunDir(run_dir), "--run-dir run")  # another train's lock
+    monkeypatch.chdir(tmp_path)  # --nproc's launcher refuses it before it starts a rank
+    code = runner.run_cli(train_main(), ["--resume", "run", "--nproc", "2", "--device", "cpu"])
+    assert code == 2 and f"--resume run: another train is running in {run_dir} (pid {os.getpid()} " in \
+        one_error_line(capsys.readouterr().err)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    for rank, writer in (("1", False), ("0", True)):
+        monkeypatch.setenv("RANK", rank)
+        assert loop.writes_files() is writer
+    monkeypatch.setenv("RANK", "1")
+    assert rundir.prepare(run_dir, False, True, writer=loop.writes_files())[1] is None
+    assert (run_dir / "metrics.jsonl").is_file(), "a rank that does not write removed a run file"
+    with pytest.raises(exits.SkillError, match=f"another train is running in {run_dir} \\(pid {os.getpid()} on "):
+        rundir.prepare(run_dir, False, True, writer=True)
+    held.release()
+    run_, lock = rundir.prepare(run_dir, False, True, writer=True)
+    assert not (run_dir / "metrics.jsonl").exists() and (run_dir / rundir.LOCK).is_file()
+    lock.release()
+    assert sorted(p.name for p in run_dir.iterdir()) == []
+
+def test_without_fcntl_there_is_no_lock_and_train_says_so(tmp_path, monkeypatch):
+    """Where Python has no fcntl (Windows) no lock is taken (RunLock), nothing pretends one is, and
+    loop.prepare says so in one line."""
+    monkeypatch.setattr(rundir, "fcntl", None)
+    run_, lock = rundir.prepare(tmp_path / "run", False, False)
+    assert lock is None and list(run_.path.iterdir()) == []
+    said = []
+    with pytest.raises(exits.SkillError, match="no non-empty line"):
+        loop.prepare(str(cases.write(cases.Case("x", "grpo", None, "", prompts=("",)), tmp_path / "config")),
+                     tmp_path / "run2", False, False, None, loop.Options(progress=False, say=said.append))
+    assert said == [f"no lock on {tmp_path / 'run2'}: this Python has no fcntl (Windows): run one train per directory"]
+    assert not (tmp_path / "run2").exists()
+
+@pytest.mark.parametrize("broken", ["blank prompts", "empty held-out", "prompts not UTF-8", "cuda without CUDA"])
+def test_a_refused_start_leaves_no_run_directory(broken, tmp_path, monkeypatch, capsys):
+    """A start refused while the trainer is built (after the run directory was made) removes the
+    directories it created, and leaves a directory that existed before as it was."""
+    monkeypatch.chdir(tmp_path)
+    config = cases.write(cases.HEALTHY, tmp_path / "config")
+    device = "cpu"
+    if broken == "blank prompts":
+        (tmp_path / "config" / "prompts.txt").write_text(" \n\t\n\n", encoding="utf-8")
+    elif broken == "empty held-out":
+        (tmp_path / "config" / "held_out.txt").write_text("", encoding="utf-8")
+    elif broken == "prompts not UTF-8":
+        (tmp_path / "config" / "prompts.txt").write_bytes(b"ab\n\xff\xfe\n")
+    else:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        device = "cuda"
+    for run_dir in ("runs/new/run", "existing"):
+        if run_dir == "existing":
+            (tmp_path / "existing").mkdir()
+            (tmp_path / "existing" / "mine.txt").write_text("keep me")
+        code = runner.run_cli(train_main(), ["--config", str(config), "--run-dir", run_dir, "--device", device])
+        line = one_error_line(capsys.readouterr().err)
+        assert code == 2 and (broken.split()[-1] in line or "no non-empty line" in line or "cannot read" in line), line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config", "existing"], "a refused start left its directory"
+    assert [p.name for p in (tmp_path / "existing").iterdir()] == ["mine.txt"]
 
 # --- the docs ------------------------------------------------------------------------------------------
 

@@ -10,7 +10,8 @@ Usage:
     train_run.py --config run.toml --run-dir runs/first --nproc 2   # 2 DDP processes (torchrun)
 
 Progress on stderr (a bar over rounds with an ETA), the summary on stdout (``--json``: one object).
-Files in the run directory: metrics.jsonl, checkpoints/, config.json, policy.pt, summary.json.
+Files in the run directory: metrics.jsonl, checkpoints/, config.json, policy.pt, summary.json, and train.lock
+while a process trains it (a second train there exits 2).
 Config keys: references/workflows.md#plan-a-run; the run kit: references/training-run.md.
 """
 from __future__ import annotations
@@ -28,7 +29,8 @@ except (ImportError, SyntaxError) as damage:  # the runtime's own __init__.py is
 from skill_runtime import exits, options, reporting, runner, streams, version_gate, workspace  # noqa: E402
 
 EXIT_EPILOG = ("exit codes: 0 the run finished (or paused at --until); 1 a --stop-on rule fired or the library "
-               "raised in a round; 2 usage, config, reward program or run-directory error (disk full too); "
+               "raised in a round; 2 usage, config, reward program or run-directory error (disk full, or another "
+               "train running in DIR); "
                "3 palm-rlhf-pytorch, torch or a --log-with tracker missing or outside the tested range; "
                "130/143 SIGINT/SIGTERM (after the round in progress and a checkpoint)")
 
@@ -124,9 +126,11 @@ def main(argv: list[str] | None = None) -> int:
             finished["rounds_done"] >= prepared.resolved["round"]["rounds"]:
         # every round is done (a config with more [run] rounds extends the run instead): nothing to
         # build, the run's summary again
+        prepared.release()
         progress.note(f"{run_dir} finished all {finished['rounds_done']} rounds: nothing to resume")
         finished["versions"], finished["warnings"] = env["versions"], env["warnings"]
         return runner.emit(finished, args.json, plain_summary, exits.EXIT_OK)
+    prepared.place(args.device)  # a device it cannot have: one line, before the build's progress line
     with workspace.private_workdir(), threads:  # the library's relative paths (TPO's replay buffer) go there
         with progress.stage("build the trainer" + (" and restore the last checkpoint" if args.resume else "")):
             run = loop.Run.build(prepared, args.device)
@@ -145,13 +149,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_nproc(args, argv: list[str], env: dict) -> int:
     """``--nproc N``: this command as N ranks on this machine (``launch.launch_script``, torchrun),
-    each with ``--json``; rank 0's summary is this run's report and exit code. Ctrl-C or SIGTERM
+    each with ``--json``; rank 0's summary is this run's report and exit code (rank 0 locks the run
+    directory; a run that another process holds is refused here first). Ctrl-C or SIGTERM
     here reaches the ranks as SIGTERM (each finishes its round and checkpoints; the launcher waits
     ``launch.STOP_GRACE_S``). Raises SkillError(1) when no rank reported."""
     import json
     from policy_optimization import launch
-    from policy_optimization.run import loop
+    from policy_optimization.run import loop, rundir
     from policy_optimization.run import summary as run_summary
+    run_dir = rundir.RunDir((Path.cwd() / (args.resume or args.run_dir)).resolve())
+    rundir.RunLock.probe(run_dir, f"{'--resume' if args.resume else '--run-dir'} {args.resume or args.run_dir}")
     progress = streams.Progress(loop.PROG, not args.json or args.progress)
     device = "cpu" if launch.ddp_uses_cpu(args.device, args.nproc, f"--nproc {args.nproc}") else "cuda"
     rank_argv = [*launch.without_nproc(argv), "--json"] + (["--progress"] if progress.enabled else [])

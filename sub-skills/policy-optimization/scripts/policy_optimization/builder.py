@@ -84,6 +84,16 @@ def eval_prompt_ids(resolved: dict[str, Any]):
     return tokenize_file(resolved, resolved["eval"]["prompts_file"], "[eval] prompts_file")
 
 
+def check_prompt_files(resolved: dict[str, Any]) -> None:
+    """Read [prompts] file and [eval] prompts_file as ``tokenize_file`` will (``read_lines``), so
+    that an unreadable, non-UTF-8 or blank file is refused before a model is built. Raises
+    SkillError(2) naming the key."""
+    if "file" in resolved["prompts"]:
+        read_lines(resolved["prompts"]["file"], "[prompts] file")
+    if resolved["eval"] is not None:
+        read_lines(resolved["eval"]["prompts_file"], "[eval] prompts_file")
+
+
 META_ABOVE_ELEMENTS = 4096  # while counting, tensors larger than this are made on the meta device
 
 

@@ -102,6 +102,7 @@ class Run:
     groups: dict[str, list] = field(default_factory=dict)   # trainable tensors per group (trainers.trainable_groups)
     policy_palm: Any = None                                  # the policy's PaLM and LoRA scope, unwrapped once
     scope: str | None = None
+    lock: rundir.RunLock | None = None                       # the run directory's, held until finish()
 
     @property
     def name(self) -> str:
@@ -128,12 +129,24 @@ class Run:
 
     @classmethod
     def build(cls, prepared: "Prepared", device_spec: str = "auto") -> "Run":
+        """``_build``; a refusal (any exception) releases the run directory and leaves nothing of a
+        directory this invocation created (``Prepared.refused``)."""
+        try:
+            self = cls._build(prepared, device_spec)
+        except BaseException:
+            prepared.refused()
+            raise
+        self.lock = prepared.lock
+        return self
+
+    @classmethod
+    def _build(cls, prepared: "Prepared", device_spec: str = "auto") -> "Run":
         """Build the trainer of a ``prepare``d run (``builder.build``) on ``device_spec`` with the
         DDP fixes (a no-op in one process) and every rotary table at the run's longest sequence;
         then restore the latest checkpoint (a resume) or score the held-out prompts once before
         training (row 0). Raises SkillError (2: the device or the library refuses the config)."""
         options, resolved, run = prepared.options, prepared.resolved, prepared.run
-        device_kwargs, device = placement.resolve_device(device_spec)
+        device_kwargs, device = prepared.place(device_spec)
         if options.log_with:
             device_kwargs = {**device_kwargs, **trackers.accelerate_kwargs(options.log_with, run.trackers)}
         from accelerate.utils import set_seed
@@ -316,6 +329,8 @@ class Run:
         summary = run_summary.summarize(self, status, reason, files)
         if self.main:
             rundir.write_atomic(self.run.summary, json.dumps(summary, indent=1, allow_nan=True))
+        if self.lock is not None:
+            self.lock.release()
         return summary
 
 
@@ -328,6 +343,39 @@ class Prepared:
     resolved: dict[str, Any]
     resume: bool
     options: Options
+    lock: rundir.RunLock | None = None  # the writer's (rundir.prepare); None on another rank or without fcntl
+    created: Path | None = None         # the topmost directory this invocation created (rundir.first_missing)
+    placed: dict[str, Any] = field(default_factory=dict)  # device spec -> placement.resolve_device's answer
+
+    def place(self, device_spec: str) -> tuple[dict[str, Any], Any]:
+        """``placement.resolve_device(device_spec)`` once, (accelerate kwargs, torch.device): the
+        command asks before its build stage, so a refused device is its one line. Raises as that
+        does; on a refusal the start is ``refused``."""
+        if device_spec not in self.placed:
+            try:
+                self.placed[device_spec] = placement.resolve_device(device_spec)
+            except BaseException:
+                self.refused()
+                raise
+        return self.placed[device_spec]
+
+    def release(self) -> None:
+        """Unlock the run directory (a resume that has nothing to do)."""
+        if self.lock is not None:
+            self.lock.release()
+
+    def refused(self) -> None:
+        """The start is refused: unlock, and remove what this invocation created (``rundir.discard``)."""
+        rundir.discard(self.run, self.created, self.lock)
+
+
+def writes_files() -> bool:
+    """Whether this process writes the run directory and holds its lock: a single process, or
+    global rank 0 of a launcher's world (``launch.launcher_world``; ``Run.main`` once Accelerate
+    is up)."""
+    from policy_optimization import launch
+    world = launch.launcher_world(program="this run")
+    return world is None or world.is_main
 
 
 def prepare(config_path: str | None, run_dir: str | Path, resume: bool, force: bool,
@@ -337,13 +385,18 @@ def prepare(config_path: str | None, run_dir: str | Path, resume: bool, force: b
     stored), a changed config on ``resume``, the tracker package, and every key against the
     installed library (``run_config.check_against_library``, which imports torch). Raises
     SkillError: 2 for a bad config or directory, or a changed config on resume; 3 for a tracker
-    package that is missing."""
-    created = rundir.first_missing(Path(run_dir))
+    package that is missing; 2 when another process holds the directory's lock."""
+    created, writer, run, lock = rundir.first_missing(Path(run_dir)), writes_files(), None, None
     try:
-        return _prepare(config_path, rundir.prepare(run_dir, resume, force), run_dir, resume, overrides, options)
-    except exits.SkillError:  # refused before a model exists: leave no directory of ours behind
-        rundir.remove_empty(Path(run_dir), created)
+        run, lock = rundir.prepare(run_dir, resume, force, writer)
+        if writer and lock is None:
+            options.say(f"no lock on {run.path}: this Python has no fcntl (Windows): run one train per directory")
+        prepared = _prepare(config_path, run, run_dir, resume, overrides, options)
+    except BaseException:  # refused before a model exists: leave no directory of ours behind
+        rundir.remove_empty(Path(run_dir), created) if run is None else rundir.discard(run, created, lock)
         raise
+    prepared.lock, prepared.created = lock, created
+    return prepared
 
 
 def _prepare(config_path: str | None, run: rundir.RunDir, run_dir: str | Path, resume: bool,
@@ -364,7 +417,9 @@ def _prepare(config_path: str | None, run: rundir.RunDir, run_dir: str | Path, r
                                    f"{', '.join(changed)}: resume with the run's own config, or start over with --force")
     if options.log_with:
         trackers.check_available(options.log_with)
-    return Prepared(run, loaded, run_config.check_against_library(config), resume, options)
+    resolved = run_config.check_against_library(config)
+    builder.check_prompt_files(resolved)
+    return Prepared(run, loaded, resolved, resume, options)
 
 
 def gathered(trainer, seen: metrics.Observation) -> metrics.Observation:

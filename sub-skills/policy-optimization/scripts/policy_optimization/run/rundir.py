@@ -5,22 +5,32 @@
 ``DIR/trackers/``      the trackers' own files (tensorboard events, wandb offline runs, ...)
 ``DIR/policy.pt``      the trained policy, a standalone PaLM state dict (export.py)
 ``DIR/summary.json``   the run's summary, written at its end
+``DIR/train.lock``     while a ``train`` process writes the run: its exclusive lock (``RunLock``)
 Torch-free.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
+import socket
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from skill_runtime import exits
 
+try:
+    import fcntl  # POSIX; Windows has none: no lock there (RunLock)
+except ImportError:  # pragma: no cover - exercised by monkeypatching fcntl to None
+    fcntl = None
+
 METRICS, CHECKPOINTS, TRACKERS, POLICY, SUMMARY = "metrics.jsonl", "checkpoints", "trackers", "policy.pt", "summary.json"
 RUN_FILES = (METRICS, CHECKPOINTS, TRACKERS, POLICY, SUMMARY)  # what --force removes, nothing else
+LOCK = "train.lock"
 
 
 @dataclass(frozen=True)
@@ -80,19 +90,103 @@ def remove_empty(path: Path, created: Path | None) -> None:
     while True:
         try:
             path.rmdir()
-        except OSError:  # not empty, or gone
+        except FileNotFoundError:  # already removed (``discard``): on to its parent
+            pass
+        except OSError:  # not empty
             return
         if path == created:
             return
         path = path.parent
 
 
-def prepare(path: str | Path, resume: bool, force: bool) -> RunDir:
-    """The run directory for a new run (created if missing), or for ``--resume``.
+class RunLock:
+    """The exclusive lock of the one process that writes a run directory: ``fcntl.flock(LOCK_EX |
+    LOCK_NB)`` on ``DIR/train.lock``, which holds the holder's pid, host and start time. The OS
+    drops the lock when the process ends, however it ends (a crash, SIGKILL): never a stale lock,
+    at most a stale file, which the next holder locks and rewrites. ``release`` removes the file,
+    then unlocks. Where Python has no ``fcntl`` (Windows) ``acquire`` returns None: no lock, and
+    nothing refuses a second ``train`` on the same directory there."""
 
-    Raises SkillError(2): the path is a file or cannot be created or written; it holds another
-    run's files and neither ``resume`` nor ``force`` is given; ``resume`` finds no run there.
-    ``force`` removes the files of ``RUN_FILES`` it finds (never anything else) and starts over."""
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path, self.fd, self.pid = path, fd, os.getpid()
+
+    @classmethod
+    def acquire(cls, run: "RunDir", flag: str) -> "RunLock | None":
+        """Lock ``run`` for this process (None without fcntl). Raises SkillError(2) when another
+        process holds it, naming ``flag`` (``--resume DIR``), the directory and the holder, or
+        when the lock file cannot be created."""
+        if fcntl is None:
+            return None
+        path = run.path / LOCK
+        for _ in range(5):  # a holder that released (removed the file) between our open and our lock: again
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+            except OSError as err:
+                raise exits.SkillError(f"{flag}: cannot create its lock {path} ({exits.one_line(err)})") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as err:
+                os.close(fd)
+                if err.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):  # ENOLCK: a file system without locks
+                    raise exits.SkillError(f"{flag}: cannot lock {path} ({exits.one_line(err)}): put the run on a "
+                                           "local disk") from None
+                raise exits.SkillError(f"{flag}: another train is running in {run.path} ({holder(path)}): wait for it "
+                                       "to end or stop it, then resume; watch reads it meanwhile") from None
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(path))
+            except FileNotFoundError:
+                same = False
+            if same:
+                os.ftruncate(fd, 0)
+                os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}, since "
+                             f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}\n".encode())
+                return cls(path, fd)
+            os.close(fd)
+        raise exits.SkillError(f"{flag}: could not lock {path}: another process keeps replacing it")
+
+    @staticmethod
+    def probe(run: "RunDir", flag: str) -> None:
+        """Raise as ``acquire`` would when another process holds ``run``'s lock; creates nothing,
+        keeps nothing (``train --nproc``'s launcher, before it starts the ranks)."""
+        path = run.path / LOCK
+        if fcntl is None or not path.is_file():
+            return
+        RunLock.acquire(run, flag).release()
+
+    def release(self) -> None:
+        """Remove the lock file and unlock (this process only: a forked child keeps its hands off)."""
+        if self.fd is None or os.getpid() != self.pid:
+            return
+        unlink_quietly(self.path)
+        os.close(self.fd)
+        self.fd = None
+
+    def __del__(self) -> None:  # the Run dropped without finish(): unlock now, not at exit
+        try:
+            self.release()
+        except Exception:  # noqa: BLE001 - interpreter shutdown: the OS unlocks at exit anyway
+            pass
+
+
+def holder(path: Path) -> str:
+    """Who holds the lock at ``path``, as its holder wrote it (``pid N on HOST, since ...``)."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        text = ""
+    return f"{text}; lock {path}" if text else f"a process that has just started; lock {path}"
+
+
+def prepare(path: str | Path, resume: bool, force: bool, writer: bool = True) -> tuple[RunDir, RunLock | None]:
+    """The run directory for a new run (created if missing), or for ``--resume``, and its lock.
+
+    ``writer``: this process writes the run directory (a single process, or rank 0 of a world):
+    it takes the lock (``RunLock``, held until ``release``) before it changes anything, and does
+    ``force``'s removal; any other rank does neither (the lock is None).
+    Raises SkillError(2): the path is a file or cannot be created or written; another process
+    holds its lock; it holds another run's files and neither ``resume`` nor ``force`` is given;
+    ``resume`` finds no run there. ``force`` removes the files of ``RUN_FILES`` it finds (never
+    anything else) and starts over."""
     run = RunDir(Path(path).expanduser().resolve())
     if run.path.exists() and not run.path.is_dir():
         raise exits.SkillError(f"--run-dir {path}: is a file, not a directory: name a directory for the run")
@@ -103,6 +197,18 @@ def prepare(path: str | Path, resume: bool, force: bool) -> RunDir:
     except OSError as err:
         raise exits.SkillError(f"--run-dir {path}: cannot write there ({exits.one_line(err)}): choose a writable "
                                "directory") from None
+    lock = RunLock.acquire(run, f"{'--resume' if resume else '--run-dir'} {path}") if writer else None
+    try:
+        check_run_files(run, path, resume, force, writer)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    return run, lock
+
+
+def check_run_files(run: RunDir, path: str | Path, resume: bool, force: bool, writer: bool) -> None:
+    """``prepare``'s checks of the files found, and ``force``'s removal (the writer's)."""
     found = run.holds_a_run()
     if resume and not found:
         raise exits.SkillError(f"--resume {path}: no run to resume there (no {METRICS}, no {CHECKPOINTS}/): start one "
@@ -110,11 +216,23 @@ def prepare(path: str | Path, resume: bool, force: bool) -> RunDir:
     if found and not resume and not force:
         raise exits.SkillError(f"--run-dir {path}: holds another run ({', '.join(found)}): --resume continues it, "
                                "--force starts over (removes those files only), or choose another directory")
-    if force and not resume:  # every rank of a world does this: another may have removed a file first
+    if force and not resume and writer:
         for name in found:
             target = run.path / name
             shutil.rmtree(target, ignore_errors=True) if target.is_dir() else target.unlink(missing_ok=True)
-    return run
+
+
+def discard(run: RunDir, created: Path | None, lock: RunLock | None) -> None:
+    """A refused start (before the first round): release ``lock``, and when this invocation created
+    the directory (``created``, what ``first_missing`` found) leave nothing of it: the writer
+    (``lock`` held) removes the run directory with the files it wrote there unless it holds a
+    checkpoint, then every process removes the directories of ``created`` left empty. A
+    directory that existed before is never removed; nor a run with a checkpoint."""
+    if created is not None and lock is not None and run.path.is_dir() and not any(run.checkpoints.glob("round-*")):
+        shutil.rmtree(run.path, ignore_errors=True)  # under the lock: ours alone since we created it
+    if lock is not None:
+        lock.release()
+    remove_empty(run.path, created)
 
 
 def append_row(run: RunDir, row: dict[str, Any]) -> None:
