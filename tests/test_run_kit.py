@@ -398,6 +398,50 @@ def test_the_measured_first_run_table_is_the_variants():
     assert rows[0][3] == "3/3", "the first run's example rose on every seed"
 
 
+PRINTING_REWARD = cases.ASCII + '''
+from pathlib import Path
+
+ascii_score = score
+
+
+def score(x, response_mask):                       # the ASCII reward, saying so on every call
+    with Path(__file__).with_name("calls.txt").open("a") as calls:
+        calls.write("call\\n")
+    print(f"DEBUG reward of {x.shape[0]} sequences")
+    return ascii_score(x, response_mask)
+'''
+
+
+@pytest.fixture(scope="module")
+def printing_run(tmp_path_factory):
+    """``train --json`` (in-process, as run_cli runs it) of 2 GRPO rounds whose reward program prints
+    on every call, held-out evaluations included: (exit code, stdout, stderr, run dir, calls)."""
+    import contextlib
+    import io
+    tmp = tmp_path_factory.mktemp("printing")
+    config = cases.write(cases.Case("printing", "grpo", None, "", reward=PRINTING_REWARD, rounds=2), tmp / "config")
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = runner.run_cli(train_main(), ["--config", str(config), "--run-dir", str(tmp / "run"), "--json",
+                                             "--device", "cpu"])
+    calls = (tmp / "config" / "calls.txt").read_text().count("call\n")
+    return code, out.getvalue(), err.getvalue(), tmp / "run", calls
+
+
+def test_a_printing_reward_keeps_stdout_one_json_object_and_prints_on_stderr(printing_run):
+    """A reward that calls print() put its held-out evaluations' lines before the JSON, and its
+    training rounds' lines nowhere: now stdout is the report alone, and every print (a round's and
+    an evaluation's) is on stderr, as training-run.md#your-prints says."""
+    code, out, err, run_dir, calls = printing_run
+    assert code == 0, err[-2000:]
+    report = json.loads(out)  # the whole of stdout: one JSON object
+    assert report["status"] == "finished" and len(report["held_out"]["rounds"]) == 3
+    printed = [line for line in err.splitlines() if line.startswith("DEBUG reward of ")]
+    assert calls > 3 and len(printed) == calls, (calls, err[-2000:])  # 3 evaluations, and the rounds' calls
+    section = RUN_DOC.read_text(encoding="utf-8").split('<a id="your-prints"></a>', 1)[1].split("\n\n", 1)[0]
+    assert "stderr" in section and "stdout" in section and "--json" in section, section
+
+
 def test_the_summary_keys_are_documented(healthy):
     summary = json.loads(healthy.run.summary.read_text())
     text = REPORTS.read_text(encoding="utf-8").split("## train summary", 1)[1].split("\n## ", 1)[0]

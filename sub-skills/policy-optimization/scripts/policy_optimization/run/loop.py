@@ -182,13 +182,15 @@ class Run:
         if self.built.eval_prompt_ids is None or not self.main:
             return None
         kwargs = self.train_kwargs()
-        try:
-            return evaluation.held_out_reward(
-                self.policy_palm, self.scope,
-                trainers.unwrap(self.trainer, self.trainer.reward_model), self.built.eval_prompt_ids,
-                self.resolved["eval"]["samples"], kwargs["max_seq_len"], self.resolved["run"]["seed"] + EVAL_SEED_OFFSET,
-                temperature=kwargs.get("temperature", 1.0), eos_token=kwargs.get("eos_token"),
-                pad_value=int(self.trainer.pad_value))
+        try:  # as a round: the library's output captured, the user's prints on stderr (program_output)
+            with streams.capture_library_output():
+                return evaluation.held_out_reward(
+                    self.policy_palm, self.scope,
+                    trainers.unwrap(self.trainer, self.trainer.reward_model), self.built.eval_prompt_ids,
+                    self.resolved["eval"]["samples"], kwargs["max_seq_len"],
+                    self.resolved["run"]["seed"] + EVAL_SEED_OFFSET,
+                    temperature=kwargs.get("temperature", 1.0), eos_token=kwargs.get("eos_token"),
+                    pad_value=int(self.trainer.pad_value))
         except Exception as exc:  # noqa: BLE001 - sorted: the user's program, or the library
             raise round_error(f"the held-out evaluation after round {self.rows[-1]['round'] if self.rows else 0}",
                               exc) from None
