@@ -266,6 +266,26 @@ def test_a_run_dir_holding_another_run_is_refused_unless_resume_or_force(tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config", "run"]  # nothing else in the caller's directory
 
 
+def test_config_from_standard_input_trains_and_resumes_without_it(tmp_path, monkeypatch, capsys):
+    """`train --config -` read tmp/x/- (FileNotFoundError, exit 2) though workflows.md#plan-a-run
+    documents `-` for plan and train alike: now standard input, read once, its paths relative to
+    the current directory; the run keeps the config, so --resume needs no standard input."""
+    import io
+    config = cases.write(cases.Case("stdin", "grpo", None, "", rounds=1), tmp_path / "config")
+    monkeypatch.chdir(tmp_path / "config")  # the config's relative paths (prompts.txt, reward.py, ...)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(config.read_bytes())))
+    code, out, err = cli(tmp_path, capsys, "--config", "-", "--run-dir", str(tmp_path / "run"), "--json")
+    assert code == 0 and json.loads(out)["status"] == "finished", err[-2000:]
+    stored = json.loads((tmp_path / "run" / loop.CONFIG_FILE).read_text())["config"]
+    assert stored["reward"]["program"] == f"{tmp_path / 'config' / 'reward.py'}:score"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"")))  # nothing more to read
+    code, out, err = cli(tmp_path, capsys, "--resume", str(tmp_path / "run"))
+    assert code == 0 and "finished all 1 rounds: nothing to resume" in err, err[-2000:]
+    code, _, err = cli(tmp_path, capsys, "--config", "-", "--run-dir", str(tmp_path / "run2"), "--nproc", "2")
+    assert code == 2 and "--config - (standard input) is read by one process" in one_error_line(err)
+    assert not (tmp_path / "run2").exists()
+
+
 @pytest.mark.parametrize("reward, says", [
     ("import torch\n\ndef score(x, r):\n    return torch.zeros(x.shape)\n", "returned shape"),
     ("def score(x, r):\n    return 1 / 0\n", "ZeroDivisionError"),
