@@ -96,6 +96,11 @@ def test_each_broken_config_fires_its_own_rule(case, tmp_path):
     run_, _ = train(case, tmp_path, rounds=case.within)
     fired = {rule: row["round"] for row in reversed(run_.rows) for rule in row["rules"]}
     assert case.expect in fired, f"{case.name}: {case.expect} did not fire in {case.within} rounds; fired: {fired}"
+    if case.expect == "non_finite":  # a NaN reward is written as reports.md's '## Metrics row' says: a bare NaN
+        assert '"reward_mean": NaN' in run_.run.metrics.read_text() and '"first": NaN' in run_.run.summary.read_text()
+        from doc_tables import section
+        assert "the bare `NaN`" in " ".join(section(REPORTS, "## Metrics row").split()), \
+            "references/reports.md under '## Metrics row'"
 
 
 def test_rules_have_their_sections_and_are_documented():
@@ -462,11 +467,29 @@ def test_a_printing_reward_keeps_stdout_one_json_object_and_prints_on_stderr(pri
     assert "stderr" in section and "stdout" in section and "--json" in section, section
 
 
-def test_the_summary_keys_are_documented(healthy):
-    summary = json.loads(healthy.run.summary.read_text())
-    text = REPORTS.read_text(encoding="utf-8").split("## train summary", 1)[1].split("\n## ", 1)[0]
-    documented = {k for cell in re.findall(r"^\| ([^|]+) \|", text, re.M)[2:] for k in re.findall(r"`([a-z_]+)`", cell)}
-    assert set(summary) - {"versions", "warnings"} <= documented and documented <= set(summary) | {"versions", "warnings"}
+def summary_table() -> dict[str, set[str]]:
+    """reports.md ``## train summary``: each key to its JSON types (a cell of n keys and n
+    comma-separated types pairs them; one type applies to every key of its cell)."""
+    from doc_tables import table
+    documented = {}
+    for keys, types, _ in table(REPORTS, "## train summary"):
+        names, kinds = re.findall(r"`([a-z_]+)`", keys), [t.strip() for t in types.split(",")]
+        for name, kind in zip(names, kinds if len(kinds) == len(names) else kinds * len(names)):
+            documented[name] = {t.strip() for t in kind.split(" or ")}
+    return documented
+
+
+def test_the_summary_keys_are_documented(printing_run):
+    """reports.md's train summary against both copies: ``train --json`` and summary.json held
+    other keys (versions and warnings were stdout only)."""
+    from doc_tables import JSON_TYPES
+    _, out, _, run_dir, _ = printing_run
+    documented = summary_table()
+    for where, summary in (("train --json", json.loads(out)),
+                           ("summary.json", json.loads((run_dir / "summary.json").read_text()))):
+        assert set(summary) == set(documented), (where, sorted(set(summary) ^ set(documented)))
+        for key, value in summary.items():
+            assert JSON_TYPES[type(value)] in documented[key], (where, key, value, documented[key])
 
 
 def test_the_first_run_runs_as_typed_and_watch_shows_it_rising(tmp_path, monkeypatch, capsys):

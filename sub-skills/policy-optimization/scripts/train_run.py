@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     progress = streams.Progress(loop.PROG, (not args.json or args.progress) and (world is None or world.is_main),
                                 rank_stream)
     run_options = loop.Options(log_with=args.log_with, stop_on=stop_on, until=args.until, progress=progress.enabled,
-                               say=loop.stderr_lines(progress.stream if rank_stream else sys.stderr))
+                               say=loop.stderr_lines(progress.stream if rank_stream else sys.stderr), env=env)
     caller = Path.cwd()
     config = None if not args.config else args.config if run_config.from_stdin(args.config) else \
         str((caller / args.config).resolve())  # standard input is read once, by loop.prepare
@@ -140,8 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         except exits.SkillError as err:  # a round failed: the summary says so, the last checkpoint stays
             run.finish("failed", str(err))
             raise
-        summary = run.finish(status, reason)
-    summary["versions"], summary["warnings"] = env["versions"], env["warnings"]
+        summary = run.finish(status, reason)  # with the versions and warnings (run_options.env)
     code = status_code(summary)
     if not run.main:  # one rank of several: rank 0 reports
         return code

@@ -36,12 +36,15 @@ EVAL_SEED_OFFSET = 7919      # held-out sampling seed = [run] seed + this: the s
 class Options:
     """How to run, beside the config: ``log_with`` a tracker name or None; ``stop_on`` rule ids that
     end the run (exit 1); ``until`` the last round this call runs (None: ``[run] rounds``; a later
-    ``resume`` continues); ``progress`` bars and lines on stderr; ``say`` where one-line notes go."""
+    ``resume`` continues); ``progress`` bars and lines on stderr; ``say`` where one-line notes go;
+    ``env`` what ``version_gate.check_versions`` returned to the command (its ``versions`` and
+    ``warnings`` go into summary.json; None: neither key)."""
     log_with: str | None = None
     stop_on: frozenset[str] = frozenset()
     until: int | None = None
     progress: bool = True
     say: Callable[[str], None] = field(default_factory=lambda: stderr_lines(sys.stderr))
+    env: dict[str, Any] | None = None
 
 
 def stderr_lines(stream) -> Callable[[str], None]:
