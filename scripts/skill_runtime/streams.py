@@ -1,5 +1,6 @@
-"""Output streams: the library's own prints and bars captured (stdout stays clean), its printed
-losses parsed, stderr written best effort, progress bars on stderr and stage timers."""
+"""Output streams: the library's own prints and bars captured (stdout stays clean) and its printed
+losses parsed, a user program's prints sent to stderr, stderr written best effort, progress bars
+on stderr and stage timers."""
 from __future__ import annotations
 
 import contextlib
