@@ -97,6 +97,11 @@ def test_each_broken_config_fires_its_own_rule(case, tmp_path):
     run_, _ = train(case, tmp_path, rounds=case.within)
     fired = {rule: row["round"] for row in reversed(run_.rows) for rule in row["rules"]}
     assert case.expect in fired, f"{case.name}: {case.expect} did not fire in {case.within} rounds; fired: {fired}"
+    if case.expect == "non_finite":  # a NaN reward is written as reports.md's '## Metrics row' says: a bare NaN
+        assert '"reward_mean": NaN' in run_.run.metrics.read_text() and '"first": NaN' in run_.run.summary.read_text()
+        from doc_tables import section
+        assert "the bare `NaN`" in " ".join(section(REPORTS, "## Metrics row").split()), \
+            "references/reports.md under '## Metrics row'"
 
 
 def test_rules_have_their_sections_and_are_documented():
@@ -268,6 +273,26 @@ def test_a_run_dir_holding_another_run_is_refused_unless_resume_or_force(tmp_pat
     code, out, _ = cli(tmp_path, capsys, "--config", str(config), "--run-dir", "run", "--force")
     assert code == 0 and (tmp_path / "run" / "mine.txt").read_text() == "keep me"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config", "run"]  # nothing else in the caller's directory
+
+
+def test_config_from_standard_input_trains_and_resumes_without_it(tmp_path, monkeypatch, capsys):
+    """`train --config -` read tmp/x/- (FileNotFoundError, exit 2) though workflows.md#plan-a-run
+    documents `-` for plan and train alike: now standard input, read once, its paths relative to
+    the current directory; the run keeps the config, so --resume needs no standard input."""
+    import io
+    config = cases.write(cases.Case("stdin", "grpo", None, "", rounds=1), tmp_path / "config")
+    monkeypatch.chdir(tmp_path / "config")  # the config's relative paths (prompts.txt, reward.py, ...)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(config.read_bytes())))
+    code, out, err = cli(tmp_path, capsys, "--config", "-", "--run-dir", str(tmp_path / "run"), "--json")
+    assert code == 0 and json.loads(out)["status"] == "finished", err[-2000:]
+    stored = json.loads((tmp_path / "run" / loop.CONFIG_FILE).read_text())["config"]
+    assert stored["reward"]["program"] == f"{tmp_path / 'config' / 'reward.py'}:score"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"")))  # nothing more to read
+    code, out, err = cli(tmp_path, capsys, "--resume", str(tmp_path / "run"))
+    assert code == 0 and "finished all 1 rounds: nothing to resume" in err, err[-2000:]
+    code, _, err = cli(tmp_path, capsys, "--config", "-", "--run-dir", str(tmp_path / "run2"), "--nproc", "2")
+    assert code == 2 and "--config - (standard input) is read by one process" in one_error_line(err)
+    assert not (tmp_path / "run2").exists()
 
 
 @pytest.mark.parametrize("reward, says", [
@@ -518,11 +543,73 @@ def test_the_measured_first_run_table_is_the_variants():
     assert rows[0][3] == "3/3", "the first run's example rose on every seed"
 
 
-def test_the_summary_keys_are_documented(healthy):
-    summary = json.loads(healthy.run.summary.read_text())
-    text = REPORTS.read_text(encoding="utf-8").split("## train summary", 1)[1].split("\n## ", 1)[0]
-    documented = {k for cell in re.findall(r"^\| ([^|]+) \|", text, re.M)[2:] for k in re.findall(r"`([a-z_]+)`", cell)}
-    assert set(summary) - {"versions", "warnings"} <= documented and documented <= set(summary) | {"versions", "warnings"}
+PRINTING_REWARD = cases.ASCII + '''
+from pathlib import Path
+
+ascii_score = score
+
+
+def score(x, response_mask):                       # the ASCII reward, saying so on every call
+    with Path(__file__).with_name("calls.txt").open("a") as calls:
+        calls.write("call\\n")
+    print(f"DEBUG reward of {x.shape[0]} sequences")
+    return ascii_score(x, response_mask)
+'''
+
+
+@pytest.fixture(scope="module")
+def printing_run(tmp_path_factory):
+    """``train --json`` (in-process, as run_cli runs it) of 2 GRPO rounds whose reward program prints
+    on every call, held-out evaluations included: (exit code, stdout, stderr, run dir, calls)."""
+    import contextlib
+    import io
+    tmp = tmp_path_factory.mktemp("printing")
+    config = cases.write(cases.Case("printing", "grpo", None, "", reward=PRINTING_REWARD, rounds=2), tmp / "config")
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = runner.run_cli(train_main(), ["--config", str(config), "--run-dir", str(tmp / "run"), "--json",
+                                             "--device", "cpu"])
+    calls = (tmp / "config" / "calls.txt").read_text().count("call\n")
+    return code, out.getvalue(), err.getvalue(), tmp / "run", calls
+
+
+def test_a_printing_reward_keeps_stdout_one_json_object_and_prints_on_stderr(printing_run):
+    """A reward that calls print() put its held-out evaluations' lines before the JSON, and its
+    training rounds' lines nowhere: now stdout is the report alone, and every print (a round's and
+    an evaluation's) is on stderr, as training-run.md#your-prints says."""
+    code, out, err, run_dir, calls = printing_run
+    assert code == 0, err[-2000:]
+    report = json.loads(out)  # the whole of stdout: one JSON object
+    assert report["status"] == "finished" and len(report["held_out"]["rounds"]) == 3
+    printed = [line for line in err.splitlines() if line.startswith("DEBUG reward of ")]
+    assert calls > 3 and len(printed) == calls, (calls, err[-2000:])  # 3 evaluations, and the rounds' calls
+    section = RUN_DOC.read_text(encoding="utf-8").split('<a id="your-prints"></a>', 1)[1].split("\n\n", 1)[0]
+    assert "stderr" in section and "stdout" in section and "--json" in section, section
+
+
+def summary_table() -> dict[str, set[str]]:
+    """reports.md ``## train summary``: each key to its JSON types (a cell of n keys and n
+    comma-separated types pairs them; one type applies to every key of its cell)."""
+    from doc_tables import table
+    documented = {}
+    for keys, types, _ in table(REPORTS, "## train summary"):
+        names, kinds = re.findall(r"`([a-z_]+)`", keys), [t.strip() for t in types.split(",")]
+        for name, kind in zip(names, kinds if len(kinds) == len(names) else kinds * len(names)):
+            documented[name] = {t.strip() for t in kind.split(" or ")}
+    return documented
+
+
+def test_the_summary_keys_are_documented(printing_run):
+    """reports.md's train summary against both copies: ``train --json`` and summary.json held
+    other keys (versions and warnings were stdout only)."""
+    from doc_tables import JSON_TYPES
+    _, out, _, run_dir, _ = printing_run
+    documented = summary_table()
+    for where, summary in (("train --json", json.loads(out)),
+                           ("summary.json", json.loads((run_dir / "summary.json").read_text()))):
+        assert set(summary) == set(documented), (where, sorted(set(summary) ^ set(documented)))
+        for key, value in summary.items():
+            assert JSON_TYPES[type(value)] in documented[key], (where, key, value, documented[key])
 
 
 def test_the_first_run_runs_as_typed_and_watch_shows_it_rising(tmp_path, monkeypatch, capsys):

@@ -1,5 +1,6 @@
-"""Output streams: the library's own prints and bars captured (stdout stays clean), its printed
-losses parsed, stderr written best effort, progress bars on stderr and stage timers."""
+"""Output streams: the library's own prints and bars captured (stdout stays clean) and its printed
+losses parsed, a user program's prints sent to stderr, stderr written best effort, progress bars
+on stderr and stage timers."""
 from __future__ import annotations
 
 import contextlib
@@ -20,18 +21,36 @@ class CapturedOutput:
     stderr: str = ""
 
 
+_REPLACED_STDERR: list[Any] = []  # the sys.stderr each active capture replaced, outermost first
+
+
 @contextlib.contextmanager
 def capture_library_output() -> Iterator[CapturedOutput]:
     """Capture Python-level stdout and stderr (the library's print() and tqdm bars).
 
-    Keeps stdout clean for ``--json``; the captured prints are parsed for losses afterwards.
+    Keeps stdout clean for ``--json``; the captured prints are parsed for losses afterwards. The
+    user's programs called inside it print through ``program_output`` instead (to stderr).
     """
     out, err, captured = io.StringIO(), io.StringIO(), CapturedOutput()
+    _REPLACED_STDERR.append(sys.stderr)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             yield captured
     finally:
+        _REPLACED_STDERR.pop()
         captured.stdout, captured.stderr = out.getvalue(), err.getvalue()
+
+
+@contextlib.contextmanager
+def program_output() -> Iterator[None]:
+    """Run a user's program (a reward program, a tokenizer, their import) with its print()s, on
+    stdout or stderr, sent to the process's stderr as it was outside every
+    ``capture_library_output`` (so inside a training round too), best effort
+    (``BestEffortStream``): stdout keeps only the report, and a user debugging a reward sees their
+    prints as they happen (training-run.md#your-prints)."""
+    target = BestEffortStream(_REPLACED_STDERR[0] if _REPLACED_STDERR else sys.stderr)
+    with contextlib.redirect_stdout(target), contextlib.redirect_stderr(target):
+        yield
 
 
 LOSS_PATTERN = re.compile(r"\b([a-z_]*(?:loss|balance)): ([-+]?(?:nan|inf|\d+\.?\d*(?:e[-+]?\d+)?))",

@@ -51,7 +51,7 @@ def build_parser() -> options.OneLineParser:
                "  palm-rlhf-skill train --config run.toml --run-dir runs/first --log-with tensorboard\n"
                "  palm-rlhf-skill watch runs/first\n\n" + EXIT_EPILOG)
     parser.add_argument("--config", metavar="FILE", help="the run's TOML (or .json) config, plan's schema with "
-                        "[run] rounds (references/workflows.md#plan-a-run)")
+                        "[run] rounds (references/workflows.md#plan-a-run); - reads it from standard input")
     parser.add_argument("--run-dir", metavar="DIR", help="where the run writes its files (created if missing)")
     parser.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint "
                         "(--config, when given, must be the run's own)")
@@ -89,12 +89,16 @@ def check_arguments(args) -> None:
         raise exits.SkillError("--force starts over and --resume continues: choose one")
     if args.resume and args.set:
         raise exits.SkillError("--set applies to a new run: a resumed run keeps its config")
+    from policy_optimization import run_config  # torch-free
+    if args.nproc and args.config and run_config.from_stdin(args.config):
+        raise exits.SkillError(f"--config {args.config} (standard input) is read by one process: with --nproc, "
+                               "pass the config's file")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     check_arguments(args)
-    from policy_optimization import launch
+    from policy_optimization import launch, run_config
     from policy_optimization.run import loop, watchdog
     world = launch.launcher_world(program="this run")  # one rank of torchrun / accelerate launch / srun?
     if args.nproc and world is not None:
@@ -113,9 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     progress = streams.Progress(loop.PROG, (not args.json or args.progress) and (world is None or world.is_main),
                                 rank_stream)
     run_options = loop.Options(log_with=args.log_with, stop_on=stop_on, until=args.until, progress=progress.enabled,
-                               say=loop.stderr_lines(progress.stream if rank_stream else sys.stderr))
+                               say=loop.stderr_lines(progress.stream if rank_stream else sys.stderr), env=env)
     caller = Path.cwd()
-    config = str((caller / args.config).resolve()) if args.config else None
+    config = None if not args.config else args.config if run_config.from_stdin(args.config) else \
+        str((caller / args.config).resolve())  # standard input is read once, by loop.prepare
     run_dir = (caller / (args.resume or args.run_dir)).resolve()
     import torch  # noqa: F401  (the run's imports)
     from skill_runtime import placement
@@ -139,8 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         except exits.SkillError as err:  # a round failed: the summary says so, the last checkpoint stays
             run.finish("failed", str(err))
             raise
-        summary = run.finish(status, reason)
-    summary["versions"], summary["warnings"] = env["versions"], env["warnings"]
+        summary = run.finish(status, reason)  # with the versions and warnings (run_options.env)
     code = status_code(summary)
     if not run.main:  # one rank of several: rank 0 reports
         return code

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from skill_runtime import exits
+from skill_runtime import exits, streams
 from policy_optimization import programs, trainers
 
 
@@ -53,7 +53,8 @@ def tokenize_file(resolved: dict[str, Any], path: str, key: str):
     tokenizer = programs.tokenizer(resolved)
     lines = read_lines(path, key)
     try:
-        ids = tokenizer(lines)
+        with streams.program_output():
+            ids = tokenizer(lines)
     except exits.SkillError:
         raise
     except Exception as exc:  # noqa: BLE001 - the user's tokenizer: one line

@@ -12,7 +12,7 @@ import inspect
 from pathlib import Path
 from typing import Any, Callable
 
-from skill_runtime import byte_tokenizer, exits
+from skill_runtime import byte_tokenizer, exits, streams
 
 # what each program key is called with, and its contract in words
 CONTRACTS = {
@@ -57,7 +57,8 @@ def load_program(section: str, key: str, value: str) -> Callable:
         raise exits.SkillError(f"{where}: {file}: not a Python file")
     module = importlib.util.module_from_spec(spec)
     try:
-        spec.loader.exec_module(module)
+        with streams.program_output():
+            spec.loader.exec_module(module)
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's file: any failure is one line
         raise exits.SkillError(f"{where}: {file} fails to import: {exits.one_line(exc)}") from None
     function = getattr(module, name, None)
@@ -115,10 +116,12 @@ def check_scores(scores, batch: int, name: str):
 
 
 def call_program(function: Callable, name: str, *args):
-    """``function(*args)``; anything it raises becomes RewardProgramError naming the program, so a
-    run reports the user's program, not the library, as the cause."""
+    """``function(*args)``, its prints on stderr (``streams.program_output``); anything it raises
+    becomes RewardProgramError naming the program, so a run reports the user's program, not the
+    library, as the cause."""
     try:
-        return function(*args)
+        with streams.program_output():
+            return function(*args)
     except RewardProgramError:
         raise
     except Exception as exc:  # noqa: BLE001 - the user's program: reported by name

@@ -63,6 +63,11 @@ PLANS = Path(__file__).resolve().parents[2] / "assets" / "plans"  # the shipped 
 
 # --- reading ---------------------------------------------------------------------------------------
 
+def from_stdin(path: str) -> bool:
+    """Whether ``--config path`` names standard input: ``-`` or /dev/stdin."""
+    return path in ("-", "/dev/stdin")
+
+
 def read_config(path: str) -> dict[str, Any]:
     """Parse ``path``: JSON when it ends in .json, else TOML; ``-`` or /dev/stdin is standard input
     (TOML). At most ``MAX_CONFIG_BYTES`` + 1 bytes are read. A named pipe (FIFO) or socket would
@@ -73,7 +78,7 @@ def read_config(path: str) -> dict[str, Any]:
     input, is larger than the cap, cannot be parsed, or is not a table of tables."""
     import stat
     import sys
-    stdin = path in ("-", "/dev/stdin")
+    stdin = from_stdin(path)
     file = Path(path)
     try:
         inherited = path.startswith(("/dev/fd/", "/proc/self/fd/"))  # a descriptor already open: <(...)
@@ -142,7 +147,7 @@ def load(path: str, overrides: list[str] | None = None) -> dict[str, Any]:
     for text in overrides or []:
         apply_override(config, text)
     check_structure(config)
-    base = Path.cwd() if path in ("-", "/dev/stdin") else Path(path).resolve().parent
+    base = Path.cwd() if from_stdin(path) else Path(path).resolve().parent
     for section, key in PATH_KEYS:
         if key in config.get(section, {}):
             config[section][key] = absolute(config[section][key], base, (section, key) in PROGRAM_KEYS)

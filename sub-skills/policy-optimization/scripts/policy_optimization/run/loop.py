@@ -36,12 +36,15 @@ EVAL_SEED_OFFSET = 7919      # held-out sampling seed = [run] seed + this: the s
 class Options:
     """How to run, beside the config: ``log_with`` a tracker name or None; ``stop_on`` rule ids that
     end the run (exit 1); ``until`` the last round this call runs (None: ``[run] rounds``; a later
-    ``resume`` continues); ``progress`` bars and lines on stderr; ``say`` where one-line notes go."""
+    ``resume`` continues); ``progress`` bars and lines on stderr; ``say`` where one-line notes go;
+    ``env`` what ``version_gate.check_versions`` returned to the command (its ``versions`` and
+    ``warnings`` go into summary.json; None: neither key)."""
     log_with: str | None = None
     stop_on: frozenset[str] = frozenset()
     until: int | None = None
     progress: bool = True
     say: Callable[[str], None] = field(default_factory=lambda: stderr_lines(sys.stderr))
+    env: dict[str, Any] | None = None
 
 
 def stderr_lines(stream) -> Callable[[str], None]:
@@ -195,13 +198,15 @@ class Run:
         if self.built.eval_prompt_ids is None or not self.main:
             return None
         kwargs = self.train_kwargs()
-        try:
-            return evaluation.held_out_reward(
-                self.policy_palm, self.scope,
-                trainers.unwrap(self.trainer, self.trainer.reward_model), self.built.eval_prompt_ids,
-                self.resolved["eval"]["samples"], kwargs["max_seq_len"], self.resolved["run"]["seed"] + EVAL_SEED_OFFSET,
-                temperature=kwargs.get("temperature", 1.0), eos_token=kwargs.get("eos_token"),
-                pad_value=int(self.trainer.pad_value))
+        try:  # as a round: the library's output captured, the user's prints on stderr (program_output)
+            with streams.capture_library_output():
+                return evaluation.held_out_reward(
+                    self.policy_palm, self.scope,
+                    trainers.unwrap(self.trainer, self.trainer.reward_model), self.built.eval_prompt_ids,
+                    self.resolved["eval"]["samples"], kwargs["max_seq_len"],
+                    self.resolved["run"]["seed"] + EVAL_SEED_OFFSET,
+                    temperature=kwargs.get("temperature", 1.0), eos_token=kwargs.get("eos_token"),
+                    pad_value=int(self.trainer.pad_value))
         except Exception as exc:  # noqa: BLE001 - sorted: the user's program, or the library
             raise round_error(f"the held-out evaluation after round {self.rows[-1]['round'] if self.rows else 0}",
                               exc) from None

@@ -29,7 +29,8 @@ def report_round(progress: streams.Progress, bar, row: dict[str, Any], last: int
 
 
 def summarize(run, status: str, reason: str | None, files: dict[str, Any]) -> dict[str, Any]:
-    """summary.json: what ran, held-out before -> after, the rules fired, the files, the verdict."""
+    """summary.json: what ran, held-out before -> after, the rules fired, the files, the verdict,
+    and (``run.options.env`` given: the command's) the versions and warnings."""
     trained = [r for r in run.rows if r["round"] > 0]
     held = [(r["round"], r["held_out_reward"]) for r in run.rows if r["held_out_reward"] is not None]
     fired: dict[str, list[int]] = {}
@@ -47,6 +48,8 @@ def summarize(run, status: str, reason: str | None, files: dict[str, Any]) -> di
                "rules_fired": fired, "files": files,
                "wall_s": round(time.perf_counter() - run.started_s, 2)}
     summary["verdict"], summary["next"] = verdict(summary)
+    if run.options.env is not None:  # the versions the run trained with, kept beside its policy
+        summary["versions"], summary["warnings"] = run.options.env["versions"], run.options.env["warnings"]
     return summary
 
 
