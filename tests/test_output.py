@@ -132,6 +132,16 @@ class FullDisk(FakeTerminal):
         raise OSError(28, "No space left on device")
 
 
+def test_a_best_effort_stream_is_otherwise_its_stream():
+    """A user's program printing through it (streams.program_output) may ask what the stream has."""
+    inner = io.StringIO()
+    stream = streams.BestEffortStream(inner)
+    stream.write("x")
+    assert stream.getvalue() == "x" and stream.seekable() is True
+    with pytest.raises(AttributeError):
+        streams.BestEffortStream(None).fileno()
+
+
 def test_progress_redraws_only_at_a_terminal_and_stops_after_a_failed_write():
     terminal, log = FakeTerminal(), io.StringIO()
     for stream in (terminal, log):

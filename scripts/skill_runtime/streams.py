@@ -110,6 +110,13 @@ class BestEffortStream:
     def encoding(self) -> str:  # tqdm reads it to choose unicode or ascii
         return getattr(self.stream, "encoding", None) or "utf-8"
 
+    def __getattr__(self, name: str) -> Any:
+        """Anything else (``fileno``, ``buffer``, ``errors``) from the stream itself, for a user's
+        program that asks (``program_output``); AttributeError when there is no stream."""
+        if name == "stream":  # not yet set (copy, pickle): no recursion
+            raise AttributeError(name)
+        return getattr(self.stream, name)
+
 
 def write_stderr(text: str) -> None:
     """Write ``text`` on stderr, best effort (``BestEffortStream``): a stderr that is closed or
