@@ -465,9 +465,11 @@ def test_only_the_writing_rank_locks_the_run_directory(tmp_path, monkeypatch, ca
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", "29500")
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
     for rank, writer in (("1", False), ("0", True)):
         monkeypatch.setenv("RANK", rank)
         assert loop.writes_files() is writer
+    assert "LOCAL_RANK" not in os.environ  # a question, not a launch: the environment stays as it was
     monkeypatch.setenv("RANK", "1")
     assert rundir.prepare(run_dir, False, True, writer=loop.writes_files())[1] is None
     assert (run_dir / "metrics.jsonl").is_file(), "a rank that does not write removed a run file"

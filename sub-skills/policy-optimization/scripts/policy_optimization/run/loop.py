@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import signal
 import sys
 import time
@@ -379,7 +380,7 @@ def writes_files() -> bool:
     global rank 0 of a launcher's world (``launch.launcher_world``; ``Run.main`` once Accelerate
     is up)."""
     from policy_optimization import launch
-    world = launch.launcher_world(program="this run")
+    world = launch.launcher_world(dict(os.environ), program="this run")  # a copy: asking sets no LOCAL_RANK
     return world is None or world.is_main
 
 
