@@ -225,6 +225,12 @@ def test_watch_plot_without_matplotlib_says_how_to_install(healthy, tmp_path):
     assert proc.returncode == 3 and one_error_line(proc.stderr).endswith(watch.PLOT_INSTALL)
 
 
+def test_watch_of_a_run_before_its_first_row_says_it_is_starting(tmp_path):
+    (tmp_path / rundir.LOCK).write_text("pid 1 on host\n")  # train holds it from before its first row
+    with pytest.raises(exits.SkillError, match=r": a train is starting there \(train.lock, no metrics.jsonl "):
+        watch.view(tmp_path)
+
+
 def test_watch_of_a_folder_without_a_run_is_one_line(tmp_path):
     proc = run([sys.executable, str(WATCH), str(tmp_path)], tmp_path)
     assert proc.returncode == 2 and "no metrics.jsonl there" in one_error_line(proc.stderr)

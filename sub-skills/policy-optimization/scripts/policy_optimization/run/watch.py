@@ -27,8 +27,12 @@ def view(path: str | Path, last: int = 10) -> dict[str, Any]:
     before training), the ``last`` ones, each curve's values per round, the rules fired (id ->
     rounds), the summary when the run has ended (``summary.json``), and ``state``: ``finished``,
     ``stopped`` (ended early: a rule's --stop-on, a signal, an error) or ``running`` (no summary
-    yet). Raises SkillError(2) when ``path`` holds no run."""
+    yet). Raises SkillError(2) when ``path`` holds no run, or a train that has not written its
+    first row yet."""
     run = rundir.RunDir(Path(path).expanduser().resolve())
+    if not run.metrics.is_file() and (run.path / rundir.LOCK).is_file():
+        raise exits.SkillError(f"{path}: a train is starting there ({rundir.LOCK}, no {rundir.METRICS} before its "
+                               "first held-out evaluation or round): watch it again in a few seconds")
     if not run.metrics.is_file():
         raise exits.SkillError(f"{path}: no {rundir.METRICS} there: not a run directory (palm-rlhf-skill train "
                                "--config FILE --run-dir DIR writes one)")
