@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO, default_signals, one_error_line, run
+from conftest import REPO, default_signals, main_in_process, one_error_line, run
 from policy_optimization import trainers
 from policy_optimization.run import cases, checkpoint, loop, metrics, rundir, trackers, watch, watchdog
 from skill_runtime import exits, runner
@@ -464,10 +464,10 @@ def test_only_the_writing_rank_locks_the_run_directory(tmp_path, monkeypatch, ca
     run_dir.mkdir()
     (run_dir / "metrics.jsonl").write_text("")
     held = rundir.RunLock.acquire(rundir.RunDir(run_dir), "--run-dir run")  # another train's lock
-    monkeypatch.chdir(tmp_path)  # --nproc's launcher refuses it before it starts a rank
-    code = runner.run_cli(train_main(), ["--resume", "run", "--nproc", "2", "--device", "cpu"])
+    code, _, err = main_in_process(train_main(), capsys, monkeypatch, tmp_path,  # --nproc's launcher refuses it
+                                   "--resume", "run", "--nproc", "2", "--device", "cpu")  # before it starts a rank
     assert code == 2 and f"--resume run: another train is running in {run_dir} (pid {os.getpid()} " in \
-        one_error_line(capsys.readouterr().err)
+        one_error_line(err)
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", "29500")
@@ -487,6 +487,7 @@ def test_only_the_writing_rank_locks_the_run_directory(tmp_path, monkeypatch, ca
     lock.release()
     assert sorted(p.name for p in run_dir.iterdir()) == []
 
+
 def test_without_fcntl_there_is_no_lock_and_train_says_so(tmp_path, monkeypatch):
     """Where Python has no fcntl (Windows) no lock is taken (RunLock), nothing pretends one is, and
     loop.prepare says so in one line."""
@@ -499,6 +500,7 @@ def test_without_fcntl_there_is_no_lock_and_train_says_so(tmp_path, monkeypatch)
                      tmp_path / "run2", False, False, None, loop.Options(progress=False, say=said.append))
     assert said == [f"no lock on {tmp_path / 'run2'}: this Python has no fcntl (Windows): run one train per directory"]
     assert not (tmp_path / "run2").exists()
+
 
 @pytest.mark.parametrize("broken", ["blank prompts", "empty held-out", "prompts not UTF-8", "cuda without CUDA"])
 def test_a_refused_start_leaves_no_run_directory(broken, tmp_path, monkeypatch, capsys):
@@ -520,11 +522,13 @@ def test_a_refused_start_leaves_no_run_directory(broken, tmp_path, monkeypatch, 
         if run_dir == "existing":
             (tmp_path / "existing").mkdir()
             (tmp_path / "existing" / "mine.txt").write_text("keep me")
-        code = runner.run_cli(train_main(), ["--config", str(config), "--run-dir", run_dir, "--device", device])
-        line = one_error_line(capsys.readouterr().err)
+        code, _, err = main_in_process(train_main(), capsys, monkeypatch, tmp_path,
+                                       "--config", str(config), "--run-dir", run_dir, "--device", device)
+        line = one_error_line(err)
         assert code == 2 and (broken.split()[-1] in line or "no non-empty line" in line or "cannot read" in line), line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config", "existing"], "a refused start left its directory"
     assert [p.name for p in (tmp_path / "existing").iterdir()] == ["mine.txt"]
+
 
 # --- the docs ------------------------------------------------------------------------------------------
 

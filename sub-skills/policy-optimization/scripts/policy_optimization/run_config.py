@@ -355,7 +355,7 @@ def check_against_library(config: dict[str, Any]) -> dict[str, Any]:
     resolved["run"] = None if "run" not in config else {"seed": OWN_DEFAULTS[("run", "seed")], **config["run"]}
     for section, key in PATH_KEYS:
         if key in config.get(section, {}) and (section, key) not in PROGRAM_KEYS:
-            must_exist(section, key, config[section][key])
+            programs.must_be_file(f"config [{section}] {key}", config[section][key])
     resolved["programs"] = {f"{section}.{key}": programs.load_program(section, key, config[section][key])
                             for section, key in PROGRAM_KEYS if key in config.get(section, {})}
     if "reward.text_program" in resolved["programs"]:
@@ -366,11 +366,6 @@ def check_against_library(config: dict[str, Any]) -> dict[str, Any]:
     resolved["round"] = round_counts(resolved)
     resolved["defaults_applied"] = defaults_applied(config, resolved)
     return resolved
-
-
-def must_exist(section: str, key: str, path: str) -> None:
-    from policy_optimization import programs
-    programs.must_be_file(f"config [{section}] {key}", path)
 
 
 def round_counts(resolved: dict[str, Any]) -> dict[str, int] | None:
