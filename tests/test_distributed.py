@@ -954,7 +954,10 @@ RANK_SCRIPT = textwrap.dedent("""
     import skill_runtime  # the tree's import roots
     from policy_optimization import launch
     world = launch.launcher_world()
-    print(world.rank, world.size, world.launcher, world.is_main, *sys.argv[2:], flush=True)
+    # one write per line: the ranks share the pipe, and unbuffered print() writes each piece apart
+    line = " ".join(map(str, (world.rank, world.size, world.launcher, world.is_main, *sys.argv[2:])))
+    sys.stdout.write(line + chr(10))
+    sys.stdout.flush()
     if "--sleep" in sys.argv:
         time.sleep(120)
     sys.exit(3 if "--fail" in sys.argv and world.rank == 1 else 0)
