@@ -14,7 +14,8 @@ import torch
 
 from conftest import REPO, default_signals, main_in_process, one_error_line, run
 from policy_optimization import trainers
-from policy_optimization.run import cases, checkpoint, loop, metrics, rundir, trackers, watch, watchdog
+from policy_optimization.run import cases, loop, metrics, watchdog
+from run_kit import checkpoint, rundir, trackers, watch
 from skill_runtime import exits, runner
 
 SCRIPTS = REPO / "sub-skills" / "policy-optimization" / "scripts"

@@ -9,7 +9,8 @@ import shutil
 import pytest
 import torch
 
-from policy_optimization.run import cases, checkpoint, loop, rundir
+from policy_optimization.run import cases, loop
+from run_kit import checkpoint, rundir
 from skill_runtime import exits
 
 TIMING = {"wall_s", "tokens_per_s", "peak_mib", "rss_mib"}  # measured, not computed: differ run to run

@@ -37,7 +37,8 @@ EXIT_EPILOG = ("exit codes: 0 the run finished (or paused at --until); 1 a --sto
 
 def build_parser() -> options.OneLineParser:
     from policy_optimization import launch
-    from policy_optimization.run import trackers, watchdog  # torch-free
+    from policy_optimization.run import watchdog  # torch-free
+    from run_kit import trackers
     parser = options.OneLineParser(
         prog="palm-rlhf-skill train",
         description="Train a PaLM policy with palm-rlhf-pytorch on your prompts and reward: the config of "
@@ -159,7 +160,8 @@ def run_nproc(args, argv: list[str], env: dict) -> int:
     ``launch.STOP_GRACE_S``). Raises SkillError(1) when no rank reported."""
     import json
     from policy_optimization import launch
-    from policy_optimization.run import loop, rundir
+    from policy_optimization.run import loop
+    from run_kit import rundir
     from policy_optimization.run import summary as run_summary
     run_dir = rundir.RunDir((Path.cwd() / (args.resume or args.run_dir)).resolve())
     rundir.RunLock.probe(run_dir, f"{'--resume' if args.resume else '--run-dir'} {args.resume or args.run_dir}")

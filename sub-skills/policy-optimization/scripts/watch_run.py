@@ -45,7 +45,7 @@ def build_parser() -> options.OneLineParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from policy_optimization.run import watch
+    from run_kit import watch
     data = watch.view(args.run_dir, last=args.last)
     if args.plot:
         data["plot"] = str(watch.plot(data, Path(args.plot).resolve()))

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from policy_optimization import trainers
-from policy_optimization.run import rundir
+from run_kit import rundir
 
 
 def merged_policy_state(name: str, trainer) -> dict:

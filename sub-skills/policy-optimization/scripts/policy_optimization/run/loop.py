@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from policy_optimization import builder, evaluation, run_config, trainers
-from policy_optimization.run import checkpoint, export, metrics, rundir, trackers, watchdog
+from policy_optimization.run import export, metrics, watchdog
 from policy_optimization.run import summary as run_summary
+from run_kit import checkpoint, rundir, trackers
 from skill_runtime import exits, placement, runner, streams, workspace
 
 PROG = "palm-rlhf-skill train"

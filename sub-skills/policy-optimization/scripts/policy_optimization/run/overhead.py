@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from policy_optimization.run import checkpoint, loop
+from policy_optimization.run import loop
+from run_kit import checkpoint
 from skill_runtime import streams
 
 BUDGETS = {"metrics_ratio": 0.05, "checkpoint_ratio": 0.20}

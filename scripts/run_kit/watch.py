@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from policy_optimization.run import rundir
+from run_kit import rundir
 from skill_runtime import exits, reporting
 
 TABLE = (("round", "round", "{:d}"), ("rollouts", "rollouts", "{:d}"), ("reward", "reward_mean", "{:.3f}"),

@@ -25,7 +25,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Iterator
 
-from policy_optimization.run import rundir
+from run_kit import rundir
 from skill_runtime import exits, streams
 
 STATE_FILE = "run_state.json"
