@@ -553,7 +553,7 @@ def ddp_cases(tmp_path_factory):
     """DDP_CASES under ``torchrun --nproc_per_node 1`` over gloo: Accelerate wraps the models in
     DistributedDataParallel with one process too. {case: "ok <wrapper class>" or "Type: message"}."""
     from conftest import run
-    from policy_optimization import launch
+    from run_kit import launch
     cwd = tmp_path_factory.mktemp("ddp-cases")
     (cwd / "cases.py").write_text(DDP_CASES)
     proc = run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_addr",

@@ -24,7 +24,8 @@ import pytest
 from conftest import BIN, REPO, SMOKE, default_signals, load_script, run, run_json
 import probe_kit
 from skill_runtime import exits, placement, streams, version_gate
-from policy_optimization import launch, smoke_estimate, smoke_ranks, smoke_report, smoke_settings, trainers
+from policy_optimization import smoke_estimate, smoke_ranks, smoke_report, smoke_settings, trainers
+from run_kit import launch
 
 SCRIPTS = REPO / "sub-skills" / "policy-optimization" / "scripts"
 TRAINERS = list(trainers.TRAINERS)
@@ -952,7 +953,7 @@ RANK_SCRIPT = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, sys.argv[1])
     import skill_runtime  # the tree's import roots
-    from policy_optimization import launch
+    from run_kit import launch
     world = launch.launcher_world()
     # one write per line: the ranks share the pipe, and unbuffered print() writes each piece apart
     line = " ".join(map(str, (world.rank, world.size, world.launcher, world.is_main, *sys.argv[2:])))

@@ -18,7 +18,8 @@ import accelerate
 import doc_tables
 import probe_kit
 from conftest import REPO, run
-from policy_optimization import launch, trainers
+from policy_optimization import trainers
+from run_kit import launch
 
 REWARD_API = REPO / "sub-skills/reward-modeling/references/reward-api.md"
 

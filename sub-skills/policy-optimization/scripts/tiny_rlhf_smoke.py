@@ -41,8 +41,9 @@ except (ImportError, SyntaxError) as damage:  # the runtime's own __init__.py is
                      f"{damage} (reinstall the skill tree)\n")
     sys.exit(2)
 from skill_runtime import exits, options, placement, reporting, runner, streams, version_gate, workspace  # noqa: E402
-from policy_optimization import (launch, learning_check, smoke_checklist, smoke_estimate, smoke_options,  # noqa: E402
+from policy_optimization import (learning_check, smoke_checklist, smoke_estimate, smoke_options,  # noqa: E402
                                  smoke_prompts, smoke_ranks, smoke_report, smoke_settings)
+from run_kit import launch  # noqa: E402
 
 
 def build_parser() -> options.OneLineParser:

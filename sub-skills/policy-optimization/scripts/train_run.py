@@ -36,9 +36,8 @@ EXIT_EPILOG = ("exit codes: 0 the run finished (or paused at --until); 1 a --sto
 
 
 def build_parser() -> options.OneLineParser:
-    from policy_optimization import launch
     from policy_optimization.run import watchdog  # torch-free
-    from run_kit import trackers
+    from run_kit import launch, trackers
     parser = options.OneLineParser(
         prog="palm-rlhf-skill train",
         description="Train a PaLM policy with palm-rlhf-pytorch on your prompts and reward: the config of "
@@ -99,7 +98,8 @@ def check_arguments(args) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     check_arguments(args)
-    from policy_optimization import launch, run_config
+    from policy_optimization import run_config
+    from run_kit import launch
     from policy_optimization.run import loop, watchdog
     world = launch.launcher_world(program="this run")  # one rank of torchrun / accelerate launch / srun?
     if args.nproc and world is not None:
@@ -159,9 +159,8 @@ def run_nproc(args, argv: list[str], env: dict) -> int:
     here reaches the ranks as SIGTERM (each finishes its round and checkpoints; the launcher waits
     ``launch.STOP_GRACE_S``). Raises SkillError(1) when no rank reported."""
     import json
-    from policy_optimization import launch
     from policy_optimization.run import loop
-    from run_kit import rundir
+    from run_kit import launch, rundir
     from policy_optimization.run import summary as run_summary
     run_dir = rundir.RunDir((Path.cwd() / (args.resume or args.run_dir)).resolve())
     rundir.RunLock.probe(run_dir, f"{'--resume' if args.resume else '--run-dir'} {args.resume or args.run_dir}")

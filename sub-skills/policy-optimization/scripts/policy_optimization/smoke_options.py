@@ -13,7 +13,8 @@ from typing import Any, Callable
 
 import probe_kit
 from skill_runtime import exits, options
-from policy_optimization import launch, learning_check, smoke_settings, trainers
+from policy_optimization import learning_check, smoke_settings, trainers
+from run_kit import launch
 
 ALL_MODES = frozenset(smoke_settings.MODES)
 SMOKE_MODES = frozenset({"construct-only", "train-smoke"})  # the train smoke, and its build-only form

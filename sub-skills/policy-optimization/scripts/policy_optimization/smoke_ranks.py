@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from skill_runtime import exits, placement, reporting, runner, streams, workspace
-from policy_optimization import (launch, smoke_checklist, smoke_estimate, smoke_report, smoke_settings,
-                                 trainers)
+from policy_optimization import smoke_checklist, smoke_estimate, smoke_report, smoke_settings, trainers
+from run_kit import launch
 
 CHECKPOINT_NAME = "checkpoint.pt"
 MAX_DIFF_NAMES = 8             # mismatched tensors whose max |difference| is gathered and reported

@@ -380,7 +380,7 @@ def writes_files() -> bool:
     """Whether this process writes the run directory and holds its lock: a single process, or
     global rank 0 of a launcher's world (``launch.launcher_world``; ``Run.main`` once Accelerate
     is up)."""
-    from policy_optimization import launch
+    from run_kit import launch
     world = launch.launcher_world(dict(os.environ), program="this run")  # a copy: asking sets no LOCAL_RANK
     return world is None or world.is_main
 

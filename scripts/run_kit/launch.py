@@ -4,7 +4,7 @@ smoke_ranks.py) and the run kit (``palm-rlhf-skill train --nproc``) share it.
 
 For a script that offers ``--nproc N``::
 
-    from policy_optimization import launch
+    from run_kit import launch
     world = launch.launcher_world()               # None: no launcher started this process
     if world is None and args.nproc:              # the one-machine shortcut: N ranks of this script
         done = launch.launch_script(Path(__file__), launch.without_nproc(argv), args.nproc, "cpu", run_dir)
