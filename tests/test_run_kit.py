@@ -15,7 +15,7 @@ import torch
 from conftest import REPO, default_signals, main_in_process, one_error_line, run
 from policy_optimization import trainers
 from policy_optimization.run import cases, loop, metrics, watchdog
-from run_kit import checkpoint, rundir, trackers, watch
+from run_kit import checkpoint, launch, rundir, trackers, watch
 from skill_runtime import exits, runner
 
 SCRIPTS = REPO / "sub-skills" / "policy-optimization" / "scripts"
@@ -475,10 +475,10 @@ def test_only_the_writing_rank_locks_the_run_directory(tmp_path, monkeypatch, ca
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     for rank, writer in (("1", False), ("0", True)):
         monkeypatch.setenv("RANK", rank)
-        assert loop.writes_files() is writer
+        assert launch.writes_files() is writer
     assert "LOCAL_RANK" not in os.environ  # a question, not a launch: the environment stays as it was
     monkeypatch.setenv("RANK", "1")
-    assert rundir.prepare(run_dir, False, True, writer=loop.writes_files())[1] is None
+    assert rundir.prepare(run_dir, False, True, writer=launch.writes_files())[1] is None
     assert (run_dir / "metrics.jsonl").is_file(), "a rank that does not write removed a run file"
     with pytest.raises(exits.SkillError, match=f"another train is running in {run_dir} \\(pid {os.getpid()} on "):
         rundir.prepare(run_dir, False, True, writer=True)

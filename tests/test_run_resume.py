@@ -99,8 +99,8 @@ def test_a_renamed_file_is_one_changed_key():
     stored = {"config": {"reward": {"program": "a.py:f"}, "run": {"rounds": 3}}, "files": {"reward.program": "1"}}
     renamed = {"config": {"reward": {"program": "b.py:f"}, "run": {"rounds": 5}}, "files": {"reward.program": "2"}}
     edited = {"config": stored["config"], "files": {"reward.program": "2"}}
-    assert loop.changed_keys(stored, renamed) == ["reward.program"]
-    assert loop.changed_keys(stored, edited) == ["reward.program (file contents)"]
+    assert rundir.changed_keys(stored, renamed, loop.GROWABLE) == ["reward.program"]
+    assert rundir.changed_keys(stored, edited, loop.GROWABLE) == ["reward.program (file contents)"]
 
 
 def test_config_json_and_summary_are_plain_files(tmp_path, monkeypatch):

@@ -125,6 +125,14 @@ def launcher_world(environ: dict[str, str] | None = None, program: str = "this s
     return World(launcher, rank, size, local_rank, str(node), f"{environ['MASTER_ADDR']}:{environ['MASTER_PORT']}")
 
 
+def writes_files(program: str = "this run") -> bool:
+    """Whether this process writes a run directory and holds its lock: a single process, or global
+    rank 0 of a launcher's world (``launcher_world``, asked on a copy of the environment: asking
+    sets no LOCAL_RANK in this process)."""
+    world = launcher_world(dict(os.environ), program=program)
+    return world is None or world.is_main
+
+
 def ddp_uses_cpu(spec: str, gpus: int, where: str) -> bool:
     """Whether the ranks run on the CPU: ``--device cpu``, ACCELERATE_USE_CPU (Accelerate's own
     switch, which every rank reads), or auto without CUDA; else each rank needs its own GPU (NCCL

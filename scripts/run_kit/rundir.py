@@ -3,14 +3,18 @@
 ``DIR/metrics.jsonl``  one JSON object per round (metrics.ROW_KEYS), appended and flushed per round
 ``DIR/checkpoints/``   ``round-NNNNNN/`` folders (checkpoint.py), each complete or absent
 ``DIR/trackers/``      the trackers' own files (tensorboard events, wandb offline runs, ...)
-``DIR/policy.pt``      the trained policy, a standalone PaLM state dict (export.py)
+``DIR/policy.pt``      a policy run's trained policy, a standalone PaLM state dict (policy_optimization/run/export.py)
+``DIR/rm.pt``          a reward-model run's trained reward model, a state dict (reward_modeling/artifacts.py)
+``DIR/rm_config.json`` ... and what builds it: ``RewardModel(PaLM(**c["palm"]), **c["reward_model"])``
 ``DIR/summary.json``   the run's summary, written at its end
-``DIR/train.lock``     while a ``train`` process writes the run: its exclusive lock (``RunLock``)
+``DIR/train.lock``     while a ``train`` or ``train-reward`` process writes the run: its exclusive lock (``RunLock``)
 Torch-free.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -19,7 +23,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from skill_runtime import exits
 
@@ -29,7 +33,8 @@ except ImportError:  # pragma: no cover - exercised by monkeypatching fcntl to N
     fcntl = None
 
 METRICS, CHECKPOINTS, TRACKERS, POLICY, SUMMARY = "metrics.jsonl", "checkpoints", "trackers", "policy.pt", "summary.json"
-RUN_FILES = (METRICS, CHECKPOINTS, TRACKERS, POLICY, SUMMARY)  # what --force removes, nothing else
+RM, RM_CONFIG = "rm.pt", "rm_config.json"
+RUN_FILES = (METRICS, CHECKPOINTS, TRACKERS, POLICY, RM, RM_CONFIG, SUMMARY)  # what --force removes, nothing else
 LOCK = "train.lock"
 
 
@@ -235,6 +240,56 @@ def discard(run: RunDir, created: Path | None, lock: RunLock | None) -> None:
     remove_empty(run.path, created)
 
 
+@dataclass
+class Claim:
+    """A run directory this process may write: the directory, its lock (None on a rank that does
+    not write, or without fcntl) and the topmost directory this invocation created (``first_missing``)."""
+    run: RunDir
+    lock: RunLock | None
+    created: Path | None
+
+    def refused(self) -> None:
+        """The start is refused: unlock, and remove what this invocation created (``discard``)."""
+        discard(self.run, self.created, self.lock)
+
+
+@contextlib.contextmanager
+def claimed(path: str | Path, resume: bool, force: bool, writer: bool, say: Callable[[str], None]) -> Iterator[Claim]:
+    """``prepare`` the run directory at ``path`` (``writer``: this process writes it and takes its
+    lock) and yield the ``Claim``; anything raised inside the block (a config refused before a model
+    exists) leaves nothing of a directory this invocation created, and releases the lock. Without
+    fcntl the writer says so through ``say``. Raises as ``prepare`` does."""
+    created, run, lock = first_missing(Path(path)), None, None
+    try:
+        run, lock = prepare(path, resume, force, writer)
+        if writer and lock is None:
+            say(f"no lock on {run.path}: this Python has no fcntl (Windows): run one train per directory")
+        yield Claim(run, lock, created)
+    except BaseException:
+        remove_empty(Path(path), created) if run is None else discard(run, created, lock)
+        raise
+
+
+def file_digests(named: list[tuple[str, str]]) -> dict[str, str]:
+    """SHA-256 of each file of ``named`` (``(section.key, path)``, the files a config names) that
+    exists: a resume with an edited program or data file is a changed run."""
+    return {key: hashlib.sha256(Path(path).read_bytes()).hexdigest() for key, path in named if Path(path).is_file()}
+
+
+def changed_keys(stored: dict[str, Any], now: dict[str, Any], growable: frozenset[str] = frozenset()) -> list[str]:
+    """``section.key`` of every value that differs between two loaded configs (``{"config":
+    tables, "files": file_digests}``: the run's stored one and the one given on resume), and
+    ``section.key (file contents)`` for a named file that changed under the same name; the keys of
+    ``growable`` may change (a run can be extended)."""
+    def flat(config: dict[str, Any]) -> dict[str, Any]:
+        return {f"{s}.{k}": v for s, table in config["config"].items() for k, v in table.items()}
+    before, after = flat(stored), flat(now)
+    keys = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k) and k not in growable)
+    keys += sorted(f"{k} (file contents)" for k in stored["files"].keys() & now["files"].keys()
+                   if stored["files"][k] != now["files"][k] and k not in keys)
+    return keys
+
+
 def append_row(run: RunDir, row: dict[str, Any]) -> None:
     """Append one metrics row as a JSON line and flush it: a reader (``watch``) sees it as soon as
     the round ends, and a kill of the process afterwards cannot lose it (the checkpoints, not the
@@ -279,6 +334,22 @@ def write_atomic(path: Path, text: str) -> None:
     except BaseException:
         unlink_quietly(tmp)
         raise
+
+
+def write_torch_atomic(state: Any, path: Path) -> Path:
+    """``torch.save(state, path)`` through a temporary file in the same folder and a rename (a
+    policy.pt, an rm.pt): a reader never loads a half-written file. Returns ``path``."""
+    import torch
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(fd)
+    os.chmod(tmp, 0o666 & ~current_umask())
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        unlink_quietly(tmp)
+        raise
+    return path
 
 
 def current_umask() -> int:

@@ -1,12 +1,15 @@
 """Reading a live or finished run directory: its rows, the curves, the rules fired, the verdict.
 
 ``palm-rlhf-skill watch DIR`` prints ``text(view(...))``, ``--json`` the ``view`` itself, ``--plot
-FILE.png`` draws ``plot`` with matplotlib (the optional extra ``palm-rlhf-skill[plot]``).
+FILE.png`` draws ``plot`` with matplotlib (the optional extra ``palm-rlhf-skill[plot]``). A policy
+run (``train``) and a reward-model run (``train-reward``) each have their ``Layout``: the columns,
+the curves, the headline curve of the verdict and the command that resumes it (``kind_of``).
 Torch-free: it reads JSON only, so it answers in well under a second while the run trains.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +46,40 @@ def view(path: str | Path, last: int = 10) -> dict[str, Any]:
         for rule in row.get("rules") or []:
             fired.setdefault(rule, []).append(row["round"])
     state = "running" if summary is None else ("finished" if summary.get("status") == "finished" else "stopped")
-    return {"run_dir": str(run.path), "state": state, "rounds": max((r["round"] for r in rows), default=0),
+    kind = kind_of(rows, summary)
+    return {"run_dir": str(run.path), "kind": kind, "state": state, "rounds": max((r["round"] for r in rows), default=0),
             "rows": rows, "last_rows": rows[-last:], "rules_fired": fired,
-            "curves": {label: [[r["round"], r.get(key)] for r in rows if r.get(key) is not None] for label, key in CURVES},
+            "curves": {label: [[r["round"], r.get(key)] for r in rows if r.get(key) is not None]
+                       for label, key in LAYOUTS[kind].curves},
             "summary": summary}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How watch shows one kind of run: ``table`` (column, row key, format) and ``curves`` (label,
+    row key), ``headline`` the curve the verdict reports first -> last, ``helper`` the command
+    that resumes it."""
+    table: tuple
+    curves: tuple
+    headline: str
+    helper: str
+
+
+REWARD_TABLE = (("round", "round", "{:d}"), ("epoch", "epoch", "{:.2f}"), ("loss", "loss", "{:.4f}"),
+                ("accuracy", "train_accuracy", "{:.3f}"), ("held-out", "held_out_accuracy", "{:.3f}"),
+                ("margin", "margin", "{:.3g}"), ("rows/s", "examples_per_s", "{:.0f}"), ("s", "wall_s", "{:.1f}"))
+REWARD_CURVES = (("held-out accuracy", "held_out_accuracy"), ("accuracy", "train_accuracy"), ("loss", "loss"),
+                 ("held-out loss", "held_out_loss"), ("margin", "margin"))
+LAYOUTS = {"policy": Layout(TABLE, CURVES, "held-out", "palm-rlhf-skill train"),
+           "reward": Layout(REWARD_TABLE, REWARD_CURVES, "held-out accuracy", "palm-rlhf-skill train-reward")}
+
+
+def kind_of(rows: list[dict[str, Any]], summary: dict[str, Any] | None) -> str:
+    """``reward`` for a run of ``train-reward`` (its summary's ``kind``, or its rows' held-out
+    accuracy), else ``policy``."""
+    if (summary or {}).get("kind") == "reward" or (rows and "held_out_accuracy" in rows[0]):
+        return "reward"
+    return "policy"
 
 
 def _cell(row: dict[str, Any], key: str, fmt: str) -> str:
@@ -58,11 +91,11 @@ def _cell(row: dict[str, Any], key: str, fmt: str) -> str:
     return fmt.format(value)
 
 
-def table(rows: list[dict[str, Any]]) -> list[str]:
-    """The rows as an aligned text table, one line per round."""
-    cells = [[label for label, _, _ in TABLE]] + [[_cell(r, key, fmt) for _, key, fmt in TABLE] for r in rows]
-    widths = [max(len(c[i]) for c in cells) for i in range(len(TABLE))]
-    return ["  ".join(c.rjust(w) if i < len(TABLE) - 1 else c for i, (c, w) in enumerate(zip(line, widths)))
+def table(rows: list[dict[str, Any]], columns: tuple = TABLE) -> list[str]:
+    """The rows as an aligned text table of ``columns`` (a ``Layout``'s table), one line per round."""
+    cells = [[label for label, _, _ in columns]] + [[_cell(r, key, fmt) for _, key, fmt in columns] for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(columns))]
+    return ["  ".join(c.rjust(w) if i < len(columns) - 1 else c for i, (c, w) in enumerate(zip(line, widths)))
             for line in cells]
 
 
@@ -70,7 +103,9 @@ def text(data: dict[str, Any]) -> str:
     """The plain report: the last rows, a sparkline per curve (first -> last value), the rules fired
     with their doc section, and the verdict with the next step last."""
     from policy_optimization.run import watchdog
-    lines = [f"run {data['run_dir']}: {data['state']}, {data['rounds']} rounds"] + table(data["last_rows"])
+    layout = LAYOUTS[data.get("kind", "policy")]
+    kind = " (a reward model)" if data.get("kind") == "reward" else ""
+    lines = [f"run {data['run_dir']}{kind}: {data['state']}, {data['rounds']} rounds"] + table(data["last_rows"], layout.table)
     for label, points in data["curves"].items():
         if points:
             values = [v for _, v in points]
@@ -97,13 +132,14 @@ def _ranges(rounds: list[int]) -> str:
 
 def verdict(data: dict[str, Any]) -> str:
     """The last line: the state, held-out before -> after, what to do next."""
-    held = data["curves"]["held-out"]
-    change = f"; held-out {held[0][1]:.4g} -> {held[-1][1]:.4g}" if len(held) >= 2 else ""
+    layout = LAYOUTS[data.get("kind", "policy")]
+    held = data["curves"][layout.headline]
+    change = f"; {layout.headline} {held[0][1]:.4g} -> {held[-1][1]:.4g}" if len(held) >= 2 else ""
     rules = f"; rules fired: {', '.join(data['rules_fired'])}" if data["rules_fired"] else "; no rule fired"
     if data["state"] == "running":
         nxt = f"watch it again, or plot it: {reporting.command('palm-rlhf-skill watch', data['run_dir'] + ' --plot curves.png')}"
     elif data["state"] == "stopped":
-        nxt = f"fix what stopped it, then {reporting.command('palm-rlhf-skill train', '--resume ' + data['run_dir'])}"
+        nxt = f"fix what stopped it, then {reporting.command(layout.helper, '--resume ' + data['run_dir'])}"
     else:  # finished: the next step train gave it (summary.verdict: the flat-held-out section when it did not learn)
         nxt = (data["summary"] or {}).get("next") or f"load {Path(data['run_dir']) / rundir.POLICY} with PaLM(**[palm]).load(path)"
     return f"watch: {data['state'].upper()} after round {data['rounds']}{change}{rules}; next: {nxt}"

@@ -27,6 +27,7 @@ except (ImportError, SyntaxError) as damage:  # the runtime's own __init__.py is
                      f"{damage} (reinstall the skill tree)\n")
     sys.exit(2)
 from skill_runtime import exits, options, reporting, runner, streams, version_gate, workspace  # noqa: E402
+from run_kit import command  # noqa: E402
 
 EXIT_EPILOG = ("exit codes: 0 the run finished (or paused at --until); 1 a --stop-on rule fired or the library "
                "raised in a round; 2 usage, config, reward program or run-directory error (disk full, or another "
@@ -37,7 +38,6 @@ EXIT_EPILOG = ("exit codes: 0 the run finished (or paused at --until); 1 a --sto
 
 def build_parser() -> options.OneLineParser:
     from policy_optimization.run import watchdog  # torch-free
-    from run_kit import launch, trackers
     parser = options.OneLineParser(
         prog="palm-rlhf-skill train",
         description="Train a PaLM policy with palm-rlhf-pytorch on your prompts and reward: the config of "
@@ -50,61 +50,20 @@ def build_parser() -> options.OneLineParser:
                "  palm-rlhf-skill train --config run.toml --run-dir runs/first --force --stop-on all\n"
                "  palm-rlhf-skill train --config run.toml --run-dir runs/first --log-with tensorboard\n"
                "  palm-rlhf-skill watch runs/first\n\n" + EXIT_EPILOG)
-    parser.add_argument("--config", metavar="FILE", help="the run's TOML (or .json) config, plan's schema with "
-                        "[run] rounds (references/workflows.md#plan-a-run); - reads it from standard input")
-    parser.add_argument("--run-dir", metavar="DIR", help="where the run writes its files (created if missing)")
-    parser.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint "
-                        "(--config, when given, must be the run's own)")
-    parser.add_argument("--force", action="store_true", help="--run-dir holds another run: remove its run files "
-                        "(metrics.jsonl, checkpoints/, ...) and start over")
-    parser.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE",
-                        help="override one config value (as plan's --set); repeatable")
-    parser.add_argument("--until", type=options.bounded_int(1), metavar="ROUND",
-                        help="stop after this round with a checkpoint (exit 0); --resume continues")
-    parser.add_argument("--log-with", choices=list(trackers.TRACKERS),
-                        help="also send every row through Accelerate's tracker API, offline, into DIR/trackers/")
+    command.add_run_options(parser, "the run's TOML (or .json) config, plan's schema with [run] rounds "
+                            "(references/workflows.md#plan-a-run); - reads it from standard input")
     parser.add_argument("--stop-on", metavar="RULE,...|all",
                         help="end the run (checkpoint, exit 1) when one of these watchdog rules fires: "
                              + ", ".join(watchdog.RULE_IDS))
-    parser.add_argument("--device", default="auto", type=options.device_spec,
-                        help="auto (CUDA when available, else CPU), cpu, cuda or cuda:N (default: auto)")
-    parser.add_argument("--cpu-threads", type=options.bounded_int(1), metavar="N",
-                        help="torch intra-op threads (default: torch's default)")
-    parser.add_argument("--nproc", type=options.bounded_int(1, launch.MAX_NPROC), metavar="N",
-                        help="train on N local processes (torchrun, DDP; the CPU or one GPU each): every rank "
-                             "runs the rounds, rank 0 writes the files (training-run.md#several-processes)")
-    parser.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
-    options.add_progress_option(parser)
-    options.add_allow_untested_option(parser)
     return parser
-
-
-def check_arguments(args) -> None:
-    """Usage errors (exit 2) before torch is imported."""
-    if args.resume and args.run_dir and Path(args.resume).resolve() != Path(args.run_dir).resolve():
-        raise exits.SkillError("--resume DIR is the run directory: give it alone, or the same path as --run-dir")
-    if not args.resume and not (args.config and args.run_dir):
-        raise exits.SkillError("give --config FILE and --run-dir DIR (a new run), or --resume DIR")
-    if args.resume and args.force:
-        raise exits.SkillError("--force starts over and --resume continues: choose one")
-    if args.resume and args.set:
-        raise exits.SkillError("--set applies to a new run: a resumed run keeps its config")
-    from policy_optimization import run_config  # torch-free
-    if args.nproc and args.config and run_config.from_stdin(args.config):
-        raise exits.SkillError(f"--config {args.config} (standard input) is read by one process: with --nproc, "
-                               "pass the config's file")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    check_arguments(args)
+    command.check_run_arguments(args)
     from policy_optimization import run_config
-    from run_kit import launch
     from policy_optimization.run import loop, watchdog
-    world = launch.launcher_world(program="this run")  # one rank of torchrun / accelerate launch / srun?
-    if args.nproc and world is not None:
-        raise exits.SkillError(f"--nproc starts the processes itself, but a launcher already started this one as "
-                               f"{world.describe()}: drop --nproc or the launcher")
+    world = command.launched_world(args.nproc)  # one rank of torchrun / accelerate launch / srun?
     stop_on = frozenset()
     if args.stop_on:
         try:
@@ -114,18 +73,14 @@ def main(argv: list[str] | None = None) -> int:
     env = version_gate.check_versions(args.allow_untested)
     if args.nproc:
         return run_nproc(args, sys.argv[1:] if argv is None else argv, env)
-    rank_stream = launch.rank_progress_stream(world) if world is not None else None
-    progress = streams.Progress(loop.PROG, (not args.json or args.progress) and (world is None or world.is_main),
-                                rank_stream)
+    progress, rank_stream = command.rank_progress(world, args.json, args.progress, loop.PROG)
     run_options = loop.Options(log_with=args.log_with, stop_on=stop_on, until=args.until, progress=progress.enabled,
-                               say=loop.stderr_lines(progress.stream if rank_stream else sys.stderr), env=env)
+                               say=command.say_for(progress, rank_stream, loop.PROG), env=env)
     caller = Path.cwd()
     config = None if not args.config else args.config if run_config.from_stdin(args.config) else \
         str((caller / args.config).resolve())  # standard input is read once, by loop.prepare
     run_dir = (caller / (args.resume or args.run_dir)).resolve()
-    import torch  # noqa: F401  (the run's imports)
-    from skill_runtime import placement
-    threads = placement.torch_threads(args.cpu_threads) if args.cpu_threads else _same_threads()
+    threads = command.threads(args.cpu_threads)
     prepared = loop.prepare(config, run_dir, bool(args.resume), args.force, args.set, run_options)
     finished = prepared.run.read_summary() if prepared.resume else None
     if finished and finished.get("status") == "finished" and \
@@ -146,58 +101,23 @@ def main(argv: list[str] | None = None) -> int:
             run.finish("failed", str(err))
             raise
         summary = run.finish(status, reason)  # with the versions and warnings (run_options.env)
-    code = status_code(summary)
+    code = command.status_code(summary)
     if not run.main:  # one rank of several: rank 0 reports
         return code
     return runner.emit(summary, args.json, plain_summary, code)
 
 
 def run_nproc(args, argv: list[str], env: dict) -> int:
-    """``--nproc N``: this command as N ranks on this machine (``launch.launch_script``, torchrun),
-    each with ``--json``; rank 0's summary is this run's report and exit code (rank 0 locks the run
-    directory; a run that another process holds is refused here first). Ctrl-C or SIGTERM
-    here reaches the ranks as SIGTERM (each finishes its round and checkpoints; the launcher waits
-    ``launch.STOP_GRACE_S``). Raises SkillError(1) when no rank reported."""
-    import json
+    """``--nproc N``: this command as N ranks on this machine (``command.run_ranks``); rank 0's
+    summary is this run's report and exit code, its next step as this process was started."""
     from policy_optimization.run import loop
-    from run_kit import launch, rundir
     from policy_optimization.run import summary as run_summary
-    run_dir = rundir.RunDir((Path.cwd() / (args.resume or args.run_dir)).resolve())
-    rundir.RunLock.probe(run_dir, f"{'--resume' if args.resume else '--run-dir'} {args.resume or args.run_dir}")
-    progress = streams.Progress(loop.PROG, not args.json or args.progress)
-    device = "cpu" if launch.ddp_uses_cpu(args.device, args.nproc, f"--nproc {args.nproc}") else "cuda"
-    rank_argv = [*launch.without_nproc(argv), "--json"] + (["--progress"] if progress.enabled else [])
-    with workspace.private_workdir() as cwd:
-        progress.note(f"starting {args.nproc} processes with torchrun; each imports torch and builds the run")
-        done = launch.launch_script(Path(__file__), rank_argv, args.nproc, device, cwd,
-                                    progress.stream if progress.enabled else None, timeout_s=None)
-    lines = [line for line in done.stdout.splitlines() if line.strip()]
-    try:
-        summary = json.loads(done.stdout[done.stdout.index("{"):]) if lines else None
-    except ValueError:
-        summary = None
-    if not isinstance(summary, dict) or "status" not in summary:
-        raise exits.SkillError(f"the {args.nproc} processes ended without a summary (torchrun exit "
-                               f"{done.returncode}): {launch.workers_errors(done.stdout + done.stderr)}",
-                               exits.EXIT_CHECK_FAILED)
-    summary["processes"] = args.nproc
-    summary["verdict"], summary["next"] = run_summary.verdict(summary)  # the next step as this process was started
+    summary = command.run_ranks(Path(__file__), argv, args.nproc, args.device, args.resume or args.run_dir,
+                                "--resume" if args.resume else "--run-dir",
+                                streams.Progress(loop.PROG, not args.json or args.progress))
+    summary["verdict"], summary["next"] = run_summary.verdict(summary)
     summary["versions"], summary["warnings"] = env["versions"], env["warnings"]
-    return runner.emit(summary, args.json, plain_summary, status_code(summary))
-
-
-def status_code(summary: dict) -> int:
-    """The exit code of a summary's status (training-run.md#exit-codes)."""
-    if summary["status"] == "interrupted":
-        return exits.EXIT_TERMINATED if "SIGTERM" in (summary.get("reason") or "") else exits.EXIT_INTERRUPTED
-    return {"finished": exits.EXIT_OK, "paused": exits.EXIT_OK, "stopped": exits.EXIT_CHECK_FAILED,
-            "failed": exits.EXIT_CHECK_FAILED}[summary["status"]]
-
-
-def _same_threads():
-    import contextlib
-    import torch
-    return contextlib.nullcontext(torch.get_num_threads())
+    return runner.emit(summary, args.json, plain_summary, command.status_code(summary))
 
 
 def plain_summary(summary: dict) -> str:

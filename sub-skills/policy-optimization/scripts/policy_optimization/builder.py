@@ -168,11 +168,15 @@ def build_reward_model(resolved: dict[str, Any], palm, device, meta: bool):
     """The run's reward model on ``device``: a RuleReward of [reward] program or text_program
     (``programs.rule_reward``, with its DDP anchor parameter only under multi-process CPU), else
     ``RewardModel(palm, **[reward_model])`` (it deep-copies the PaLM), loaded from [reward]
-    checkpoint when given (not with ``meta``)."""
-    from palm_rlhf_pytorch import RewardModel
+    checkpoint when given (not with ``meta``); a checkpoint of ``train-reward`` (its
+    rm_config.json beside it: ``resolved["reward_palm"]``) builds on a PaLM of its own sizes instead."""
+    from palm_rlhf_pytorch import PaLM, RewardModel
     rule = programs.rule_reward(resolved, anchor=not meta and multi_process_cpu(device))
     if rule is not None:
         return rule if meta else rule.to(device)
+    if resolved.get("reward_palm") is not None:
+        palm = PaLM(**resolved["reward_palm"])
+        palm = meta_module(palm) if meta else palm
     reward_model = RewardModel(palm, **resolved["reward_model"])
     if meta:
         return reward_model

@@ -17,6 +17,7 @@ from skill_runtime import byte_tokenizer, exits, streams
 # what each program key is called with, and its contract in words
 CONTRACTS = {
     ("prompts", "tokenizer"): (1, "tokenizer(prompts: list[str]) -> (n, len) int64 ids padded with 0"),
+    ("data", "tokenizer"): (1, "tokenizer(texts: list[str]) -> (n, len) int64 ids padded with 0"),  # train-reward
     ("reward", "program"): (2, "function(x (b, n) int64, response_mask (b, n) bool) -> (b,)"),
     ("reward", "text_program"): (2, "function(prompt: str, response: str) -> float"),
 }

@@ -68,14 +68,15 @@ def from_stdin(path: str) -> bool:
     return path in ("-", "/dev/stdin")
 
 
-def read_config(path: str) -> dict[str, Any]:
+def read_config(path: str, shipped: Path = PLANS) -> dict[str, Any]:
     """Parse ``path``: JSON when it ends in .json, else TOML; ``-`` or /dev/stdin is standard input
     (TOML). At most ``MAX_CONFIG_BYTES`` + 1 bytes are read. A named pipe (FIFO) or socket would
     block until a writer opens it: refused, except a descriptor this process already holds
     (/dev/fd/N, as ``<(...)`` gives); a device such as /dev/zero is read up to the cap, then
     refused as too large.
     Raises SkillError(2) when it cannot be read, is a FIFO or socket, is a terminal on standard
-    input, is larger than the cap, cannot be parsed, or is not a table of tables."""
+    input, is larger than the cap, cannot be parsed, or is not a table of tables; a missing file's
+    error names ``shipped``, the folder of the shipped configs."""
     import stat
     import sys
     stdin = from_stdin(path)
@@ -100,8 +101,8 @@ def read_config(path: str) -> dict[str, Any]:
                                    "may be (a config is a few KiB): pass the TOML or JSON config file")
         text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        shipped = f" (the shipped configs are in {PLANS})" if isinstance(exc, FileNotFoundError) else ""
-        raise exits.SkillError(f"config {path}: cannot read it: {exits.one_line(exc)}{shipped}") from None
+        hint = f" (the shipped configs are in {shipped})" if isinstance(exc, FileNotFoundError) else ""
+        raise exits.SkillError(f"config {path}: cannot read it: {exits.one_line(exc)}{hint}") from None
     if file.suffix.lower() == ".json":
         try:
             config = json.loads(text)
@@ -118,14 +119,14 @@ def read_config(path: str) -> dict[str, Any]:
     return config
 
 
-def apply_override(config: dict[str, Any], text: str) -> None:
-    """Apply ``--set SECTION.KEY=VALUE``; VALUE is read as JSON (numbers, true/false, "text", [1, 2]),
-    else kept as a string; ``null`` removes the key (the default applies again).
-    Raises SkillError(2) for a malformed override."""
+def apply_override(config: dict[str, Any], text: str, sections: tuple[str, ...] = SECTIONS) -> None:
+    """Apply ``--set SECTION.KEY=VALUE`` (SECTION one of ``sections``, a policy run's by default);
+    VALUE is read as JSON (numbers, true/false, "text", [1, 2]), else kept as a string; ``null``
+    removes the key (the default applies again). Raises SkillError(2) for a malformed override."""
     name, sep, raw = text.partition("=")
     section, dot, key = name.strip().partition(".")
-    if not sep or not dot or not key or section not in SECTIONS:
-        raise exits.SkillError(f"--set {text!r}: expected SECTION.KEY=VALUE with SECTION one of {', '.join(SECTIONS)}")
+    if not sep or not dot or not key or section not in sections:
+        raise exits.SkillError(f"--set {text!r}: expected SECTION.KEY=VALUE with SECTION one of {', '.join(sections)}")
     try:
         value = json.loads(raw)
     except json.JSONDecodeError:
@@ -329,7 +330,9 @@ def check_against_library(config: dict[str, Any]) -> dict[str, Any]:
 
     Returns the resolved config, a dict: ``name`` (the trainer), ``trainer_class``; per library
     section the user's values (``palm``, ``reward_model``, ``trainer``, ``train``); ``effective``
-    (those four with the library defaults filled in); ``prompts``, ``reward``, ``eval``, ``run`` (the
+    (those four with the library defaults filled in); ``reward_palm`` (the reward model's own PaLM
+    arguments from the rm_config.json beside [reward] checkpoint, which then also sets
+    ``reward_model``: ``reward_checkpoint_config``; else None, the policy's [palm]); ``prompts``, ``reward``, ``eval``, ``run`` (the
     skill's own tables, with OWN_DEFAULTS filled in for eval and run); ``palm_checkpoint`` (a path
     or None); ``programs`` ({key: the loaded callable}); ``round`` (``round_counts``, or None
     without [run]); ``defaults_applied`` (``defaults_applied``).
@@ -348,6 +351,14 @@ def check_against_library(config: dict[str, Any]) -> dict[str, Any]:
         given = palm_given if section == "palm" else {
             k: v for k, v in config.get(section, {}).items() if not (section == "trainer" and k == "name")}
         resolved[section], resolved["effective"][section] = check_section(section, target, given)
+    resolved["reward_palm"] = None
+    trained = reward_checkpoint_config(config)
+    if trained is not None:
+        resolved["reward_palm"], resolved["reward_model"], resolved["effective"]["reward_model"] = trained
+        if resolved["palm"]["num_tokens"] > resolved["reward_palm"]["num_tokens"]:
+            raise exits.SkillError(f"config [palm] num_tokens = {resolved['palm']['num_tokens']}: the policy samples ids "
+                                   f"the reward model of [reward] checkpoint has no embedding for (its num_tokens is "
+                                   f"{resolved['reward_palm']['num_tokens']}): the same tokenizer and num_tokens for both")
     resolved["prompts"] = dict(config["prompts"])
     resolved["reward"] = dict(config.get("reward", {}))
     resolved["eval"] = None if "eval" not in config else {
@@ -366,6 +377,33 @@ def check_against_library(config: dict[str, Any]) -> dict[str, Any]:
     resolved["round"] = round_counts(resolved)
     resolved["defaults_applied"] = defaults_applied(config, resolved)
     return resolved
+
+
+def reward_checkpoint_config(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]] | None:
+    """The reward model's own arguments when [reward] checkpoint names a ``train-reward`` output:
+    ``rm_config.json`` beside the checkpoint (``reward_modeling.artifacts``), checked against the
+    installed ``PaLM`` and ``RewardModel``. Returns (PaLM arguments, RewardModel arguments, the
+    latter with the defaults filled in), or None without a checkpoint or that file (the reward
+    model is then built on the policy's [palm] and [reward_model], as before). Raises
+    SkillError(2) naming the file: unreadable, an argument the library refuses, or [reward_model]
+    given as well (the file sets it)."""
+    from palm_rlhf_pytorch import PaLM, RewardModel
+    from reward_modeling import artifacts
+    checkpoint = config.get("reward", {}).get("checkpoint")
+    path = artifacts.beside(checkpoint) if checkpoint else None
+    if path is None or not path.is_file():
+        return None
+    where = "config [reward] checkpoint"
+    if config.get("reward_model"):
+        raise exits.SkillError(f"config [reward_model]: {path} beside [reward] checkpoint sets the reward model's "
+                               "arguments (train-reward wrote it): remove [reward_model]")
+    trained = artifacts.read(path, where)
+    try:
+        palm, _ = check_section("palm", PaLM.__init__, trained["palm"])
+        values, effective = check_section("reward_model", RewardModel.__init__, trained["reward_model"])
+    except exits.SkillError as err:
+        raise exits.SkillError(f"{where}: {path}: {str(err).removeprefix('config ')}") from None
+    return palm, values, effective
 
 
 def round_counts(resolved: dict[str, Any]) -> dict[str, int] | None:

@@ -9,8 +9,6 @@ optimizer holding LoRA tensors no forward uses (lora-scopes.md). The file loads 
 from __future__ import annotations
 
 import copy
-import os
-import tempfile
 from pathlib import Path
 
 from policy_optimization import trainers
@@ -32,17 +30,6 @@ def merged_policy_state(name: str, trainer) -> dict:
 
 
 def export_policy(name: str, trainer, path: Path) -> Path:
-    """Write ``merged_policy_state`` to ``path`` with ``torch.save``, atomically (a temporary file
-    in the same folder, then a rename). Returns ``path``."""
-    import torch
-    state = merged_policy_state(name, trainer)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
-    os.chmod(tmp, 0o666 & ~rundir.current_umask())
-    try:
-        torch.save(state, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    """Write ``merged_policy_state`` to ``path`` with ``torch.save``, atomically
+    (``rundir.write_torch_atomic``). Returns ``path``."""
+    return rundir.write_torch_atomic(merged_policy_state(name, trainer), path)

@@ -12,10 +12,8 @@ The command line (``train_run.py``, ``palm-rlhf-skill train``) is a thin layer o
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import os
 import signal
 import sys
 import time
@@ -26,8 +24,8 @@ from typing import Any, Callable
 from policy_optimization import builder, evaluation, run_config, trainers
 from policy_optimization.run import export, metrics, watchdog
 from policy_optimization.run import summary as run_summary
-from run_kit import checkpoint, rundir, trackers
-from skill_runtime import exits, placement, runner, streams, workspace
+from run_kit import checkpoint, command, launch, rundir, trackers
+from skill_runtime import exits, placement, streams, workspace
 
 PROG = "palm-rlhf-skill train"
 CONFIG_FILE = "config.json"  # the run's config as loaded (absolute paths) and the digests of its files
@@ -45,46 +43,19 @@ class Options:
     stop_on: frozenset[str] = frozenset()
     until: int | None = None
     progress: bool = True
-    say: Callable[[str], None] = field(default_factory=lambda: stderr_lines(sys.stderr))
+    say: Callable[[str], None] = field(default_factory=lambda: command.stderr_lines(PROG, sys.stderr))
     env: dict[str, Any] | None = None
 
 
-def stderr_lines(stream) -> Callable[[str], None]:
-    """``say`` for ``Options``: one line ``palm-rlhf-skill train: ...`` on ``stream``, bound now, so
-    a line said while the library's output is captured (a signal during a round) still reaches the
-    terminal; best effort (``streams.BestEffortStream``)."""
-    bound = streams.BestEffortStream(stream)
-
-    def say(line: str) -> None:
-        bound.write(f"{PROG}: {line}\n")
-        bound.flush()
-    return say
+GROWABLE = frozenset({"run.rounds"})  # a resume may change these keys: a run can be extended
 
 
 def file_digests(config: dict[str, Any]) -> dict[str, str]:
-    """SHA-256 of every file the config names (``run_config.PATH_KEYS``): a resume with an edited
-    reward program or prompt file is a changed run."""
-    out = {}
-    for section, key in run_config.PATH_KEYS:
-        value = config.get(section, {}).get(key)
-        if value:
-            path = Path(value.rpartition(":")[0] if (section, key) in run_config.PROGRAM_KEYS else value)
-            if path.is_file():
-                out[f"{section}.{key}"] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return out
-
-
-def changed_keys(stored: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    """``section.key`` of every value that differs between two loaded configs (and ``section.key
-    (file contents)`` for a named file that changed under the same name); ``run.rounds`` may
-    change (a run can be extended)."""
-    def flat(config: dict[str, Any]) -> dict[str, Any]:
-        return {f"{s}.{k}": v for s, table in config["config"].items() for k, v in table.items()}
-    before, after = flat(stored), flat(now)
-    keys = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k) and k != "run.rounds")
-    keys += sorted(f"{k} (file contents)" for k in stored["files"].keys() & now["files"].keys()
-                   if stored["files"][k] != now["files"][k] and k not in keys)
-    return keys
+    """``rundir.file_digests`` of every file the config names (``run_config.PATH_KEYS``; a
+    program's file): a resume with an edited reward program or prompt file is a changed run."""
+    named = [(f"{section}.{key}", value.rpartition(":")[0] if (section, key) in run_config.PROGRAM_KEYS else value)
+             for section, key in run_config.PATH_KEYS if (value := config.get(section, {}).get(key))]
+    return rundir.file_digests(named)
 
 
 @dataclass
@@ -304,7 +275,7 @@ class Run:
         last = min(self.options.until or self.rounds_planned, self.rounds_planned)
         every = self.resolved["run"]["checkpoint_every"]
         began = time.perf_counter()
-        with workspace.private_workdir(), deferred_signals(self) as signals, progress.stage(
+        with workspace.private_workdir(), command.deferred_signals(self.options.say) as signals, progress.stage(
                 f"{self.name}: rounds {self.start + 1}-{last}", total=max(0, last - self.start), unit="rounds",
                 eta=True) as bar:
             for round_ in range(self.start + 1, last + 1):
@@ -376,15 +347,6 @@ class Prepared:
         rundir.discard(self.run, self.created, self.lock)
 
 
-def writes_files() -> bool:
-    """Whether this process writes the run directory and holds its lock: a single process, or
-    global rank 0 of a launcher's world (``launch.launcher_world``; ``Run.main`` once Accelerate
-    is up)."""
-    from run_kit import launch
-    world = launch.launcher_world(dict(os.environ), program="this run")  # a copy: asking sets no LOCAL_RANK
-    return world is None or world.is_main
-
-
 def prepare(config_path: str | None, run_dir: str | Path, resume: bool, force: bool,
             overrides: list[str] | None, options: Options) -> Prepared:
     """Everything that can be refused before a model exists: the run directory
@@ -393,16 +355,9 @@ def prepare(config_path: str | None, run_dir: str | Path, resume: bool, force: b
     installed library (``run_config.check_against_library``, which imports torch). Raises
     SkillError: 2 for a bad config or directory, or a changed config on resume; 3 for a tracker
     package that is missing; 2 when another process holds the directory's lock."""
-    created, writer, run, lock = rundir.first_missing(Path(run_dir)), writes_files(), None, None
-    try:
-        run, lock = rundir.prepare(run_dir, resume, force, writer)
-        if writer and lock is None:
-            options.say(f"no lock on {run.path}: this Python has no fcntl (Windows): run one train per directory")
-        prepared = _prepare(config_path, run, run_dir, resume, overrides, options)
-    except BaseException:  # refused before a model exists: leave no directory of ours behind
-        rundir.remove_empty(Path(run_dir), created) if run is None else rundir.discard(run, created, lock)
-        raise
-    prepared.lock, prepared.created = lock, created
+    with rundir.claimed(run_dir, resume, force, launch.writes_files(), options.say) as claim:
+        prepared = _prepare(config_path, claim.run, run_dir, resume, overrides, options)
+    prepared.lock, prepared.created = claim.lock, claim.created
     return prepared
 
 
@@ -418,7 +373,7 @@ def _prepare(config_path: str | None, run: rundir.RunDir, run_dir: str | Path, r
         raise exits.SkillError("config [run] rounds: missing: train runs the config in rounds ([run] rounds = N)")
     loaded = {"config": config, "files": file_digests(config)}
     if stored is not None:
-        changed = changed_keys(stored, loaded)
+        changed = rundir.changed_keys(stored, loaded, GROWABLE)
         if changed:
             raise exits.SkillError(f"--resume {run_dir}: the config changed since the run started: "
                                    f"{', '.join(changed)}: resume with the run's own config, or start over with --force")
@@ -503,33 +458,6 @@ def run_facts(resolved: dict[str, Any], built: builder.Built) -> watchdog.RunFac
                              processes=built.trainer.accelerate.num_processes,
                              eval_samples=0 if built.eval_prompt_ids is None else
                              resolved["eval"]["samples"] * int(built.eval_prompt_ids.shape[0]))
-
-
-class deferred_signals:
-    """SIGINT and SIGTERM while the rounds run: the first one finishes the round in progress
-    (``requested`` holds its number; one line says so), a second one stops at once (130 or 143;
-    the last checkpoint stays valid). Restores the previous handlers on exit. Main thread only."""
-
-    def __init__(self, run: Run) -> None:
-        self.run, self.requested, self.previous = run, None, {}
-
-    def handle(self, signum, frame) -> None:
-        if self.requested is not None:
-            raise KeyboardInterrupt() if signum == signal.SIGINT else runner.Terminated()
-        self.requested = signum
-        self.run.options.say(f"{signal.Signals(signum).name}: finishing the round in progress, then a checkpoint "
-                             "(send it again to stop now; the last checkpoint stays valid)")
-
-    def __enter__(self) -> "deferred_signals":
-        import threading
-        if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                self.previous[signum] = signal.signal(signum, self.handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for signum, handler in self.previous.items():
-            signal.signal(signum, handler)
 
 
 def train_to_end(config_path: str | None, run_dir: str | Path, device_spec: str = "cpu", overrides: list[str] | None = None,

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from policy_optimization import trainers
+from run_kit import command
 from skill_runtime import reporting, streams
 
 
@@ -17,15 +18,7 @@ def report_round(progress: streams.Progress, bar, row: dict[str, Any], last: int
         parts.append(f"held-out {row['held_out_reward']:.3f}")
     if row["rules"]:
         parts.append("rules " + ",".join(row["rules"]))
-    done = row["round"] - start
-    eta = (time.perf_counter() - started_s) / done * (last - row["round"]) if done else 0.0
-    text = ", ".join(parts)
-    if bar is not None:
-        bar.set_postfix_str(text)
-        bar.update(1)
-    if not progress.live:
-        progress.note(f"round {row['round']}/{last}: {text}, {row['wall_s']:.1f} s"
-                      + (f", about {reporting.seconds_text(eta)} left" if row["round"] < last else ""))
+    command.report_round(progress, bar, row["round"], ", ".join(parts), row["wall_s"], last, started_s, start)
 
 
 def summarize(run, status: str, reason: str | None, files: dict[str, Any]) -> dict[str, Any]:

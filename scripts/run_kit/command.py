@@ -1,0 +1,190 @@
+"""What every run command shares around its rounds (``palm-rlhf-skill train`` and ``train-reward``):
+one-line notes on stderr, SIGINT and SIGTERM deferred to the end of the round in progress, the
+progress line per round, the exit code of a run's summary, and ``--nproc N`` as N ranks of the
+command under torchrun with rank 0's summary as the report. Torch-free at import.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from skill_runtime import exits, options, reporting, runner, streams, workspace
+
+
+def add_run_options(parser, config_help: str) -> None:
+    """The options of a run command (``train``, ``train-reward``): --config (``config_help``),
+    --run-dir, --resume, --force, --set, --until, --log-with, --device, --cpu-threads, --nproc,
+    --json, --progress, --allow-untested. Torch-free."""
+    from run_kit import launch, trackers
+    parser.add_argument("--config", metavar="FILE", help=config_help)
+    parser.add_argument("--run-dir", metavar="DIR", help="where the run writes its files (created if missing)")
+    parser.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint "
+                        "(--config, when given, must be the run's own)")
+    parser.add_argument("--force", action="store_true", help="--run-dir holds another run: remove its run files "
+                        "(metrics.jsonl, checkpoints/, ...) and start over")
+    parser.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE",
+                        help="override one config value (as plan's --set); repeatable")
+    parser.add_argument("--until", type=options.bounded_int(1), metavar="ROUND",
+                        help="stop after this round with a checkpoint (exit 0); --resume continues")
+    parser.add_argument("--log-with", choices=list(trackers.TRACKERS),
+                        help="also send every row through Accelerate's tracker API, offline, into DIR/trackers/")
+    parser.add_argument("--device", default="auto", type=options.device_spec,
+                        help="auto (CUDA when available, else CPU), cpu, cuda or cuda:N (default: auto)")
+    parser.add_argument("--cpu-threads", type=options.bounded_int(1), metavar="N",
+                        help="torch intra-op threads (default: torch's default)")
+    parser.add_argument("--nproc", type=options.bounded_int(1, launch.MAX_NPROC), metavar="N",
+                        help="train on N local processes (torchrun, DDP; the CPU or one GPU each): every rank "
+                             "runs the rounds, rank 0 writes the files (training-run.md#several-processes)")
+    parser.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
+    options.add_progress_option(parser)
+    options.add_allow_untested_option(parser)
+
+
+def check_run_arguments(args) -> None:
+    """A run command's usage errors (SkillError, exit 2), before torch is imported: a new run needs
+    --config and --run-dir, a resume its directory alone (or the same as --run-dir), without
+    --force or --set; --nproc reads the config from a file, not standard input."""
+    from policy_optimization import run_config  # torch-free
+    if args.resume and args.run_dir and Path(args.resume).resolve() != Path(args.run_dir).resolve():
+        raise exits.SkillError("--resume DIR is the run directory: give it alone, or the same path as --run-dir")
+    if not args.resume and not (args.config and args.run_dir):
+        raise exits.SkillError("give --config FILE and --run-dir DIR (a new run), or --resume DIR")
+    if args.resume and args.force:
+        raise exits.SkillError("--force starts over and --resume continues: choose one")
+    if args.resume and args.set:
+        raise exits.SkillError("--set applies to a new run: a resumed run keeps its config")
+    if args.nproc and args.config and run_config.from_stdin(args.config):
+        raise exits.SkillError(f"--config {args.config} (standard input) is read by one process: with --nproc, "
+                               "pass the config's file")
+
+
+def launched_world(nproc: int | None):
+    """The launcher's world this process is one rank of (``launch.launcher_world``), or None.
+    Raises SkillError(2) for ``--nproc`` under a launcher: both would start the processes."""
+    from run_kit import launch
+    world = launch.launcher_world(program="this run")
+    if nproc and world is not None:
+        raise exits.SkillError(f"--nproc starts the processes itself, but a launcher already started this one as "
+                               f"{world.describe()}: drop --nproc or the launcher")
+    return world
+
+
+def threads(count: int | None):
+    """``--cpu-threads``: ``placement.torch_threads(count)``, or torch's count left as it is
+    (a context manager yielding the count in effect). Imports torch."""
+    import contextlib
+    import torch
+    from skill_runtime import placement
+    return placement.torch_threads(count) if count else contextlib.nullcontext(torch.get_num_threads())
+
+
+def stderr_lines(prog: str, stream) -> Callable[[str], None]:
+    """``say``: one line ``prog: ...`` on ``stream``, bound now, so a line said while the
+    library's output is captured (a signal during a round) still reaches the terminal; best effort
+    (``streams.BestEffortStream``)."""
+    bound = streams.BestEffortStream(stream)
+
+    def say(line: str) -> None:
+        bound.write(f"{prog}: {line}\n")
+        bound.flush()
+    return say
+
+
+class deferred_signals:
+    """SIGINT and SIGTERM while the rounds run: the first one finishes the round in progress
+    (``requested`` holds its number; one line through ``say`` says so), a second one stops at once
+    (130 or 143; the last checkpoint stays valid). Restores the previous handlers on exit. Main
+    thread only (elsewhere it changes nothing)."""
+
+    def __init__(self, say: Callable[[str], None], unit: str = "round") -> None:
+        self.say, self.unit, self.requested, self.previous = say, unit, None, {}
+
+    def handle(self, signum, frame) -> None:
+        if self.requested is not None:
+            raise KeyboardInterrupt() if signum == signal.SIGINT else runner.Terminated()
+        self.requested = signum
+        self.say(f"{signal.Signals(signum).name}: finishing the {self.unit} in progress, then a checkpoint "
+                 "(send it again to stop now; the last checkpoint stays valid)")
+
+    def __enter__(self) -> "deferred_signals":
+        import threading
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self.previous[signum] = signal.signal(signum, self.handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+
+def report_round(progress: streams.Progress, bar, round_: int, text: str, wall_s: float, last: int,
+                 started_s: float, start: int) -> None:
+    """Round ``round_`` of ``last`` on stderr: at a terminal the bar's counter and ``text`` as its
+    postfix, elsewhere one line with the round's seconds and the time left (``started_s``:
+    ``time.perf_counter()`` when round ``start`` + 1 began)."""
+    done = round_ - start
+    eta = (time.perf_counter() - started_s) / done * (last - round_) if done else 0.0
+    if bar is not None:
+        bar.set_postfix_str(text)
+        bar.update(1)
+    if not progress.live:
+        progress.note(f"round {round_}/{last}: {text}, {wall_s:.1f} s"
+                      + (f", about {reporting.seconds_text(eta)} left" if round_ < last else ""))
+
+
+def status_code(summary: dict) -> int:
+    """The exit code of a summary's status (training-run.md#exit-codes)."""
+    if summary["status"] == "interrupted":
+        return exits.EXIT_TERMINATED if "SIGTERM" in (summary.get("reason") or "") else exits.EXIT_INTERRUPTED
+    return {"finished": exits.EXIT_OK, "paused": exits.EXIT_OK, "stopped": exits.EXIT_CHECK_FAILED,
+            "failed": exits.EXIT_CHECK_FAILED}[summary["status"]]
+
+
+def run_ranks(script: Path, argv: list[str], nproc: int, device_spec: str, run_dir: str, flag: str,
+              progress: streams.Progress) -> dict[str, Any]:
+    """``--nproc N``: ``script`` (a run command) as N ranks on this machine (``launch.launch_script``,
+    torchrun), each with ``--json``; returns rank 0's summary with ``processes`` added. A run
+    directory that another process holds is refused here first (``rundir.RunLock.probe``; rank 0
+    locks it). Ctrl-C or SIGTERM here reaches the ranks as SIGTERM (each finishes its round and
+    checkpoints; the launcher waits ``launch.STOP_GRACE_S``). Raises SkillError(1) when no rank
+    reported, SkillError(2) for a held directory or too few GPUs."""
+    from run_kit import launch, rundir
+    rundir.RunLock.probe(rundir.RunDir((Path.cwd() / run_dir).resolve()), f"{flag} {run_dir}")
+    device = "cpu" if launch.ddp_uses_cpu(device_spec, nproc, f"--nproc {nproc}") else "cuda"
+    rank_argv = [*launch.without_nproc(argv), "--json"] + (["--progress"] if progress.enabled else [])
+    with workspace.private_workdir() as cwd:
+        progress.note(f"starting {nproc} processes with torchrun; each imports torch and builds the run")
+        done = launch.launch_script(script, rank_argv, nproc, device, cwd,
+                                    progress.stream if progress.enabled else None, timeout_s=None)
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    try:
+        summary = json.loads(done.stdout[done.stdout.index("{"):]) if lines else None
+    except ValueError:
+        summary = None
+    if not isinstance(summary, dict) or "status" not in summary:
+        raise exits.SkillError(f"the {nproc} processes ended without a summary (torchrun exit "
+                               f"{done.returncode}): {launch.workers_errors(done.stdout + done.stderr)}",
+                               exits.EXIT_CHECK_FAILED)
+    summary["processes"] = nproc
+    return summary
+
+
+def rank_progress(world, json_output: bool, progress_flag: bool, prog: str) -> tuple[streams.Progress, Any]:
+    """The progress of one process of a run command: on rank 0 of ``run_ranks``'s world its
+    progress file (``launch.rank_progress_stream``), elsewhere stderr; on other ranks none.
+    Returns (the Progress, the rank's stream or None)."""
+    from run_kit import launch
+    rank_stream = launch.rank_progress_stream(world) if world is not None else None
+    progress = streams.Progress(prog, (not json_output or progress_flag) and (world is None or world.is_main),
+                                rank_stream)
+    return progress, rank_stream
+
+
+def say_for(progress: streams.Progress, rank_stream, prog: str) -> Callable[[str], None]:
+    """The ``say`` of a run: to the rank's progress file when it has one, else stderr."""
+    return stderr_lines(prog, progress.stream if rank_stream else sys.stderr)
