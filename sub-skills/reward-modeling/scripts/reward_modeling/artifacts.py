@@ -1,0 +1,56 @@
+"""What ``train-reward`` leaves for the policy run: ``DIR/rm.pt``, the reward model's state dict,
+and ``DIR/rm_config.json``, ``{"palm": {...}, "reward_model": {...}}``, the arguments that build
+it: ``RewardModel(PaLM(**c["palm"]), **c["reward_model"])`` then ``load_state_dict(torch.load(rm.pt))``.
+
+``palm-rlhf-skill train``'s ``[reward] checkpoint = ".../rm.pt"`` reads the rm_config.json beside
+it (``beside``, ``read``), so the reward model keeps its own sizes whatever the policy's [palm] is.
+Torch-free at import.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from run_kit import rundir
+from skill_runtime import exits
+
+
+def write(reward_model, palm_kwargs: dict[str, Any], reward_model_kwargs: dict[str, Any], run: rundir.RunDir
+          ) -> dict[str, str]:
+    """Write ``rm.pt`` (``reward_model.state_dict()`` on the CPU, ``torch.save``) and
+    ``rm_config.json`` (the PaLM's and the RewardModel's arguments, library defaults filled in, so
+    a later default cannot change the model; ``jsonable``) into ``run``, each atomically. Returns
+    ``{"rm": path, "rm_config": path}``."""
+    state = {key: value.detach().cpu().clone() for key, value in reward_model.state_dict().items()}
+    rm = rundir.write_torch_atomic(state, run.path / rundir.RM)
+    config = run.path / rundir.RM_CONFIG
+    rundir.write_atomic(config, json.dumps({"palm": jsonable(palm_kwargs), "reward_model": jsonable(reward_model_kwargs)},
+                                           indent=1))
+    return {"rm": str(rm), "rm_config": str(config)}
+
+
+def jsonable(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Constructor arguments as JSON values: a tuple (``finetune_scopes=()``) as a list; a None
+    (``sample_from_bins``: derived from another argument) left out, so the constructor derives it."""
+    return {key: list(value) if isinstance(value, tuple) else value for key, value in kwargs.items() if value is not None}
+
+
+def beside(checkpoint: str | Path) -> Path:
+    """The rm_config.json next to a reward-model checkpoint file."""
+    return Path(checkpoint).parent / rundir.RM_CONFIG
+
+
+def read(path: Path, where: str) -> dict[str, dict[str, Any]]:
+    """``rm_config.json`` at ``path`` as ``{"palm": {...}, "reward_model": {...}}``. Raises
+    SkillError(2) naming ``where`` (the config key) when it is unreadable, not JSON, or not two
+    tables of arguments."""
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise exits.SkillError(f"{where}: {path}: unreadable ({exits.one_line(exc)}): train-reward writes it beside "
+                               "rm.pt") from None
+    if not isinstance(config, dict) or not all(isinstance(config.get(k), dict) for k in ("palm", "reward_model")):
+        raise exits.SkillError(f"{where}: {path}: expected {{\"palm\": {{...}}, \"reward_model\": {{...}}}} "
+                               "(the arguments that build the reward model)")
+    return config

@@ -1,0 +1,186 @@
+"""The reward model's data: preference pairs or ratings from JSONL, checked row by row, tokenized,
+split into a training and a held-out set, and cut into batches.
+
+One row per line (blank lines skipped), UTF-8:
+- pairs: ``{"prompt": str, "chosen": str, "rejected": str}``, chosen and rejected different and
+  not empty (the prompt may be empty);
+- ratings: ``{"prompt": str, "response": str, "rating": number}``; with a binned model
+  (``num_binned_output`` = K > 1) the rating is a bin index, an integer in [0, K).
+
+A sequence is the prompt's ids followed by the response's (the tokenizer's pad id 0 stripped from
+each), exactly what the trainers hand a reward model: ``x`` (b, n) int64 with ``prompt_mask`` True
+on the prompt and ``mask`` True on the sequence (palm_rlhf_pytorch/grpo.py:642-654). Torch-free at
+import.
+"""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from skill_runtime import exits
+
+PAD_ID = 0
+KEYS = {"pairs": ("prompt", "chosen", "rejected"), "ratings": ("prompt", "response", "rating")}
+
+
+@dataclass
+class Examples:
+    """Tokenized rows. ``prompts[i]``: the prompt's ids; pairs: ``first[i]`` chosen and
+    ``second[i]`` rejected response ids; ratings: ``first[i]`` the response ids and ``ratings[i]``
+    its rating (``second`` empty)."""
+    kind: str
+    prompts: list[list[int]] = field(default_factory=list)
+    first: list[list[int]] = field(default_factory=list)
+    second: list[list[int]] = field(default_factory=list)
+    ratings: list[float] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def subset(self, indices: list[int]) -> "Examples":
+        pick = lambda values: [values[i] for i in indices] if values else []  # noqa: E731
+        return Examples(self.kind, pick(self.prompts), pick(self.first), pick(self.second), pick(self.ratings))
+
+    def ids(self) -> set[int]:
+        """Every token id the rows contain (prompts and responses)."""
+        return {i for rows in (self.prompts, self.first, self.second) for row in rows for i in row}
+
+    def longest(self) -> int:
+        """The longest sequence (prompt + response) of the rows, in tokens."""
+        pairs = zip(self.prompts, self.first, self.second or self.first)
+        return max((len(p) + max(len(a), len(b)) for p, a, b in pairs), default=1)
+
+
+def read_rows(path: str, kind: str, where: str, bins: int) -> list[dict[str, Any]]:
+    """The rows of the JSONL file ``path``, each checked: an object with the string keys of
+    ``KEYS[kind]``, chosen and rejected different and not empty, a response not empty, a rating a
+    finite number (with ``bins`` > 1 an integer bin index in [0, bins)). Raises SkillError(2)
+    naming ``where`` (the config key), the file and the line."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise exits.SkillError(f"{where}: {path}: cannot read it: {exits.one_line(exc)}") from None
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        at = f"{where}: {path} line {number}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise exits.SkillError(f"{at}: not JSON ({exc.msg}): one object per line") from None
+        rows.append(check_row(row, kind, at, bins))
+    if not rows:
+        raise exits.SkillError(f"{where}: {path}: no rows (one JSON object per line: "
+                               + ", ".join(f'"{k}"' for k in KEYS[kind]) + ")")
+    return rows
+
+
+def check_row(row: Any, kind: str, at: str, bins: int) -> dict[str, Any]:
+    """One row of ``kind`` checked (``read_rows``); returns it. Raises SkillError(2) at ``at``."""
+    import math
+    keys = KEYS[kind]
+    if not isinstance(row, dict):
+        raise exits.SkillError(f"{at}: a JSON object with {', '.join(keys)} expected, got {type(row).__name__}")
+    missing = [k for k in keys if k not in row]
+    if missing:
+        raise exits.SkillError(f"{at}: missing key {missing[0]!r} (a row has {', '.join(keys)})")
+    for key in keys[:-1] if kind == "ratings" else keys:
+        if not isinstance(row[key], str):
+            raise exits.SkillError(f"{at}: {key} must be a string, got {type(row[key]).__name__}")
+    responses = ("chosen", "rejected") if kind == "pairs" else ("response",)
+    for key in responses:
+        if not row[key]:
+            raise exits.SkillError(f"{at}: {key} is empty (a response the reward model scores has at least one token)")
+    if kind == "pairs" and row["chosen"] == row["rejected"]:
+        raise exits.SkillError(f"{at}: chosen and rejected are the same text: the pair prefers nothing")
+    if kind == "ratings":
+        rating = row["rating"]
+        if isinstance(rating, bool) or not isinstance(rating, (int, float)) or not math.isfinite(rating):
+            raise exits.SkillError(f"{at}: rating must be a finite number, got {rating!r}")
+        if bins > 1 and (not isinstance(rating, int) or not 0 <= rating < bins):
+            raise exits.SkillError(f"{at}: rating {rating!r}: with num_binned_output = {bins} a rating is a bin index, "
+                                   f"an integer from 0 to {bins - 1}")
+    return row
+
+
+def tokenize(rows: list[dict[str, Any]], kind: str, tokenizer: Callable, num_tokens: int, where: str) -> Examples:
+    """``rows`` through ``tokenizer`` (``texts: list[str] -> (n, len) int64`` padded with 0: the
+    skill's ``ByteTokenizer`` or [data] tokenizer), each distinct text once, pad ids stripped.
+    Raises SkillError(2) naming ``where`` when the tokenizer fails, returns another number of rows,
+    ids beyond ``num_tokens``, or no id for a response."""
+    from policy_optimization import programs
+    from skill_runtime import streams
+    texts = sorted({row[k] for row in rows for k in KEYS[kind][:3] if isinstance(row[k], str) and row[k]})
+    try:
+        with streams.program_output():
+            ids = tokenizer(texts)
+    except exits.SkillError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user's tokenizer: one line
+        raise exits.SkillError(f"{where}: the tokenizer raised {exits.one_line(exc)}") from None
+    ids = programs.checked_ids(ids, where, num_tokens)
+    if ids.shape[0] != len(texts):
+        raise exits.SkillError(f"{where}: the tokenizer returned {ids.shape[0]} rows for {len(texts)} texts")
+    table = {text: [i for i in row.tolist() if i != PAD_ID] for text, row in zip(texts, ids)}
+    table[""] = []
+    out = Examples(kind)
+    for row in rows:
+        out.prompts.append(table[row["prompt"]])
+        if kind == "pairs":
+            out.first.append(table[row["chosen"]])
+            out.second.append(table[row["rejected"]])
+        else:
+            out.first.append(table[row["response"]])
+            out.ratings.append(row["rating"])
+    if any(not response for response in out.first + out.second):
+        raise exits.SkillError(f"{where}: the tokenizer gave a response no ids (all pad)")
+    return out
+
+
+def split(examples: Examples, fraction: float, seed: int) -> tuple[Examples, Examples]:
+    """(training, held-out): a seeded shuffle (``random.Random(seed)``) of the rows, the first
+    ``round(len * fraction)`` of it (at least one) held out. Raises SkillError(2) when nothing is
+    left to train on."""
+    order = list(range(len(examples)))
+    random.Random(seed).shuffle(order)
+    count = max(1, round(len(order) * fraction))
+    if count >= len(order):
+        raise exits.SkillError(f"config [data]: {len(order)} rows: too few to hold out {fraction:g} of them and "
+                               "train on the rest: more rows, or a held_out file")
+    return examples.subset(sorted(order[count:])), examples.subset(sorted(order[:count]))
+
+
+def batches(count: int, batch_size: int, world: int) -> list[tuple[int, int]]:
+    """The (start, end) slices of one epoch's order: ``batch_size`` rows each, the last one
+    shorter; a last slice of fewer than ``world`` rows (one for each process) joins the one
+    before it."""
+    starts = list(range(0, count, batch_size))
+    if len(starts) > 1 and count - starts[-1] < world:
+        starts.pop()
+    return [(a, b) for a, b in zip(starts, starts[1:] + [count])]
+
+
+def epoch_order(count: int, seed: int, epoch: int) -> list[int]:
+    """Epoch ``epoch``'s order of ``count`` training rows: a shuffle seeded by (seed, epoch) alone,
+    so a resumed run draws the same batches without any data-loader state."""
+    order = list(range(count))
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return order
+
+
+def collate(prompts: list[list[int]], responses: list[list[int]], device) -> tuple[Any, Any, Any]:
+    """Sequences prompt + response, right-padded with PAD_ID: ``x`` (b, n) int64, ``mask`` (b, n)
+    bool (True on every prompt and response token: the trainers pool both, grpo.py:648) and
+    ``prompt_lengths`` (b,) int64, on ``device``."""
+    import torch
+    rows = [p + r for p, r in zip(prompts, responses)]
+    x = torch.full((len(rows), max(map(len, rows))), PAD_ID, dtype=torch.long)
+    for i, row in enumerate(rows):
+        x[i, :len(row)] = torch.tensor(row, dtype=torch.long)
+    lengths = torch.tensor([len(row) for row in rows])
+    mask = torch.arange(x.shape[1]) < lengths[:, None]
+    return x.to(device), mask.to(device), torch.tensor([len(p) for p in prompts]).to(device)

@@ -1,0 +1,174 @@
+"""The words and figures of a reward-model run: the pairwise accuracy, one metrics row per round,
+``summary.json``, the verdict with the next command, and the plain report. Torch-free."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from reward_modeling import coverage
+from skill_runtime import reporting
+
+# The keys of a reward run's metrics row, in order; units and meaning: references/reports.md#reward-metrics-row.
+ROW_KEYS = ("round", "epoch", "step", "examples", "wall_s", "examples_per_s", "loss", "train_accuracy", "margin",
+            "held_out_loss", "held_out_accuracy", "held_out_margin", "grad_norm", "trainable_change_norm", "lr")
+LEARNED_ABOVE = 0.6  # held-out accuracy a run must pass (and rise to) to be said to have learned (chance: 0.5)
+DOC = "sub-skills/reward-modeling/references/preferences.md"
+
+
+def pairwise(higher: list[float], lower: list[float]) -> dict[str, Any]:
+    """How often the first score of each pair is above the second (``accuracy``: ties count as
+    wrong) and by how much on average (``margin``), with the sums behind them (``correct``,
+    ``margin_sum``, ``count``)."""
+    correct = sum(h > lo for h, lo in zip(higher, lower))
+    margin_sum = sum(h - lo for h, lo in zip(higher, lower))
+    count = len(higher)
+    return {"accuracy": correct / count if count else None, "margin": margin_sum / count if count else None,
+            "correct": correct, "margin_sum": margin_sum, "count": count}
+
+
+def ordered_pairs(scores: list[float], ratings: list[float]) -> tuple[list[float], list[float]]:
+    """Every pair of rows with different ratings as (score of the higher-rated, score of the
+    lower-rated): ratings ranked as preference pairs."""
+    higher, lower = [], []
+    for i, (si, ri) in enumerate(zip(scores, ratings)):
+        for sj, rj in zip(scores[i + 1:], ratings[i + 1:]):
+            if ri != rj:
+                higher.append(si if ri > rj else sj)
+                lower.append(sj if ri > rj else si)
+    return higher, lower
+
+
+def ranked(scores: list[float], ratings: list[float]) -> dict[str, Any]:
+    """``pairwise`` over every pair of rated rows with different ratings."""
+    return pairwise(*ordered_pairs(scores, ratings))
+
+
+def build_row(round_: int, steps_done: int, steps_per_epoch: int, examples: int, wall_s: float, loss: float | None,
+              train_accuracy: float | None, margin: float | None, held_out: dict[str, float | None],
+              grad_norm: float | None, change: float, lr: float) -> dict[str, Any]:
+    """The metrics row of one round (keys ``ROW_KEYS``): ``epoch`` the epochs done (a float),
+    ``step`` the optimizer steps done, ``examples`` the pairs (or rated rows) trained on in the
+    round, seconds, the mean training loss, accuracy and margin, the held-out figures, the mean
+    gradient norm and the L2 norm of the trainable tensors' change."""
+    row = {"round": round_, "epoch": round(steps_done / steps_per_epoch, 4), "step": steps_done, "examples": examples,
+           "wall_s": round(wall_s, 4), "examples_per_s": round(examples / wall_s, 1) if wall_s > 0 else None,
+           "loss": loss, "train_accuracy": train_accuracy, "margin": margin, **held_out, "grad_norm": grad_norm,
+           "trainable_change_norm": change, "lr": lr}
+    return {key: row[key] for key in ROW_KEYS}
+
+
+def baseline_row(held_out: dict[str, float | None]) -> dict[str, Any]:
+    """Row 0: the held-out figures before training, every other one null."""
+    row = dict.fromkeys(ROW_KEYS)
+    row.update(held_out, round=0, epoch=0.0, step=0)
+    return row
+
+
+def progress_text(row: dict[str, Any]) -> str:
+    """A round's progress postfix: loss, training and held-out accuracy."""
+    def fmt(key: str, digits: str = ".3f") -> str:
+        value = row[key]
+        return "-" if value is None else format(value, digits)
+    return f"loss {fmt('loss')}, accuracy {fmt('train_accuracy')}, held-out {fmt('held_out_accuracy')}"
+
+
+def summarize(run, status: str, reason: str | None, files: dict[str, Any], probe: dict[str, Any] | None) -> dict[str, Any]:
+    """summary.json of ``run`` (a ``RewardRun``): what ran, held-out accuracy before -> after, the
+    token coverage (``unseen_ids``, the ``coverage`` probe), the files, the verdict and the next
+    command, and (``options.env`` given) the versions and warnings."""
+    trained = [r for r in run.rows if r["round"] > 0]
+    held = [(r["round"], r["held_out_accuracy"]) for r in run.rows if r["held_out_accuracy"] is not None]
+    wall = sum(r["wall_s"] for r in trained)
+    count = sum(r["examples"] for r in trained)
+    resolved = run.resolved
+    summary = {"status": status, "reason": reason, "kind": "reward", "data": resolved["kind"],
+               "device": str(run.device), "processes": run.trainer.accelerate.num_processes,
+               "rounds_done": max((r["round"] for r in trained), default=run.start),
+               "rounds_planned": run.rounds_planned, "steps_done": trained[-1]["step"] if trained else 0,
+               "epochs_done": trained[-1]["epoch"] if trained else 0.0,
+               "examples": {"train": len(run.prepared.train), "held_out": len(run.prepared.held_out),
+                            "held_out_from": run.prepared.held_out_from},
+               "held_out_accuracy": held[-1][1] if held else None,
+               "held_out": {"before": held[0][1] if held else None, "after": held[-1][1] if len(held) > 1 else None,
+                            "rounds": [h[0] for h in held]},
+               "loss": {"first": trained[0]["loss"] if trained else None, "last": trained[-1]["loss"] if trained else None},
+               "examples_per_s": round(count / wall, 1) if wall > 0 else None,
+               "tie_unseen_embeddings": resolved["train"]["tie_unseen_embeddings"],
+               "unseen_ids": run.unseen, "coverage": probe, "files": files,
+               "wall_s": round(time.perf_counter() - run.started_s, 2)}
+    summary["verdict"], summary["next"] = verdict(summary)
+    env = run.prepared.options.env
+    if env is not None:
+        summary["versions"], summary["warnings"] = env["versions"], env["warnings"]
+    return summary
+
+
+def learned(summary: dict[str, Any]) -> bool:
+    """Held-out accuracy above LEARNED_ABOVE and above where it started."""
+    held = summary["held_out"]
+    return held["after"] is not None and held["after"] > LEARNED_ABOVE and held["after"] > held["before"]
+
+
+def coverage_words(summary: dict[str, Any]) -> str:
+    """``37 of 257 ids seen; 220 unseen, 12 of them score like preferred responses`` (the probe)."""
+    probe, unseen = summary.get("coverage") or {}, len(summary["unseen_ids"])
+    words = f"{unseen} ids never in the training data"
+    if probe.get("repeated_above_median") is None:
+        return words
+    words += (f"; repeated, {probe['repeated_above_median']} of them score at or above the median preferred response, "
+              f"mixed in, {probe['mixed_above_own']} raise a preferred response's score")
+    return words
+
+
+def verdict(summary: dict[str, Any]) -> tuple[str, str]:
+    """The verdict line and the next command of a summary."""
+    held, status = summary["held_out"], summary["status"]
+    run_dir = str(Path(summary["files"]["metrics"]).parent)
+    change = (f"held-out accuracy {held['before']:.3f} -> {held['after']:.3f}" if held["after"] is not None else
+              f"held-out accuracy {held['before']:.3f} before training" if held["before"] is not None else
+              "no held-out accuracy")
+    if status == "finished":
+        word = "FINISHED" if learned(summary) else "FINISHED, NOT LEARNING"
+        risky = coverage.gameable(summary.get("coverage") or {}) and not summary["tie_unseen_embeddings"]
+        line = (f"{word}: {summary['rounds_done']} rounds ({summary['epochs_done']:g} epochs), {change}; "
+                f"{coverage_words(summary)}" + ("; a policy can game it: READ token coverage" if risky else ""))
+        if not learned(summary):
+            return line, f"read {DOC}#not-learning"
+        if risky:
+            return line, f"read {DOC}#token-coverage, or set [train] tie_unseen_embeddings = true and start over"
+        rm = summary["files"].get("rm")
+        return line, (f"train a policy against it: [reward] checkpoint = \"{rm}\" in its config, then "
+                      f"{reporting.command('palm-rlhf-skill train', '--config POLICY.toml --run-dir DIR')}")
+    word = {"paused": "PAUSED", "interrupted": "INTERRUPTED", "failed": "FAILED", "stopped": "STOPPED"}[status]
+    nxt = reporting.command("palm-rlhf-skill train-reward", f"--resume {run_dir}")
+    if status == "failed":
+        nxt = f"fix it, then {reporting.command('palm-rlhf-skill train-reward', '--config RM.toml --run-dir ' + run_dir + ' --force')}"
+    return f"{word} after round {summary['rounds_done']} ({summary['reason']}): {change}", nxt
+
+
+def plain(summary: dict[str, Any]) -> str:
+    """The plain report: what ran, held-out accuracy, token coverage, files, the verdict and the
+    next step last."""
+    ex = summary["examples"]
+    rate = summary["examples_per_s"]
+    lines = [f"train-reward: {summary['data']} on {summary['device']}: {summary['rounds_done']} of "
+             f"{summary['rounds_planned']} rounds, {summary['steps_done']} steps ({summary['epochs_done']:g} epochs), "
+             f"{ex['train']} training and {ex['held_out']} held-out rows ({ex['held_out_from']}), "
+             f"{reporting.seconds_text(summary['wall_s'])}" + (f", {rate:g} rows/s while training" if rate else "")]
+    held = summary["held_out"]
+    if held["before"] is not None:
+        after = "-" if held["after"] is None else f"{held['after']:.3f}"
+        lines.append(f"held-out accuracy: {held['before']:.3f} -> {after} (rounds {', '.join(map(str, held['rounds']))})")
+    probe = summary.get("coverage") or {}
+    lines.append(f"token coverage: {coverage_words(summary)}" + (
+        " (tied to the mean of the seen ones)" if summary["tie_unseen_embeddings"] else ""))
+    if probe.get("repeated_mean") is not None:
+        lines.append(f"coverage probe: preferred responses score {probe['preferred_median']:.3g} (median), an unseen id "
+                     f"repeated {probe['repeated_mean']:.3g} (mean) to {probe['repeated_max']:.3g} (max, id "
+                     f"{probe['worst'][0]['id']}), mixed into a preferred response {probe['mixed_mean']:.3g} (mean)")
+    lines += [f"{key}: {path}" for key, path in summary["files"].items() if path]
+    lines += [f"warning: {w}" for w in summary.get("warnings", [])]
+    lines.append(f"{summary['verdict']}; next: {summary['next']}")
+    return "\n".join(lines)
+

@@ -1,0 +1,494 @@
+"""``RewardRun``: a reward model trained on preference pairs or ratings, in rounds, on the run kit.
+
+A round is ``[train] steps_per_round`` optimizer steps (default: one epoch); after each the run
+writes one metrics row (``reward_report.ROW_KEYS``), scores the held-out rows, logs to the trackers
+and checkpoints every ``[run] checkpoint_every`` rounds (``run_kit.checkpoint``: the model, Adam
+and the RNG states through ``accelerate.save_state``). At the end it writes ``rm.pt`` and
+``rm_config.json`` (``artifacts``), probes the token coverage (``coverage``) and writes
+``summary.json``.
+
+The loss, per batch of pairs: Bradley-Terry on the scalar scores, ``-logsigmoid(r(chosen) -
+r(rejected))`` (Christiano et al. 2017, "Deep reinforcement learning from human preferences", eq. 1;
+Ouyang et al. 2022, "Training language models to follow instructions with human feedback", eq. 1);
+per batch of ratings: the library's own loss, ``reward_model(x, ..., labels=ratings)`` (MSE, or
+cross-entropy on bin indices when binned: palm_rlhf_pytorch/reward.py:123-138). The scores come from
+the library's ``forward`` (``mask`` over prompt + response, ``prompt_lengths``), as the trainers
+call it. The optimizer is Adam on ``finetune_parameters()`` (the head and the LoRA scope, or every
+PaLM weight with ``use_lora = false``) plus ``prompt_embed`` and ``response_embed``, which
+``finetune_parameters()`` leaves out (reward.py:55-56,74-78); every other weight is frozen.
+
+The batches: epoch e's order is a shuffle seeded by (``[run] seed``, e) (``examples.epoch_order``),
+so step s's batch follows from s alone and a resumed run draws what the uninterrupted one draws.
+Under N processes each rank takes every N-th row of a batch and DDP averages the gradients.
+"""
+from __future__ import annotations
+
+import json
+import math
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from reward_modeling import artifacts, coverage, examples, reward_report, rm_config
+from run_kit import checkpoint, command, launch, rundir, trackers
+from skill_runtime import byte_tokenizer, exits, placement, streams
+
+PROG = "palm-rlhf-skill train-reward"
+CONFIG_FILE = "reward_run.json"     # the run's config as loaded (absolute paths) and the digests of its files
+GROWABLE = frozenset({"train.epochs"})  # a resume may raise epochs: the run goes on
+EVAL_BATCH = 256                    # sequences per forward when scoring held-out rows and the probe
+
+
+@dataclass
+class Options:
+    """How to run, beside the config: ``log_with`` a tracker name or None; ``until`` the last round
+    this call runs (None: all); ``progress`` bars on stderr; ``say`` one-line notes; ``env`` what
+    ``version_gate.check_versions`` returned (its versions and warnings go into summary.json)."""
+    log_with: str | None = None
+    until: int | None = None
+    progress: bool = True
+    say: Callable[[str], None] = field(default_factory=lambda: command.stderr_lines(PROG, sys.stderr))
+    env: dict[str, Any] | None = None
+
+
+@dataclass
+class Prepared:
+    """A run checked before a model exists: its directory (``claim``), the config as loaded (with
+    its files' digests) and resolved, the tokenized training and held-out rows."""
+    claim: rundir.Claim
+    loaded: dict[str, Any]
+    resolved: dict[str, Any]
+    train: examples.Examples
+    held_out: examples.Examples
+    held_out_from: str           # "file" or "fraction"
+    resume: bool
+    options: Options
+    placed: dict[str, Any] = field(default_factory=dict)
+
+    def place(self, device_spec: str) -> tuple[dict[str, Any], Any]:
+        """``placement.resolve_device(device_spec)``, once; a refusal refuses the start."""
+        if device_spec not in self.placed:
+            try:
+                self.placed[device_spec] = placement.resolve_device(device_spec)
+            except BaseException:
+                self.claim.refused()
+                raise
+        return self.placed[device_spec]
+
+
+def prepare(config_path: str | None, run_dir: str | Path, resume: bool, force: bool, overrides: list[str] | None,
+            options: Options) -> Prepared:
+    """Everything that can be refused before a model exists: the run directory
+    (``rundir.claimed``), the config (or on ``resume`` without one, the run's own), a changed
+    config on ``resume`` (``[train] epochs`` may grow), the tracker package, the keys against the
+    installed library, the data read, checked and tokenized. Raises SkillError(2) (3: a tracker
+    package missing); a refused start leaves no directory it created."""
+    with rundir.claimed(run_dir, resume, force, launch.writes_files(PROG), options.say) as claim:
+        stored_file = claim.run.path / CONFIG_FILE
+        stored = json.loads(stored_file.read_text(encoding="utf-8")) if resume and stored_file.is_file() else None
+        if config_path is None and stored is None:
+            raise exits.SkillError(f"--resume {run_dir}: no {CONFIG_FILE} there to resume from: give --config FILE")
+        config = rm_config.load(config_path, overrides) if config_path else stored["config"]
+        loaded = {"config": config, "files": rundir.file_digests(rm_config.files_named(config))}
+        if stored is not None:
+            changed = rundir.changed_keys(stored, loaded, GROWABLE)
+            if changed:
+                raise exits.SkillError(f"--resume {run_dir}: the config changed since the run started: {', '.join(changed)}: "
+                                       "resume with the run's own config, or start over with --force")
+        if options.log_with:
+            trackers.check_available(options.log_with)
+        resolved = rm_config.check_against_library(config)
+        train, held_out, source = load_examples(resolved)
+    return Prepared(claim, loaded, resolved, train, held_out, source, resume, options)
+
+
+def load_examples(resolved: dict[str, Any]) -> tuple[examples.Examples, examples.Examples, str]:
+    """(training rows, held-out rows, "file" or "fraction"): [data] pairs or ratings read and
+    tokenized, held out from [data] held_out or as a seeded ``held_out_fraction`` of them."""
+    data, kind = resolved["data"], resolved["kind"]
+    bins = int(resolved["effective_reward_model"]["num_binned_output"])
+    tokenizer = resolved["programs"].get("data.tokenizer") or byte_tokenizer.ByteTokenizer()
+    num_tokens = resolved["palm"]["num_tokens"]
+
+    def read(key: str) -> examples.Examples:
+        where = f"config [data] {key}"
+        return examples.tokenize(examples.read_rows(data[key], kind, where, bins), kind, tokenizer, num_tokens, where)
+    rows = read(kind)
+    if data["held_out"] is not None:
+        return rows, read("held_out"), "file"
+    fraction = data["held_out_fraction"] if data["held_out_fraction"] is not None else rm_config.OWN_KEYS["data"][
+        "held_out_fraction"][1]
+    return (*examples.split(rows, fraction, resolved["run"]["seed"]), "fraction")
+
+
+def torch_module():
+    """``RewardTrainer``'s class, made on first use (torch is imported only when a run builds)."""
+    import torch
+
+    class RewardTrainer(torch.nn.Module):
+        """The reward model (prepared by Accelerate) and its optimizer, with ``accelerate``: what
+        the run kit's ``checkpoint`` and ``trackers`` take, as they take a library trainer."""
+
+        def __init__(self, reward_model, optimizer, accelerate) -> None:
+            super().__init__()
+            self.reward_model, self.optimizer, self.accelerate = reward_model, optimizer, accelerate
+    return RewardTrainer
+
+
+@dataclass
+class RewardRun:
+    """One reward-model run. ``RewardRun.build(prepare(...))``; ``rounds()`` trains; ``finish()``
+    writes rm.pt, rm_config.json and summary.json. Single- or multi-process (rank 0 writes)."""
+    prepared: Prepared
+    trainer: Any
+    device: Any
+    unseen: list[int]
+    trainable: list
+    steps_per_epoch: int
+    slices: list[tuple[int, int]]
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    start: int = 0
+    started_s: float = field(default_factory=time.perf_counter)
+    last_checkpoint: Path | None = None
+    scored: dict[str, Any] = field(default_factory=dict)   # to_pred's last output (the forward hook)
+
+    # --- building -----------------------------------------------------------------------------
+    @classmethod
+    def build(cls, prepared: Prepared, device_spec: str = "auto") -> "RewardRun":
+        """``_build``; a refusal releases the run directory and leaves nothing it created."""
+        try:
+            return cls._build(prepared, device_spec)
+        except BaseException:
+            prepared.claim.refused()
+            raise
+
+    @classmethod
+    def _build(cls, prepared: Prepared, device_spec: str) -> "RewardRun":
+        """The reward model (``RewardModel(PaLM(**[palm]), **[reward_model])``, [palm] checkpoint
+        loaded), its trainable tensors and Adam, prepared by an Accelerator on ``device_spec``;
+        then the latest checkpoint restored (a resume) or the held-out rows scored once (row 0).
+        Raises SkillError(2) when the library refuses the sizes or a file."""
+        import torch
+        from accelerate import Accelerator
+        from accelerate.utils import set_seed
+        from palm_rlhf_pytorch import PaLM, RewardModel
+        from policy_optimization import builder
+        resolved, run, options = prepared.resolved, prepared.claim.run, prepared.options
+        device_kwargs, device = prepared.place(device_spec)
+        if options.log_with:
+            device_kwargs = {**device_kwargs, **trackers.accelerate_kwargs(options.log_with, run.trackers)}
+        set_seed(resolved["run"]["seed"])
+        try:
+            palm = PaLM(**resolved["palm"])
+            if resolved["palm_checkpoint"]:
+                builder.load_weights(palm, resolved["palm_checkpoint"], "[palm] checkpoint")
+            model = RewardModel(palm, **resolved["reward_model"])
+        except exits.SkillError:
+            raise
+        except (AssertionError, TypeError, ValueError, RuntimeError) as exc:
+            raise exits.SkillError(f"config: the installed RewardModel refused it: {exits.one_line(exc)}") from None
+        trainable = [*model.finetune_parameters(), model.prompt_embed, model.response_embed]
+        ids = {id(p) for p in trainable}
+        for p in model.parameters():
+            p.requires_grad_(id(p) in ids)
+        unseen = coverage.unseen_ids(prepared.train.ids(), resolved["palm"]["num_tokens"])
+        if resolved["train"]["tie_unseen_embeddings"]:
+            coverage.tie_unseen(model, unseen)
+        optimizer = torch.optim.Adam(trainable, lr=resolved["train"]["lr"], weight_decay=resolved["train"]["weight_decay"])
+        accelerate = Accelerator(**device_kwargs)
+        model, optimizer = accelerate.prepare(model.to(device), optimizer)
+        trainer = torch_module()(model, optimizer, accelerate)
+        world = accelerate.num_processes
+        if resolved["train"]["batch_size"] < world:
+            raise exits.SkillError(f"config [train] batch_size = {resolved['train']['batch_size']}: at least one row per "
+                                   f"process ({world}): a larger batch_size or fewer processes")
+        slices = examples.batches(len(prepared.train), resolved["train"]["batch_size"], world)
+        self = cls(prepared, trainer, device, unseen, [p for p in trainable], len(slices), slices)
+        self.unwrapped.to_pred.register_forward_hook(lambda module, args, output: self.scored.update(pred=output))
+        checkpoint.prime_rotary_to(trainer, max(prepared.train.longest(), prepared.held_out.longest()))
+        latest = checkpoint.latest(run) if prepared.resume else None
+        if latest is not None:
+            self.start, self.last_checkpoint = checkpoint.load(trainer, latest)["round"], latest
+        accelerate.wait_for_everyone()
+        if self.main:
+            if not prepared.resume or not (run.path / CONFIG_FILE).is_file():
+                rundir.write_atomic(run.path / CONFIG_FILE, json.dumps(prepared.loaded, indent=1))
+            self.rows = rundir.keep_rows_through(run, self.start) if prepared.resume else []
+        if options.log_with and self.main:
+            trackers.start(trainer, run.path.name, prepared.loaded["config"], self.start + 1)
+        if not self.rows and self.main:
+            self.write_row(reward_report.baseline_row(self.held_out_figures()))
+        return self
+
+    # --- facts --------------------------------------------------------------------------------
+    @property
+    def main(self) -> bool:
+        return self.trainer.accelerate.is_main_process
+
+    @property
+    def unwrapped(self):
+        return self.trainer.accelerate.unwrap_model(self.trainer.reward_model)
+
+    @property
+    def resolved(self) -> dict[str, Any]:
+        return self.prepared.resolved
+
+    @property
+    def run(self) -> rundir.RunDir:
+        return self.prepared.claim.run
+
+    @property
+    def steps_per_round(self) -> int:
+        return self.resolved["train"]["steps_per_round"] or self.steps_per_epoch
+
+    @property
+    def total_steps(self) -> int:
+        return self.resolved["train"]["epochs"] * self.steps_per_epoch
+
+    @property
+    def rounds_planned(self) -> int:
+        return -(-self.total_steps // self.steps_per_round)
+
+    # --- scoring ------------------------------------------------------------------------------
+    def scores(self, pred):
+        """One float score per sequence from ``to_pred``'s output: the scalar head's ``(b,)``, or a
+        binned head's expected bin, softmax over ``(b, K)`` logits times ``0..K-1``."""
+        import torch
+        if pred.dim() == 1:
+            return pred.float()
+        return (pred.float().softmax(dim=-1) * torch.arange(pred.shape[-1], device=pred.device)).sum(dim=-1)
+
+    def score(self, prompts: list[list[int]], responses: list[list[int]]) -> list[float]:
+        """The model's scores of prompt + response sequences, in eval mode without gradients, in
+        batches of EVAL_BATCH; the model's train/eval mode is restored."""
+        import torch
+        model = self.unwrapped
+        was_training = model.training
+        model.eval()
+        out: list[float] = []
+        try:
+            with torch.no_grad():
+                for a in range(0, len(prompts), EVAL_BATCH):
+                    x, mask, lengths = examples.collate(prompts[a:a + EVAL_BATCH], responses[a:a + EVAL_BATCH], self.device)
+                    model(x, mask=mask, prompt_lengths=lengths)  # a binned model's own output is a sampled bin
+                    out += self.scores(self.scored["pred"]).tolist()
+        finally:
+            model.train(was_training)
+        return out
+
+    def held_out_figures(self) -> dict[str, float | None]:
+        """``held_out_loss``, ``held_out_accuracy`` and ``held_out_margin`` of the held-out rows
+        (``reward_report.pairwise``); the main process only (else all None)."""
+        if not self.main:
+            return dict.fromkeys(("held_out_loss", "held_out_accuracy", "held_out_margin"))
+        import torch
+        held = self.prepared.held_out
+        first = self.score(held.prompts, held.first)
+        if held.kind == "pairs":
+            second = self.score(held.prompts, held.second)
+            margins = torch.tensor(first) - torch.tensor(second)
+            loss = float(-torch.nn.functional.logsigmoid(margins).mean())
+            figures = reward_report.pairwise(first, second)
+        else:
+            loss = self.ratings_loss(held)
+            figures = reward_report.ranked(first, held.ratings)
+        return {"held_out_loss": loss, "held_out_accuracy": figures["accuracy"], "held_out_margin": figures["margin"]}
+
+    def ratings_loss(self, held: examples.Examples) -> float:
+        """The library's loss (``labels=``: MSE, or cross-entropy when binned) over ``held``, the
+        mean over rows, in eval mode."""
+        import torch
+        model, total = self.unwrapped, 0.0
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                for a in range(0, len(held), EVAL_BATCH):
+                    x, mask, lengths = examples.collate(held.prompts[a:a + EVAL_BATCH], held.first[a:a + EVAL_BATCH],
+                                                        self.device)
+                    labels = self.labels(held.ratings[a:a + EVAL_BATCH])
+                    total += float(model(x, mask=mask, prompt_lengths=lengths, labels=labels)) * len(labels)
+        finally:
+            model.train(was_training)
+        return total / len(held)
+
+    def labels(self, ratings: list[float]):
+        """Ratings as the library's ``labels``: int64 bin indices (binned) or float32 (scalar)."""
+        import torch
+        binned = self.resolved["effective_reward_model"]["num_binned_output"] > 1
+        return torch.tensor(ratings, dtype=torch.long if binned else torch.float32, device=self.device)
+
+    # --- one round ----------------------------------------------------------------------------
+    def step(self, rows: list[int]) -> tuple[list[float], list[float], float]:
+        """One optimizer step on training ``rows`` (this process's share of a batch). Returns the
+        (higher, lower) scores it compared (pairs: chosen, rejected; ratings: every pair of rows of
+        the share with different ratings) and the gradient norm before the step."""
+        import torch
+        import torch.nn.functional as F
+        train, model = self.prepared.train, self.trainer.reward_model
+        prompts = [train.prompts[i] for i in rows]
+        if train.kind == "pairs":
+            x, mask, lengths = examples.collate(prompts * 2, [train.first[i] for i in rows] +
+                                                [train.second[i] for i in rows], self.device)
+            scores = model(x, mask=mask, prompt_lengths=lengths)
+            chosen, rejected = scores[:len(rows)], scores[len(rows):]
+            loss = -F.logsigmoid(chosen - rejected).mean()  # Bradley-Terry (Christiano et al. 2017)
+            higher, lower = chosen.detach().tolist(), rejected.detach().tolist()
+        else:
+            x, mask, lengths = examples.collate(prompts, [train.first[i] for i in rows], self.device)
+            ratings = [train.ratings[i] for i in rows]
+            loss = model(x, mask=mask, prompt_lengths=lengths, labels=self.labels(ratings))  # the library's loss
+            higher, lower = reward_report.ordered_pairs(self.scores(self.scored["pred"].detach()).tolist(), ratings)
+        self.trainer.accelerate.backward(loss)
+        grads = [p.grad.detach() for p in self.trainable if p.grad is not None]
+        norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+        self.trainer.optimizer.step()
+        self.trainer.optimizer.zero_grad()
+        self.loss_sum += float(loss.detach()) * len(rows)
+        return higher, lower, norm
+
+    def one_round(self, round_: int) -> dict[str, Any]:
+        """Train round ``round_`` (its optimizer steps) and return its row: the training figures
+        summed over every process, the held-out ones from the main process."""
+        import torch
+        accelerate = self.trainer.accelerate
+        rank, world = accelerate.process_index, accelerate.num_processes
+        first_step = (round_ - 1) * self.steps_per_round
+        steps = range(first_step, min(first_step + self.steps_per_round, self.total_steps))
+        before = [p.detach().clone() for p in self.trainable]
+        self.trainer.reward_model.train()
+        self.loss_sum, higher, lower, norms, count = 0.0, [], [], [], 0
+        orders: dict[int, list[int]] = {}
+        t0 = time.perf_counter()
+        for step in steps:
+            epoch, k = divmod(step, self.steps_per_epoch)
+            order = orders.setdefault(epoch, examples.epoch_order(len(self.prepared.train), self.resolved["run"]["seed"],
+                                                                   epoch))
+            a, b = self.slices[k]
+            mine = order[a:b][rank::world]
+            h, lo, norm = self.step(mine)
+            higher += h
+            lower += lo
+            norms.append(norm)
+            count += len(mine)
+        if self.resolved["train"]["tie_unseen_embeddings"]:
+            coverage.tie_unseen(self.unwrapped, self.unseen)
+        wall = time.perf_counter() - t0
+        compared = reward_report.pairwise(higher, lower)
+        sums = torch.tensor([self.loss_sum, count, compared["correct"], compared["margin_sum"], compared["count"]],
+                            dtype=torch.float64, device=self.device)
+        loss_sum, count, correct, margin_sum, pairs = accelerate.reduce(sums, "sum").tolist() if world > 1 else sums.tolist()
+        change = math.sqrt(sum(float(((p.detach() - p0) ** 2).sum()) for p, p0 in zip(self.trainable, before)))
+        return reward_report.build_row(
+            round_=round_, steps_done=steps.stop, steps_per_epoch=self.steps_per_epoch, examples=int(count),
+            wall_s=wall, loss=loss_sum / count if count else None,
+            train_accuracy=correct / pairs if pairs else None, margin=margin_sum / pairs if pairs else None,
+            held_out=self.held_out_figures(), grad_norm=sum(norms) / len(norms) if norms else None,
+            change=change, lr=self.trainer.optimizer.param_groups[0]["lr"])
+
+    def write_row(self, row: dict[str, Any]) -> None:
+        """Append ``row`` to metrics.jsonl and the trackers (main process) and to ``rows``.
+        Raises SkillError(2) when the disk refuses it."""
+        self.rows.append(row)
+        if self.main:
+            try:
+                rundir.append_row(self.run, row)
+            except OSError as err:
+                raise exits.SkillError(f"writing round {row['round']} to {self.run.metrics} failed "
+                                       f"({exits.one_line(err)}): free space there, then resume") from None
+            if self.prepared.options.log_with:
+                trackers.log(self.trainer, row)
+
+    def save(self, round_: int) -> None:
+        """A checkpoint after ``round_``. Raises SkillError(2) when the disk refuses it (the
+        previous one stays the latest)."""
+        try:
+            self.last_checkpoint = checkpoint.save(self.trainer, self.run, round_, {"kind": "reward"})
+        except OSError as err:
+            raise exits.SkillError(f"checkpoint after round {round_} failed ({exits.one_line(err)}): free space in "
+                                   f"{self.run.checkpoints}, then resume (metrics.jsonl holds every finished "
+                                   "round)") from None
+
+    # --- the rounds ---------------------------------------------------------------------------
+    def rounds(self, progress: streams.Progress) -> tuple[str, str | None]:
+        """Train from the round after ``start`` to ``options.until`` (or the last). Returns
+        (status, reason): ``finished``; ``paused`` (``until`` reached); ``interrupted``
+        (SIGINT/SIGTERM, after the round in progress); ``failed`` (the loss became NaN or inf:
+        no checkpoint of it). Every status but ``failed`` checkpoints first."""
+        options = self.prepared.options
+        last = min(options.until or self.rounds_planned, self.rounds_planned)
+        every = self.resolved["run"]["checkpoint_every"]
+        began = time.perf_counter()
+        with command.deferred_signals(options.say) as signals, progress.stage(
+                f"rounds {self.start + 1}-{last} of {self.steps_per_round} steps", total=max(0, last - self.start),
+                unit="rounds", eta=True) as bar:
+            for round_ in range(self.start + 1, last + 1):
+                row = self.one_round(round_)
+                self.write_row(row)
+                command.report_round(progress, bar, round_, reward_report.progress_text(row), row["wall_s"], last,
+                                     began, self.start)
+                if row["loss"] is None or not math.isfinite(row["loss"]):
+                    return "failed", (f"the training loss became {row['loss']} in round {round_}: a lower [train] lr, "
+                                      "then start over with --force")
+                signals.requested = self.any_rank(signals.requested)
+                if round_ % every == 0 or round_ == last or signals.requested:
+                    self.save(round_)
+                if signals.requested:
+                    return "interrupted", (f"{signal.Signals(signals.requested).name} during round {round_}, which "
+                                           "finished and was checkpointed")
+        return ("finished", None) if last == self.rounds_planned else ("paused", f"--until {last}")
+
+    def any_rank(self, flag: int | None) -> int | None:
+        """The first non-None ``flag`` of any process, on every process."""
+        if self.trainer.accelerate.num_processes == 1:
+            return flag
+        from accelerate.utils import gather_object
+        return next((f for f in gather_object([flag]) if f is not None), None)
+
+    def finish(self, status: str, reason: str | None) -> dict[str, Any]:
+        """A finished run's rm.pt and rm_config.json (``artifacts.write``); on the main process the
+        token-coverage probe and summary.json; the trackers closed and the lock released. Returns
+        the summary."""
+        files = {"metrics": str(self.run.metrics), "config": str(self.run.path / CONFIG_FILE),
+                 "checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None}
+        probe = None
+        if self.main:
+            if status == "finished":
+                files.update(artifacts.write(self.unwrapped, self.resolved["effective_palm"],
+                                             self.resolved["effective_reward_model"], self.run))
+            probe = self.coverage_probe()
+        if self.prepared.options.log_with:
+            files["trackers"] = str(self.run.trackers)
+            if self.main:
+                trackers.end(self.trainer)
+        summary = reward_report.summarize(self, status, reason, files, probe)
+        if self.main:
+            rundir.write_atomic(self.run.summary, json.dumps(summary, indent=1, allow_nan=True))
+        if self.prepared.claim.lock is not None:
+            self.prepared.claim.lock.release()
+        return summary
+
+    def coverage_probe(self) -> dict[str, Any]:
+        """``coverage.probe`` on the held-out rows: pairs' chosen (and rejected) responses;
+        ratings: the responses rated at or above the median rating."""
+        held = self.prepared.held_out
+        if held.kind == "pairs":
+            return coverage.probe(self.score, held.prompts, held.first, held.second, self.unseen)
+        middle = sorted(held.ratings)[len(held.ratings) // 2]
+        top = [i for i, r in enumerate(held.ratings) if r >= middle]
+        return coverage.probe(self.score, [held.prompts[i] for i in top], [held.first[i] for i in top], None,
+                              self.unseen)
+
+
+def train_to_end(config_path: str | None, run_dir: str | Path, device_spec: str = "cpu",
+                 overrides: list[str] | None = None, options: Options | None = None, resume: bool = False,
+                 force: bool = False) -> tuple[RewardRun, dict[str, Any]]:
+    """The whole run in one call (the tests and the benchmark): prepare, build, rounds without
+    progress bars, finish. Returns (the run, its summary). Raises SkillError as those do."""
+    options = options or Options(progress=False, say=lambda line: None)
+    run = RewardRun.build(prepare(config_path, run_dir, resume, force, overrides, options), device_spec)
+    status, reason = run.rounds(streams.Progress(PROG, False))
+    return run, run.finish(status, reason)

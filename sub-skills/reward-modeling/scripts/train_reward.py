@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""Train a palm-rlhf-pytorch RewardModel on preference pairs (Bradley-Terry) or ratings, with its
+own PaLM sizes, on the run kit: a metrics row per round, checkpoints, exact resume, DIR/rm.pt and
+DIR/rm_config.json for ``palm-rlhf-skill train``'s ``[reward] checkpoint``, and a token-coverage probe.
+
+Usage:
+    train_reward.py --config rm.toml --run-dir runs/rm       # train; report on stdout, verdict last
+    train_reward.py --resume runs/rm                         # continue from the last checkpoint
+    train_reward.py --config rm.toml --run-dir runs/rm --nproc 2 --log-with tensorboard
+
+Progress on stderr, the summary on stdout (``--json``: one object). Files in the run directory:
+metrics.jsonl, checkpoints/, reward_run.json, rm.pt, rm_config.json, summary.json, and train.lock
+while a process trains it. Config keys and the worked example:
+sub-skills/reward-modeling/references/preferences.md.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
+try:  # the runtime first: from here on a damaged file of the tree is one line and exit 2
+    from skill_runtime import SKILL_ROOT  # noqa: E402,F401
+except (ImportError, SyntaxError) as damage:  # the runtime's own __init__.py is missing or broken
+    sys.stderr.write(f"{Path(sys.argv[0]).name}: error: {Path(sys.path[0], 'skill_runtime', '__init__.py')}: "
+                     f"{damage} (reinstall the skill tree)\n")
+    sys.exit(2)
+from skill_runtime import exits, options, runner, streams, version_gate  # noqa: E402
+from run_kit import command  # noqa: E402
+
+EXIT_EPILOG = ("exit codes: 0 the run finished (or paused at --until); 1 the loss became NaN or inf; 2 usage, "
+               "config, data or run-directory error (disk full, or another train running in DIR); 3 "
+               "palm-rlhf-pytorch, torch or a --log-with tracker missing or outside the tested range; 130/143 "
+               "SIGINT/SIGTERM (after the round in progress and a checkpoint)")
+
+
+def build_parser() -> options.OneLineParser:
+    parser = options.OneLineParser(
+        prog="palm-rlhf-skill train-reward",
+        description="Train a RewardModel of palm-rlhf-pytorch on preference pairs (JSONL prompt/chosen/rejected, "
+                    "Bradley-Terry) or ratings (the library's labels), with its own [palm] sizes, LoRA or all "
+                    "weights: one metrics row per round in DIR/metrics.jsonl (loss, pairwise accuracy on training "
+                    "and held-out rows, margin), atomic checkpoints, exact --resume, DIR/rm.pt and DIR/rm_config.json "
+                    "for train's [reward] checkpoint, and the ids the data never contains with how the model scores them.",
+        epilog="examples:\n"
+               "  palm-rlhf-skill train-reward --config sub-skills/reward-modeling/assets/preferences/rm.toml "
+               "--run-dir runs/rm\n"
+               "  palm-rlhf-skill train-reward --resume runs/rm\n"
+               "  palm-rlhf-skill train-reward --config rm.toml --run-dir runs/rm --until 2\n"
+               "  palm-rlhf-skill watch runs/rm\n\n" + EXIT_EPILOG)
+    command.add_run_options(parser, "the reward model's TOML (or .json) config: [palm], [reward_model], [data], "
+                                    "[train], [run] (reward-modeling/references/preferences.md); - reads it from "
+                                    "standard input")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    command.check_run_arguments(args)
+    from policy_optimization import run_config
+    from reward_modeling import reward_report, reward_run
+    world = command.launched_world(args.nproc)
+    env = version_gate.check_versions(args.allow_untested)
+    if args.nproc:
+        summary = command.run_ranks(Path(__file__), sys.argv[1:] if argv is None else argv, args.nproc, args.device,
+                                    args.resume or args.run_dir, "--resume" if args.resume else "--run-dir",
+                                    streams.Progress(reward_run.PROG, not args.json or args.progress))
+        summary["verdict"], summary["next"] = reward_report.verdict(summary)
+        summary["versions"], summary["warnings"] = env["versions"], env["warnings"]
+        return runner.emit(summary, args.json, reward_report.plain, command.status_code(summary))
+    progress, rank_stream = command.rank_progress(world, args.json, args.progress, reward_run.PROG)
+    run_options = reward_run.Options(log_with=args.log_with, until=args.until, progress=progress.enabled,
+                                     say=command.say_for(progress, rank_stream, reward_run.PROG), env=env)
+    caller = Path.cwd()
+    config = None if not args.config else args.config if run_config.from_stdin(args.config) else \
+        str((caller / args.config).resolve())
+    run_dir = (caller / (args.resume or args.run_dir)).resolve()
+    with command.threads(args.cpu_threads):
+        prepared = reward_run.prepare(config, run_dir, bool(args.resume), args.force, args.set, run_options)
+        finished = prepared.claim.run.read_summary() if prepared.resume else None
+        if finished and finished.get("status") == "finished" and \
+                finished.get("epochs_done", 0) >= prepared.resolved["train"]["epochs"]:  # nothing to train: the summary again
+            if prepared.claim.lock is not None:
+                prepared.claim.lock.release()
+            progress.note(f"{run_dir} finished all {finished['rounds_done']} rounds: nothing to resume")
+            finished["versions"], finished["warnings"] = env["versions"], env["warnings"]
+            return runner.emit(finished, args.json, reward_report.plain, exits.EXIT_OK)
+        prepared.place(args.device)
+        with progress.stage("build the reward model" + (" and restore the last checkpoint" if args.resume else "")):
+            run = reward_run.RewardRun.build(prepared, args.device)
+        status, reason = run.rounds(progress)
+        summary = run.finish(status, reason)
+    if not run.main:
+        return command.status_code(summary)
+    return runner.emit(summary, args.json, reward_report.plain, command.status_code(summary))
+
+
+if __name__ == "__main__":
+    sys.exit(runner.run_cli(main))
