@@ -152,11 +152,12 @@ def run_ranks(script: Path, argv: list[str], nproc: int, device_spec: str, run_d
     directory that another process holds is refused here first (``rundir.RunLock.probe``; rank 0
     locks it). Ctrl-C or SIGTERM here reaches the ranks as SIGTERM (each finishes its round and
     checkpoints; the launcher waits ``launch.STOP_GRACE_S``). Raises SkillError(1) when no rank
-    reported, SkillError(2) for a held directory or too few GPUs."""
+    reported, SkillError(2) for a held directory or too few GPUs. The ranks run in a private
+    directory: relative paths of ``argv`` reach them made absolute (``absolute_paths``)."""
     from run_kit import launch, rundir
     rundir.RunLock.probe(rundir.RunDir((Path.cwd() / run_dir).resolve()), f"{flag} {run_dir}")
     device = "cpu" if launch.ddp_uses_cpu(device_spec, nproc, f"--nproc {nproc}") else "cuda"
-    rank_argv = [*launch.without_nproc(argv), "--json"] + (["--progress"] if progress.enabled else [])
+    rank_argv = [*launch.without_nproc(absolute_paths(argv)), "--json"] + (["--progress"] if progress.enabled else [])
     with workspace.private_workdir() as cwd:
         progress.note(f"starting {nproc} processes with torchrun; each imports torch and builds the run")
         done = launch.launch_script(script, rank_argv, nproc, device, cwd,
@@ -172,6 +173,27 @@ def run_ranks(script: Path, argv: list[str], nproc: int, device_spec: str, run_d
                                exits.EXIT_CHECK_FAILED)
     summary["processes"] = nproc
     return summary
+
+
+PATH_OPTIONS = ("--config", "--run-dir", "--resume")
+
+
+def absolute_paths(argv: list[str], names: tuple[str, ...] = PATH_OPTIONS) -> list[str]:
+    """``argv`` with the value of each option of ``names`` (spelt in full, as ``--name=value`` or
+    by a prefix argparse accepted) made absolute against the current directory; ``-`` (standard
+    input) kept."""
+    out, pending = [], False
+    for token in argv:
+        name, eq, value = token.partition("=")
+        is_path = name.startswith("--") and len(name) > 2 and sum(n.startswith(name) for n in names) == 1
+        if pending:
+            out.append(token if token == "-" else str(Path(token).resolve()))
+        elif is_path and eq:
+            out.append(f"{name}={value if value == '-' else Path(value).resolve()}")
+        else:
+            out.append(token)
+        pending = is_path and not eq and not pending
+    return out
 
 
 def rank_progress(world, json_output: bool, progress_flag: bool, prog: str) -> tuple[streams.Progress, Any]:

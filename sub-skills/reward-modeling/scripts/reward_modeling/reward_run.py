@@ -201,6 +201,8 @@ class RewardRun:
         accelerate = Accelerator(**device_kwargs)
         model, optimizer = accelerate.prepare(model.to(device), optimizer)
         trainer = torch_module()(model, optimizer, accelerate)
+        import ddp_fixes
+        ddp_fixes.fix_buffers(trainer)  # rank-local rotary caches: no broadcast (a no-op in one process)
         world = accelerate.num_processes
         if resolved["train"]["batch_size"] < world:
             raise exits.SkillError(f"config [train] batch_size = {resolved['train']['batch_size']}: at least one row per "
