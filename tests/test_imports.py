@@ -68,9 +68,10 @@ def test_pyright_resolves_every_import():
 
 
 def test_readme_layout_names_every_room():
-    """Each module of the runtime and of the policy-optimization package is named in README.md's Layout."""
+    """Each module of the runtime, the run kit and the sub-skills' packages is named in README.md's Layout."""
     layout = (REPO / "README.md").read_text(encoding="utf-8").split("## Layout", 1)[1]
-    rooms = [*(REPO / "scripts" / "skill_runtime").glob("*.py"),
-             *(REPO / "sub-skills" / "policy-optimization" / "scripts" / "policy_optimization").rglob("*.py")]
+    rooms = [*(REPO / "scripts" / "skill_runtime").glob("*.py"), *(REPO / "scripts" / "run_kit").glob("*.py"),
+             *(REPO / "sub-skills" / "policy-optimization" / "scripts" / "policy_optimization").rglob("*.py"),
+             *(REPO / "sub-skills" / "reward-modeling" / "scripts" / "reward_modeling").glob("*.py")]
     missing = sorted(p.relative_to(REPO).as_posix() for p in rooms if not p.stem.startswith("__") and f"`{p.stem}`" not in layout)
     assert not missing, f"README.md under '## Layout': name each room: {missing}"

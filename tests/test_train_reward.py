@@ -16,12 +16,13 @@ import torch
 from conftest import REPO, main_in_process, one_error_line, run, usage_error_without_torch
 from reward_modeling import artifacts, coverage, reward_report, reward_run
 from run_kit import rundir, watch
-from skill_runtime import exits, streams
+from skill_runtime import exits, streams, version_gate
 
 SCRIPTS = REPO / "sub-skills" / "reward-modeling" / "scripts"
 TRAIN_REWARD = SCRIPTS / "train_reward.py"
 EXAMPLE = REPO / "sub-skills" / "reward-modeling" / "assets" / "preferences"
 REPORTS = REPO / "references" / "reports.md"
+PREFERENCES = REPO / "sub-skills" / "reward-modeling" / "references" / "preferences.md"
 TINY = ["palm.dim=32", "palm.depth=1", "palm.heads=2", "palm.dim_head=8", "train.lr=3e-3", "train.epochs=1"]
 
 
@@ -43,14 +44,15 @@ def built(tmp_path, overrides=()):
 def shipped(tmp_path_factory):
     """The shipped pairs at tiny sizes, one epoch in rounds of 30 steps, the remedy off: (run, summary)."""
     return train(tmp_path_factory.mktemp("shipped"), overrides=["train.steps_per_round=30",
-                                                                "train.tie_unseen_embeddings=false"])
+                                                                "train.tie_unseen_embeddings=false"],
+                 env=version_gate.check_versions())
 
 
 def documented_keys(heading: str) -> list[str]:
     import re
     text = REPORTS.read_text(encoding="utf-8")
     assert heading in text, f"references/reports.md: no heading {heading!r}"
-    section = text.split(heading, 1)[1].split("\n## ", 1)[0]
+    section = text.split(heading, 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]  # without its subsections
     return re.findall(r"^\| `([a-z_]+)` \|", section, re.M)
 
 
@@ -78,7 +80,7 @@ def test_the_reports_keys_are_documented(shipped, tmp_path, capsys):
     assert set(documented_keys("### coverage")) == set(on_disk["coverage"]), "reports.md: the coverage probe's keys"
     view = watch.view(run.run.path)
     assert view["kind"] == "reward" and view["curves"]["held-out accuracy"][-1][1] == summary["held_out_accuracy"]
-    assert "kind" in documented_keys("## watch report")
+    assert "`kind` (`policy`, or `reward`" in REPORTS.read_text().split("## watch report", 1)[1]
     text = watch.text(view)
     assert "(a reward model)" in text and text.splitlines()[-1].startswith("watch: FINISHED after round 3; held-out accuracy")
 
@@ -414,3 +416,29 @@ def test_nproc_hands_the_ranks_absolute_paths(tmp_path, monkeypatch):
     assert command.absolute_paths(["--config", "rm.toml", "--run-dir=runs/x", "--res", "r", "--set", "a.b=c", "--co", "-"]) == \
         ["--config", str(tmp_path / "rm.toml"), f"--run-dir={tmp_path / 'runs' / 'x'}", "--res", str(tmp_path / "r"),
          "--set", "a.b=c", "--co", "-"]
+
+
+# --- the docs ----------------------------------------------------------------------------------------
+
+def test_the_config_table_is_the_own_keys():
+    """preferences.md's key table: every key of rm_config.OWN_KEYS with its default, in order."""
+    import re
+    from reward_modeling import rm_config
+    section = PREFERENCES.read_text().split("## The reward model's config", 1)[1].split("\n## ", 1)[0]
+    rows = [(s, k, d.strip()) for s, k, d in re.findall(r"^\| `\[(\w+)\] (\w+)` \| ([^|]+) \|", section, re.M)]
+    shown = lambda d: "-" if d is None else str(d).lower() if isinstance(d, bool) else str(d)  # noqa: E731
+    assert rows == [(s, k, shown(d)) for s, keys in rm_config.OWN_KEYS.items() if s != "palm"
+                    for k, (_, d) in keys.items()], "preferences.md#the-reward-models-config: one row per own key"
+
+
+def test_the_measured_table_is_the_variants():
+    import calibrate_preferences
+    text = PREFERENCES.read_text()
+    block = text.split("<!-- BEGIN MEASURED preferences -->\n", 1)[1].split("<!-- END MEASURED preferences -->", 1)[0]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in block.splitlines()[2:] if line.strip()]
+    assert [r[0] for r in rows] == list(calibrate_preferences.VARIANTS), \
+        "preferences.md#token-coverage: rerun calibrate_preferences.py --markdown (the variants changed)"
+    on, off = rows
+    before, after = (float(x) for x in on[4].split(" (")[0].split(" -> "))
+    assert after > before + 0.5, "the example's policy rises on the gold metric with the remedy"
+    assert float(off[4].split(" (")[0].split(" -> ")[1]) < after, "without the remedy the gold metric rises less"
