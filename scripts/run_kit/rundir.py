@@ -294,9 +294,13 @@ def append_row(run: RunDir, row: dict[str, Any]) -> None:
     """Append one metrics row as a JSON line and flush it: a reader (``watch``) sees it as soon as
     the round ends, and a kill of the process afterwards cannot lose it (the checkpoints, not the
     rows, are fsynced: a machine that loses power may lose the rows after the last checkpoint,
-    which a resume recomputes anyway)."""
-    with open(run.metrics, "a", encoding="utf-8") as stream:
-        stream.write(json.dumps(row, allow_nan=True) + "\n")
+    which a resume recomputes anyway). Raises SkillError(2) when the disk refuses it."""
+    try:
+        with open(run.metrics, "a", encoding="utf-8") as stream:
+            stream.write(json.dumps(row, allow_nan=True) + "\n")
+    except OSError as err:
+        raise exits.SkillError(f"writing round {row['round']} to {run.metrics} failed ({exits.one_line(err)}): free "
+                               "space there, then resume") from None
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:

@@ -26,7 +26,8 @@ except (ImportError, SyntaxError) as damage:  # the runtime's own __init__.py is
     sys.stderr.write(f"{Path(sys.argv[0]).name}: error: {Path(sys.path[0], 'skill_runtime', '__init__.py')}: "
                      f"{damage} (reinstall the skill tree)\n")
     sys.exit(2)
-from skill_runtime import exits, options, runner, streams, version_gate, workspace  # noqa: E402
+from skill_runtime import exits, options, runner, streams, version_gate  # noqa: E402
+from run_kit import calibrate  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "assets" / "first-run" / "run.toml"
 # name -> --set overrides of the example; the example itself first
@@ -48,12 +49,7 @@ def build_parser() -> options.OneLineParser:
                     "after, per seed.",
         epilog="variants: " + "; ".join(VARIANTS) + "\n\nexit codes: 0 the example rose on every seed; "
                "1 it did not; 2 usage error")
-    parser.add_argument("--variant", action="append", metavar="NAME", help="only this variant (repeatable)")
-    parser.add_argument("--seeds", type=options.bounded_int(1, 50), default=SEEDS, metavar="N",
-                        help=f"seeds per variant (default: {SEEDS})")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--markdown", action="store_true", help="print the doc's table")
-    options.add_progress_option(parser)
+    calibrate.add_options(parser, SEEDS, 50)
     return parser
 
 
@@ -85,25 +81,11 @@ def markdown(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    chosen = [v for v in VARIANTS if not args.variant or v in args.variant]
-    unknown = set(args.variant or []) - set(VARIANTS)
-    if unknown:
-        raise exits.SkillError(f"unknown --variant {', '.join(sorted(unknown))}; the variants are: " + "; ".join(VARIANTS))
+    names = calibrate.chosen(VARIANTS, args.variant)
     env = version_gate.check_versions()
-    progress = streams.Progress("calibrate-first-run", not args.json or args.progress)
-    import torch
-    torch.set_num_threads(1)
-    rows = []
-    with workspace.private_workdir():
-        for variant in chosen:
-            with progress.stage(variant, total=args.seeds, unit="seeds") as bar:
-                runs = []
-                for seed in range(args.seeds):
-                    runs.append(measure(VARIANTS[variant], seed))
-                    if bar is not None:
-                        bar.update(1)
-            rows.append({"variant": variant, "overrides": VARIANTS[variant], "runs": runs})
-    example = rows[0]["runs"] if chosen and chosen[0] == next(iter(VARIANTS)) else None
+    rows = calibrate.over_seeds(VARIANTS, names, args.seeds, measure,
+                                streams.Progress("calibrate-first-run", not args.json or args.progress))
+    example = rows[0]["runs"] if names and names[0] == next(iter(VARIANTS)) else None
     ok = example is None or all(x["after"] > x["before"] for x in example)
     report = {"status": "ok" if ok else "failed", "example": str(EXAMPLE), "versions": env["versions"], "rows": rows}
     return runner.emit(report, args.json, lambda r: markdown(r["rows"]) + ("" if args.markdown else

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from skill_runtime import exits, streams
+from skill_runtime import exits
 from policy_optimization import programs, trainers
 
 
@@ -50,16 +50,8 @@ def read_lines(path: str, key: str) -> list[str]:
 def tokenize_file(resolved: dict[str, Any], path: str, key: str):
     """The lines of ``path`` through the run's tokenizer (``programs.tokenizer``): (n, len) int64,
     checked (``programs.checked_ids``). Raises SkillError(2) naming ``key``."""
-    tokenizer = programs.tokenizer(resolved)
-    lines = read_lines(path, key)
-    try:
-        with streams.program_output():
-            ids = tokenizer(lines)
-    except exits.SkillError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - the user's tokenizer: one line
-        raise exits.SkillError(f"config {key}: the tokenizer raised {exits.one_line(exc)}") from None
-    return programs.checked_ids(ids, f"config {key}", resolved["palm"]["num_tokens"])
+    return programs.tokenize(programs.tokenizer(resolved), read_lines(path, key), f"config {key}",
+                             resolved["palm"]["num_tokens"])
 
 
 def prompt_token_ids(resolved: dict[str, Any], seed: int, meta: bool = False):

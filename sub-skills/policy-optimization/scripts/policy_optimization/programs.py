@@ -82,6 +82,19 @@ def tokenizer(resolved: dict[str, Any]):
     return resolved["programs"].get("prompts.tokenizer") or byte_tokenizer.ByteTokenizer()
 
 
+def tokenize(tokenizer: Callable, texts: list[str], where: str, num_tokens: int):
+    """``tokenizer(texts)``, its prints on stderr, as ``checked_ids``. Raises SkillError(2) after
+    ``where`` when the tokenizer raises or returns something else."""
+    try:
+        with streams.program_output():
+            ids = tokenizer(texts)
+    except exits.SkillError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user's tokenizer: one line
+        raise exits.SkillError(f"{where}: the tokenizer raised {exits.one_line(exc)}") from None
+    return checked_ids(ids, where, num_tokens)
+
+
 def checked_ids(ids, source: str, num_tokens: int):
     """``ids`` from a tokenizer as a (n, len) int64 tensor with ids in [0, num_tokens).
     Raises SkillError(2) naming ``source`` otherwise."""

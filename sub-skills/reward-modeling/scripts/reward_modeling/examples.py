@@ -113,16 +113,8 @@ def tokenize(rows: list[dict[str, Any]], kind: str, tokenizer: Callable, num_tok
     Raises SkillError(2) naming ``where`` when the tokenizer fails, returns another number of rows,
     ids beyond ``num_tokens``, or no id for a response."""
     from policy_optimization import programs
-    from skill_runtime import streams
     texts = sorted({row[k] for row in rows for k in KEYS[kind][:3] if isinstance(row[k], str) and row[k]})
-    try:
-        with streams.program_output():
-            ids = tokenizer(texts)
-    except exits.SkillError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - the user's tokenizer: one line
-        raise exits.SkillError(f"{where}: the tokenizer raised {exits.one_line(exc)}") from None
-    ids = programs.checked_ids(ids, where, num_tokens)
+    ids = programs.tokenize(tokenizer, texts, where, num_tokens)
     if ids.shape[0] != len(texts):
         raise exits.SkillError(f"{where}: the tokenizer returned {ids.shape[0]} rows for {len(texts)} texts")
     table = {text: [i for i in row.tolist() if i != PAD_ID] for text, row in zip(texts, ids)}

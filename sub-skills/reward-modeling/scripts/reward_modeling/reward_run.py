@@ -396,11 +396,7 @@ class RewardRun:
         Raises SkillError(2) when the disk refuses it."""
         self.rows.append(row)
         if self.main:
-            try:
-                rundir.append_row(self.run, row)
-            except OSError as err:
-                raise exits.SkillError(f"writing round {row['round']} to {self.run.metrics} failed "
-                                       f"({exits.one_line(err)}): free space there, then resume") from None
+            rundir.append_row(self.run, row)
             if self.prepared.options.log_with:
                 trackers.log(self.trainer, row)
 

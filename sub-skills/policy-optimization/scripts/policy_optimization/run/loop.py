@@ -244,11 +244,7 @@ class Run:
         Raises SkillError(2) when the disk refuses the row."""
         self.rows.append(row)
         if self.main:
-            try:
-                rundir.append_row(self.run, row)
-            except OSError as err:
-                raise exits.SkillError(f"writing round {row['round']} to {self.run.metrics} failed "
-                                       f"({exits.one_line(err)}): free space there, then resume") from None
+            rundir.append_row(self.run, row)
             if self.options.log_with:  # round 0 too: the held-out reward before training
                 trackers.log(self.trainer, row)
 
