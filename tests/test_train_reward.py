@@ -13,6 +13,8 @@ import sys
 import pytest
 import torch
 
+import probe_kit
+
 from conftest import REPO, main_in_process, one_error_line, run, usage_error_without_torch
 from reward_modeling import artifacts, coverage, reward_report, reward_run
 from run_kit import rundir, watch
@@ -23,7 +25,8 @@ TRAIN_REWARD = SCRIPTS / "train_reward.py"
 EXAMPLE = REPO / "sub-skills" / "reward-modeling" / "assets" / "preferences"
 REPORTS = REPO / "references" / "reports.md"
 PREFERENCES = REPO / "sub-skills" / "reward-modeling" / "references" / "preferences.md"
-TINY = ["palm.dim=32", "palm.depth=1", "palm.heads=2", "palm.dim_head=8", "train.lr=3e-3", "train.epochs=1"]
+# the kit's tiny PaLM (probe_kit.TINY_PALM), one epoch at lr 3e-3
+TINY = [f"palm.{k}={v}" for k, v in probe_kit.TINY_PALM.items() if k != "num_tokens"] + ["train.lr=3e-3", "train.epochs=1"]
 
 
 def train(tmp_path, name="run", overrides=(), config=EXAMPLE / "rm.toml", **options):
@@ -200,7 +203,8 @@ def test_resume_refuses_a_changed_config_but_takes_more_epochs(tmp_path):
 def policy_config(tmp_path, checkpoint, dim=16, extra=""):
     (tmp_path / "prompts.txt").write_text("ab\ncde\n")
     path = tmp_path / "policy.toml"
-    path.write_text(f"""[palm]\nnum_tokens = 257\ndim = {dim}\ndepth = 1\nheads = 2\ndim_head = 8\n
+    tiny = probe_kit.TINY_PALM
+    path.write_text(f"""[palm]\nnum_tokens = 257\ndim = {dim}\ndepth = 1\nheads = {tiny['heads']}\ndim_head = {tiny['dim_head']}\n
 [trainer]\nname = "grpo"\nactor_lora = false\ngrpo_num_times_sample_rewards = 3\nminibatch_size = 4\n
 [prompts]\nfile = "prompts.txt"\n\n[reward]\ncheckpoint = "{checkpoint}"\n\n[train]\nupdate_timesteps = 2\nmax_seq_len = 8\n
 [run]\nrounds = 1\n{extra}""")

@@ -211,8 +211,6 @@ NO_LIBRARY_CLAIM = {
     **{f"sub-skills/policy-optimization/references/training-run.md#{a}": _OURS for a in (
         "first-run", "watchdog-rules", "held-out-flat", "exit-codes", "python-api")},
     "sub-skills/policy-optimization/references/troubleshooting.md#symptom-index": _INDEX,
-    **{f"sub-skills/reward-modeling/references/preferences.md#{a}": _OURS for a in (
-        "worked-example", "the-reward-models-config", "not-learning")},
     "sub-skills/policy-optimization/references/troubleshooting.md#silent-failures": _INDEX,
 }
 
