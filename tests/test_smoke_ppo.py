@@ -201,7 +201,7 @@ def test_untested_version_exits_3_unless_allowed(smoke, monkeypatch, capsys, emp
     monkeypatch.chdir(empty_dir)
     assert runner.run_cli(smoke.main, ["--construct-only", "--json", "--allow-untested", "--device", "cpu"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["warnings"] and "outside the tested range" in report["warnings"][0]
+    assert report["warnings"] and "is outside >=0.8.0,<0.9" in report["warnings"][0]
 
 
 def test_documented_exit_codes_and_range_match_runtime(smoke):

@@ -49,7 +49,7 @@ BUDGET = {
     # A reference not listed gets "*".
     "reference tokens": {
         "references/glossary.md": 1000,
-        "references/installation.md": 2250,
+        "references/installation.md": 2750,  # 2,250 until the verified-torch table (issue 29)
         "references/probes.md": 1500,  # the probe kit and three worked probes: ~1190 tokens, plus about 25%
         "references/reports.md": 9750,
         "sub-skills/palm-modeling/references/lora-scopes.md": 1350,

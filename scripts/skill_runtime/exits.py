@@ -13,7 +13,7 @@ EXIT_CHECK_FAILED = 1  # the helper ran and at least one check failed
 EXIT_USAGE = 2       # bad arguments or an unfit environment (e.g. --device cuda without CUDA)
 
 
-EXIT_DEPENDENCY = 3  # palm-rlhf-pytorch or torch missing, shadowed, or outside the tested range
+EXIT_DEPENDENCY = 3  # palm-rlhf-pytorch or torch missing, shadowed, or outside the supported range
 
 
 EXIT_INCONCLUSIVE = 75  # the bench only: too busy a machine to judge a time budget; rerun
@@ -31,7 +31,7 @@ EXIT_TERMINATED = 143   # 128 + SIGTERM
 
 EXIT_CODES_EPILOG = (
     "exit codes: 0 ok; 1 a check failed; 2 usage or environment error; "
-    "3 palm-rlhf-pytorch or torch missing, shadowed or outside the tested range"
+    "3 palm-rlhf-pytorch or torch missing, shadowed or outside the supported range"
 )
 
 

@@ -105,7 +105,7 @@ def build_parser() -> options.OneLineParser:
                f"  palm-rlhf-skill plan --config {UPSTREAM_EXAMPLE}   # the upstream README's run\n\n"
                "exit codes: 0 the run fits and learns (--execute: it completed); 1 it does not fit, never "
                "learns, is too slow (--max-days) or fails; 2 usage or config error; 3 palm-rlhf-pytorch, torch or a TOML reader "
-               "missing or outside the tested range")
+               "missing or outside the supported range")
     parser.add_argument("--config", required=True, metavar="FILE", help="the run's TOML (or .json) configuration, at most 1 MiB")
     parser.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE",
                         help="override one value, e.g. train.update_timesteps=64 (VALUE read as JSON; null unsets "

@@ -31,7 +31,7 @@ from skill_runtime import exits, options, reporting, runner, streams, version_ga
 EXIT_EPILOG = ("exit codes: 0 the run finished (or paused at --until); 1 a --stop-on rule fired or the library "
                "raised in a round; 2 usage, config, reward program or run-directory error (disk full, or another "
                "train running in DIR); "
-               "3 palm-rlhf-pytorch, torch or a --log-with tracker missing or outside the tested range; "
+               "3 palm-rlhf-pytorch, torch or a --log-with tracker missing or outside the supported range; "
                "130/143 SIGINT/SIGTERM (after the round in progress and a checkpoint)")
 
 
