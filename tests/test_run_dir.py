@@ -96,8 +96,27 @@ def finished(runs, tmp_path):
     return tmp_path / "whole"
 
 
+def as_an_older_version_wrote_it(folder):
+    """A checkpoint as an older version wrote it: run_state.json without the manifest of its files."""
+    state = json.loads((folder / checkpoint.STATE_FILE).read_text())
+    del state["files"]
+    (folder / checkpoint.STATE_FILE).write_text(json.dumps(state))
+
+
 def resume(capsys, monkeypatch, run_dir, *argv):
     return cli(capsys, monkeypatch, run_dir.parent, "--resume", str(run_dir), *argv)
+
+
+def refused_resume(capsys, monkeypatch, run_dir, unchanged=True) -> str:
+    """``train --resume run_dir``, which must exit 2 with nothing on stdout, one error line and
+    (``unchanged``) every file of the run directory as it was; the line."""
+    before = files(run_dir)
+    code, out, err = resume(capsys, monkeypatch, run_dir)
+    line = error_line(err)
+    assert code == 2 and out == "", err[-2000:]
+    if unchanged:
+        assert files(run_dir) == before, "a refused resume changed the run directory"
+    return line
 
 
 # --- security -----------------------------------------------------------------------------------------
@@ -174,15 +193,9 @@ def test_random_states_that_cannot_be_restored_refuse_the_resume(kind, paused, c
     else:
         rng.write_bytes(b"not a pickle")
     if kind.endswith("no manifest"):
-        state = json.loads((newest / checkpoint.STATE_FILE).read_text())
-        del state["files"]
-        (newest / checkpoint.STATE_FILE).write_text(json.dumps(state))
-    before = files(paused)
-    code, out, err = resume(capsys, monkeypatch, paused)
-    line = error_line(err)
-    assert code == 2 and out == "" and "random_states_0.pkl" in line and "--allow-inexact-resume" in line, line
-    if not kind.endswith("no manifest"):  # loading changes nothing on disk either way; the manifest refuses first
-        assert files(paused) == before
+        as_an_older_version_wrote_it(newest)
+    line = refused_resume(capsys, monkeypatch, paused)
+    assert "random_states_0.pkl" in line and "--allow-inexact-resume" in line, line
     code, out, err = resume(capsys, monkeypatch, paused, "--allow-inexact-resume", "--json")
     assert code == 0, err[-2000:]
     report = json.loads(out)
@@ -211,11 +224,8 @@ def test_rows_the_checkpoint_cannot_restore_refuse_the_resume(paused, capsys, mo
     lines = (paused / rundir.METRICS).read_text().splitlines()
     edited = {**json.loads(lines[1]), "reward_mean": 0.5}
     (paused / rundir.METRICS).write_text("\n".join([lines[0], json.dumps(edited), *lines[2:]]) + "\n")
-    before = files(paused)
-    code, _, err = resume(capsys, monkeypatch, paused)
-    line = error_line(err)
-    assert code == 2 and "rows 0-1 are missing, edited or another run's" in line and "--force" in line, line
-    assert files(paused) == before
+    line = refused_resume(capsys, monkeypatch, paused)
+    assert "rows 0-1 are missing, edited or another run's" in line and "--force" in line, line
 
 
 def test_what_a_kill_left_is_removed_at_the_next_start(paused, tmp_path, capsys, monkeypatch):
@@ -264,11 +274,8 @@ def test_a_checkpoint_of_another_run_is_refused(paused, runs, capsys, monkeypatc
     newest = paused / "checkpoints" / "round-000002"
     shutil.rmtree(newest)
     shutil.copytree(runs[1] / "checkpoints" / "round-000002", newest)  # the same config, another run
-    before = files(paused)
-    code, _, err = resume(capsys, monkeypatch, paused)
-    line = error_line(err)
-    assert code == 2 and "it belongs to another run (run id " in line and "round-000001" in line, line
-    assert files(paused) == before
+    line = refused_resume(capsys, monkeypatch, paused)
+    assert "it belongs to another run (run id " in line and "round-000001" in line, line
 
 
 # --- faults ------------------------------------------------------------------------------------------------
@@ -364,15 +371,10 @@ def test_a_damaged_checkpoint_file_is_one_line(damage, paused, capsys, monkeypat
     else:
         (newest / name).write_bytes(b"\x80\x04not an optimizer state")
     if damage.endswith("no manifest"):
-        state = json.loads((newest / checkpoint.STATE_FILE).read_text())
-        del state["files"]
-        (newest / checkpoint.STATE_FILE).write_text(json.dumps(state))
-    before = files(paused)
-    code, out, err = resume(capsys, monkeypatch, paused)
-    line = error_line(err)
-    assert code == 2 and out == "" and "round-000002" in line and "to resume from round-000001" in line, line
+        as_an_older_version_wrote_it(newest)
+    line = refused_resume(capsys, monkeypatch, paused)
+    assert "round-000002" in line and "to resume from round-000001" in line, line
     assert (name in line) if "manifest" not in damage else "cannot be loaded (" in line, line
-    assert files(paused) == before
 
 
 @pytest.mark.parametrize("text", ['{"config": 5}', "[1]", "not json", '{"config": {"palm": 5}, "files": {}}'])
@@ -722,9 +724,8 @@ def test_a_hostile_checkpoint_runs_nothing_and_is_refused(hostile, paused, tmp_p
     elif hostile == "a huge rotary length":
         state["rotary"] = {name: 10**12 for name in state["rotary"]}
     (newest / checkpoint.STATE_FILE).write_text("{not json" if hostile.endswith("not JSON") else json.dumps(state))
-    code, _, err = resume(capsys, monkeypatch, paused)
-    line = error_line(err)
-    assert code == 2 and "round-000002" in line and not marker.exists(), line
+    line = refused_resume(capsys, monkeypatch, paused)
+    assert "round-000002" in line and not marker.exists(), line
 
 
 @pytest.mark.parametrize("case", ["damaged", "another run's"])
@@ -765,8 +766,7 @@ def test_a_run_config_of_another_run_or_of_yours(paused, runs, tmp_path, capsys,
     """Another run's run_config.json (its id fits no checkpoint): the resume is refused. A file of
     yours named run_config.json: a new run there is refused, the file untouched."""
     shutil.copy(runs[1] / rundir.CONFIG, paused / rundir.CONFIG)
-    code, _, err = resume(capsys, monkeypatch, paused)
-    assert code == 2 and "it belongs to another run" in error_line(err)
+    assert "it belongs to another run" in refused_resume(capsys, monkeypatch, paused)
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / rundir.CONFIG).write_text('{"learning_rate": 3}')
