@@ -210,7 +210,6 @@ NO_LIBRARY_CLAIM = {
     "sub-skills/policy-optimization/references/trainer-selection.md#measured-figures": _OURS,
     **{f"sub-skills/policy-optimization/references/training-run.md#{a}": _OURS for a in (
         "first-run", "watchdog-rules", "held-out-flat", "exit-codes", "python-api")},
-    **{f"sub-skills/policy-optimization/references/run-directory.md#{a}": _OURS for a in ("resume-runs-code", "files")},
     "sub-skills/policy-optimization/references/troubleshooting.md#symptom-index": _INDEX,
     "sub-skills/policy-optimization/references/troubleshooting.md#silent-failures": _INDEX,
 }

@@ -27,7 +27,7 @@ from typing import Any, Callable
 from policy_optimization import builder, evaluation, run_config, trainers
 from policy_optimization.run import checkpoint, export, metrics, rundir, trackers, watchdog
 from policy_optimization.run import summary as run_summary
-from skill_runtime import exits, placement, runner, streams, workspace
+from skill_runtime import exits, placement, reporting, runner, streams, workspace
 
 PROG = "palm-rlhf-skill train"
 EVAL_SEED_OFFSET = 7919      # held-out sampling seed = [run] seed + this: the same noise at every evaluation
@@ -57,11 +57,12 @@ class Options:
 def stderr_lines(stream) -> Callable[[str], None]:
     """``say`` for ``Options``: one line ``palm-rlhf-skill train: ...`` on ``stream``, bound now, so
     a line said while the library's output is captured (a signal during a round) still reaches the
-    terminal; best effort (``streams.BestEffortStream``)."""
+    terminal; best effort (``streams.BestEffortStream``); escaped (``reporting.terminal_text``: a
+    line may name a file of the run directory)."""
     bound = streams.BestEffortStream(stream)
 
     def say(line: str) -> None:
-        bound.write(f"{PROG}: {line}\n")
+        bound.write(f"{PROG}: {reporting.terminal_text(line)}\n")
         bound.flush()
     return say
 
