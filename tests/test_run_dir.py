@@ -702,6 +702,10 @@ def test_a_missing_file(missing, paused, runs, capsys, monkeypatch):
 
 
 def test_a_finished_run_without_its_policy_writes_it_again(finished, capsys, monkeypatch):
+    """policy.pt is written, never read: a damaged one is left alone; a missing one is written again."""
+    (finished / rundir.POLICY).write_bytes(b"damaged")
+    code, _, err = resume(capsys, monkeypatch, finished)
+    assert code == 0 and "nothing to resume" in err and (finished / rundir.POLICY).read_bytes() == b"damaged"
     (finished / rundir.POLICY).unlink()
     code, _, err = resume(capsys, monkeypatch, finished)
     assert code == 0 and "nothing to resume" not in err and (finished / rundir.POLICY).is_file(), err[-2000:]
