@@ -80,7 +80,7 @@ def test_prompt_styles(smoke, capsys, monkeypatch, empty_dir, style):
 
 
 def test_prompts_file_is_utf8_with_non_ascii():
-    text = (REPO / "sub-skills/policy-optimization/assets/prompts.txt").read_text(encoding="utf-8")
+    text = (REPO / "sub-skills/policy-optimization/assets/first-run/prompts.txt").read_text(encoding="utf-8")
     lines = text.splitlines()
     assert len(lines) == 12 and all(lines) and any(not line.isascii() for line in lines)
     assert text.endswith("\n")

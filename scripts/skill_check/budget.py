@@ -57,6 +57,7 @@ BUDGET = {
         "sub-skills/policy-optimization/references/api-reference.md": 9250,
         "sub-skills/policy-optimization/references/distributed.md": 5500,
         "sub-skills/policy-optimization/references/multi-node.md": 1500,
+        "sub-skills/policy-optimization/references/run-directory.md": 1500,  # issue 31's file table: ~1250, plus 20%
         "sub-skills/policy-optimization/references/sizing.md": 1000,
         "sub-skills/policy-optimization/references/training-run.md": 4250,
         "sub-skills/policy-optimization/references/trainer-selection.md": 3350,

@@ -49,6 +49,18 @@ def one_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def write_failed(exc: BaseException) -> bool:
+    """True for a write that the disk refused (full, read-only, a quota): an OSError, and what the
+    libraries that write weights raise instead, measured on a full tmpfs: safetensors'
+    ``SafetensorError`` ("Error while serializing: I/O error: No space left on device (os error
+    28)") and torch.save's RuntimeError from its zip writer ("[enforce fail at
+    inline_container.cc:672] . unexpected pos 576 vs 534", or "PytorchStreamWriter failed writing
+    file ...")."""
+    text = str(exc)
+    return (isinstance(exc, OSError) or (type(exc).__name__ == "SafetensorError" and "I/O error" in text)
+            or (isinstance(exc, RuntimeError) and ("inline_container" in text or "PytorchStreamWriter" in text)))
+
+
 def out_of_memory(exc: BaseException) -> bool:
     """True for an allocation that failed: MemoryError, torch.OutOfMemoryError (CUDA), or the
     RuntimeError torch's CPU allocator raises ('DefaultCPUAllocator: can't allocate memory')."""

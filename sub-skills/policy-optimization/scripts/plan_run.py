@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.seed is None:
         args.seed = resolved["run"]["seed"] if resolved["run"] else 0
     device_kwargs, device = placement.resolve_device(args.device)
-    progress = streams.Progress("plan-run", args.progress or not args.json)
+    progress = streams.Progress(runner.program_name(), args.progress or not args.json)  # the name its errors give
     threads = placement.torch_threads(args.cpu_threads) if args.cpu_threads else contextlib.nullcontext(torch.get_num_threads())
     with workspace.private_workdir(), threads as count:
         report = (planner.execute if args.execute else planner.plan)(args, resolved, device_kwargs, device,
