@@ -183,7 +183,21 @@ def test_untested_library_version_exits_3(capsys, monkeypatch, tmp_path):
     code, report = diagnose_in_process(capsys, monkeypatch, tmp_path)
     assert code == 3
     library = checks_by_name(report)["library"]
-    assert "outside the tested range" in library["detail"] and "--allow-untested" in library["fix"]
+    assert library["status"] == "unsupported", library
+    assert "palm-rlhf-pytorch 0.9.1 is outside >=0.8.0,<0.9" in library["detail"] and "--allow-untested" in library["fix"]
+
+
+@pytest.mark.parametrize("torch, status, code", [("2.1.2", "unsupported", 3), ("2.12.1", "warn", 0),
+                                                 ("2.11.0+cu130", "ok", 0)])
+def test_torch_row_says_supported_verified_or_not(capsys, monkeypatch, tmp_path, torch, status, code):
+    """Issue 29: a torch below palm-rlhf-pytorch's own requirement is 'unsupported' (exit 3), one
+    not verified a warning (exit 0), a verified release in any build ok; never 'library: missing'."""
+    real = version_gate.installed_version
+    monkeypatch.setattr(version_gate, "installed_version", lambda dist: torch if dist == "torch" else real(dist))
+    got, report = diagnose_in_process(capsys, monkeypatch, tmp_path)
+    library = checks_by_name(report)["library"]
+    assert library["status"] == status and f"torch {torch}" in library["detail"], library
+    assert doctor.VERDICT_EXIT[status] == code and got == max(doctor.VERDICT_EXIT[c["status"]] for c in report["checks"])
 
 
 def test_missing_dependency_exits_3(capsys, monkeypatch, tmp_path):

@@ -17,13 +17,16 @@ from skill_runtime import exits, options, reporting, runner, streams, workspace
 
 def add_run_options(parser, config_help: str) -> None:
     """The options of a run command (``train``, ``train-reward``): --config (``config_help``),
-    --run-dir, --resume, --force, --set, --until, --log-with, --device, --cpu-threads, --nproc,
+    --run-dir, --resume, --allow-inexact-resume, --force, --set, --until, --log-with, --device, --cpu-threads, --nproc,
     --json, --progress, --allow-untested. Torch-free."""
     from run_kit import launch, trackers
     parser.add_argument("--config", metavar="FILE", help=config_help)
     parser.add_argument("--run-dir", metavar="DIR", help="where the run writes its files (created if missing)")
-    parser.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint "
-                        "(--config, when given, must be the run's own)")
+    parser.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint, "
+                        "exactly (--config, when given, must be the run's own); runs the programs DIR's config names")
+    parser.add_argument("--allow-inexact-resume", action="store_true",
+                        help="resume from a checkpoint whose random states are damaged, missing or another run's "
+                             "(refused without it): the rounds from there differ from an uninterrupted run")
     parser.add_argument("--force", action="store_true", help="--run-dir holds another run: remove its run files "
                         "(metrics.jsonl, checkpoints/, ...) and start over")
     parser.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE",
@@ -35,7 +38,7 @@ def add_run_options(parser, config_help: str) -> None:
     parser.add_argument("--device", default="auto", type=options.device_spec,
                         help="auto (CUDA when available, else CPU), cpu, cuda or cuda:N (default: auto)")
     parser.add_argument("--cpu-threads", type=options.bounded_int(1), metavar="N",
-                        help="torch intra-op threads (default: torch's default)")
+                        help="torch intra-op threads (default: torch's default; --resume: the run's own)")
     parser.add_argument("--nproc", type=options.bounded_int(1, launch.MAX_NPROC), metavar="N",
                         help="train on N local processes (torchrun, DDP; the CPU or one GPU each): every rank "
                              "runs the rounds, rank 0 writes the files (training-run.md#several-processes)")
@@ -57,9 +60,38 @@ def check_run_arguments(args) -> None:
         raise exits.SkillError("--force starts over and --resume continues: choose one")
     if args.resume and args.set:
         raise exits.SkillError("--set applies to a new run: a resumed run keeps its config")
+    if args.allow_inexact_resume and not args.resume:
+        raise exits.SkillError("--allow-inexact-resume applies to --resume DIR")
     if args.nproc and args.config and run_config.from_stdin(args.config):
         raise exits.SkillError(f"--config {args.config} (standard input) is read by one process: with --nproc, "
                                "pass the config's file")
+
+
+KEPT = ("cpu_threads",)  # options a --resume starts with again when not given (run_config.json "options")
+
+
+def resumed_options(parser, args, argv: list[str]):
+    """``args`` of a ``--resume`` with the options of KEPT that the command line leaves out taken
+    from the run's run_config.json (as the run was started with them), parsed again by ``parser``
+    (each value checked as typed then); ``args`` unchanged for a new run."""
+    from run_kit import rundir
+    if not args.resume:
+        return args
+    try:
+        found = rundir.RunDir((Path.cwd() / args.resume).resolve()).read_config()
+    except exits.SkillError:
+        return args  # the run's prepare names the damage
+    stored = (found or ({}, None))[0].get("options", {})
+    extra = [item for key in KEPT if getattr(args, key) is None and stored.get(key) is not None
+             for item in (f"--{key.replace('_', '-')}", str(stored[key]))]
+    return parser.parse_args([*argv, *extra]) if extra else args
+
+
+def kept_options(args) -> tuple[dict[str, str], str]:
+    """The options of KEPT this command was given, for run_config.json (``{"cpu_threads": "1"}``),
+    and the same as flags for the resume command a report suggests (`` --cpu-threads 1``)."""
+    keep = {key: str(getattr(args, key)) for key in KEPT if getattr(args, key) is not None}
+    return keep, "".join(f" --{key.replace('_', '-')} {value}" for key, value in keep.items())
 
 
 def launched_world(nproc: int | None):
@@ -85,11 +117,12 @@ def threads(count: int | None):
 def stderr_lines(prog: str, stream) -> Callable[[str], None]:
     """``say``: one line ``prog: ...`` on ``stream``, bound now, so a line said while the
     library's output is captured (a signal during a round) still reaches the terminal; best effort
-    (``streams.BestEffortStream``)."""
+    (``streams.BestEffortStream``); escaped (``reporting.terminal_text``: a line may name a file of
+    the run directory)."""
     bound = streams.BestEffortStream(stream)
 
     def say(line: str) -> None:
-        bound.write(f"{prog}: {line}\n")
+        bound.write(f"{prog}: {reporting.terminal_text(line)}\n")
         bound.flush()
     return say
 

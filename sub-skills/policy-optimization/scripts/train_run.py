@@ -10,12 +10,15 @@ Usage:
     train_run.py --config run.toml --run-dir runs/first --nproc 2   # 2 DDP processes (torchrun)
 
 Progress on stderr (a bar over rounds with an ETA), the summary on stdout (``--json``: one object).
-Files in the run directory: metrics.jsonl, checkpoints/, config.json, policy.pt, summary.json, and train.lock
-while a process trains it (a second train there exits 2).
+Files in the run directory: metrics.jsonl, checkpoints/, run_config.json, policy.pt, summary.json, and
+train.lock while a process trains it (a second train there exits 2); what each holds, and what a
+missing, damaged or foreign one does: references/run-directory.md. Resuming a run directory runs
+the programs its config names (the reward program, the tokenizer): resume only runs you trust.
 Config keys: references/workflows.md#plan-a-run; the run kit: references/training-run.md.
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -32,7 +35,7 @@ from run_kit import command  # noqa: E402
 EXIT_EPILOG = ("exit codes: 0 the run finished (or paused at --until); 1 a --stop-on rule fired or the library "
                "raised in a round; 2 usage, config, reward program or run-directory error (disk full, or another "
                "train running in DIR); "
-               "3 palm-rlhf-pytorch, torch or a --log-with tracker missing or outside the tested range; "
+               "3 palm-rlhf-pytorch, torch or a --log-with tracker missing or outside the supported range; "
                "130/143 SIGINT/SIGTERM (after the round in progress and a checkpoint)")
 
 
@@ -49,7 +52,9 @@ def build_parser() -> options.OneLineParser:
                "  palm-rlhf-skill train --resume runs/first\n"
                "  palm-rlhf-skill train --config run.toml --run-dir runs/first --force --stop-on all\n"
                "  palm-rlhf-skill train --config run.toml --run-dir runs/first --log-with tensorboard\n"
-               "  palm-rlhf-skill watch runs/first\n\n" + EXIT_EPILOG)
+               "  palm-rlhf-skill watch runs/first\n\n"
+               "--resume runs the code the run directory's config names (its reward program and tokenizer, as "
+               "Python files): resume only a run directory you trust.\n\n" + EXIT_EPILOG)
     command.add_run_options(parser, "the run's TOML (or .json) config, plan's schema with [run] rounds "
                             "(references/workflows.md#plan-a-run); - reads it from standard input")
     parser.add_argument("--stop-on", metavar="RULE,...|all",
@@ -59,7 +64,9 @@ def build_parser() -> options.OneLineParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    args = command.resumed_options(parser, parser.parse_args(argv), argv)
     command.check_run_arguments(args)
     from policy_optimization import run_config
     from policy_optimization.run import loop, watchdog
@@ -71,22 +78,30 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as err:
             raise exits.SkillError(f"--stop-on: {err}") from None
     env = version_gate.check_versions(args.allow_untested)
+    keep, flags = command.kept_options(args)
     if args.nproc:
-        return run_nproc(args, sys.argv[1:] if argv is None else argv, env)
+        return run_nproc(args, argv, env, flags)
     progress, rank_stream = command.rank_progress(world, args.json, args.progress, loop.PROG)
     run_options = loop.Options(log_with=args.log_with, stop_on=stop_on, until=args.until, progress=progress.enabled,
-                               say=command.say_for(progress, rank_stream, loop.PROG), env=env)
+                               say=command.say_for(progress, rank_stream, loop.PROG), env=env,
+                               allow_inexact=args.allow_inexact_resume, keep=keep, resume_flags=flags)
     caller = Path.cwd()
     config = None if not args.config else args.config if run_config.from_stdin(args.config) else \
         str((caller / args.config).resolve())  # standard input is read once, by loop.prepare
     run_dir = (caller / (args.resume or args.run_dir)).resolve()
     threads = command.threads(args.cpu_threads)
     prepared = loop.prepare(config, run_dir, bool(args.resume), args.force, args.set, run_options)
-    finished = prepared.run.read_summary() if prepared.resume else None
-    if finished and finished.get("status") == "finished" and \
+    finished = None
+    if prepared.resume:
+        from policy_optimization.run import summary as run_summary
+        try:
+            finished = run_summary.read(prepared.run, prepared.loaded.get("run_id"))
+        except exits.SkillError as err:  # rewritten as this resume ends
+            run_options.say(f"ignored: {err}")
+    if finished and finished.get("status") == "finished" and os.path.lexists(prepared.run.policy) and \
             finished["rounds_done"] >= prepared.resolved["round"]["rounds"]:
         # every round is done (a config with more [run] rounds extends the run instead): nothing to
-        # build, the run's summary again
+        # build, the run's summary again (without its policy.pt: built, to write it again)
         prepared.release()
         progress.note(f"{run_dir} finished all {finished['rounds_done']} rounds: nothing to resume")
         finished["versions"], finished["warnings"] = env["versions"], env["warnings"]
@@ -107,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     return runner.emit(summary, args.json, plain_summary, code)
 
 
-def run_nproc(args, argv: list[str], env: dict) -> int:
+def run_nproc(args, argv: list[str], env: dict, flags: str = "") -> int:
     """``--nproc N``: this command as N ranks on this machine (``command.run_ranks``); rank 0's
     summary is this run's report and exit code, its next step as this process was started."""
     from policy_optimization.run import loop
@@ -115,7 +130,7 @@ def run_nproc(args, argv: list[str], env: dict) -> int:
     summary = command.run_ranks(Path(__file__), argv, args.nproc, args.device, args.resume or args.run_dir,
                                 "--resume" if args.resume else "--run-dir",
                                 streams.Progress(loop.PROG, not args.json or args.progress))
-    summary["verdict"], summary["next"] = run_summary.verdict(summary)
+    summary["verdict"], summary["next"] = run_summary.verdict(summary, flags)
     summary["versions"], summary["warnings"] = env["versions"], env["warnings"]
     return runner.emit(summary, args.json, plain_summary, command.status_code(summary))
 
@@ -134,7 +149,7 @@ def plain_summary(summary: dict) -> str:
     lines += [f"{key}: {path}" for key, path in summary["files"].items() if path]
     lines += [f"warning: {w}" for w in summary.get("warnings", [])]
     lines.append(f"{summary['verdict']}; next: {summary['next']}")
-    return "\n".join(lines)
+    return "\n".join(reporting.terminal_text(line) for line in lines)  # a stored summary's strings escaped
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@ Usage:
     train_reward.py --config rm.toml --run-dir runs/rm --nproc 2 --log-with tensorboard
 
 Progress on stderr, the summary on stdout (``--json``: one object). Files in the run directory:
-metrics.jsonl, checkpoints/, reward_run.json, rm.pt, rm_config.json, summary.json, and train.lock
-while a process trains it. Config keys and the worked example:
+metrics.jsonl, checkpoints/, run_config.json, rm.pt, rm_config.json, summary.json, and train.lock
+while a process trains it. Resuming a run directory runs the tokenizer its config names: resume only
+runs you trust. Config keys and the worked example:
 sub-skills/reward-modeling/references/preferences.md.
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ except (ImportError, SyntaxError) as damage:  # the runtime's own __init__.py is
                      f"{damage} (reinstall the skill tree)\n")
     sys.exit(2)
 from skill_runtime import exits, options, runner, streams, version_gate  # noqa: E402
-from run_kit import command  # noqa: E402
+from run_kit import command, rundir  # noqa: E402
 
 EXIT_EPILOG = ("exit codes: 0 the run finished (or paused at --until); 1 the loss became NaN or inf; 2 usage, "
                "config, data or run-directory error (disk full, or another train running in DIR); 3 "
@@ -47,7 +48,9 @@ def build_parser() -> options.OneLineParser:
                "--run-dir runs/rm\n"
                "  palm-rlhf-skill train-reward --resume runs/rm\n"
                "  palm-rlhf-skill train-reward --config rm.toml --run-dir runs/rm --until 2\n"
-               "  palm-rlhf-skill watch runs/rm\n\n" + EXIT_EPILOG)
+               "  palm-rlhf-skill watch runs/rm\n\n"
+               "--resume runs the code the run directory's config names ([data] tokenizer): resume only a run "
+               "directory you trust.\n\n" + EXIT_EPILOG)
     command.add_run_options(parser, "the reward model's TOML (or .json) config: [palm], [reward_model], [data], "
                                     "[train], [run] (reward-modeling/references/preferences.md); - reads it from "
                                     "standard input")
@@ -55,33 +58,42 @@ def build_parser() -> options.OneLineParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    args = command.resumed_options(parser, parser.parse_args(argv), argv)
     command.check_run_arguments(args)
     from policy_optimization import run_config
     from reward_modeling import reward_report, reward_run
     world = command.launched_world(args.nproc)
     env = version_gate.check_versions(args.allow_untested)
+    keep, flags = command.kept_options(args)
     if args.nproc:
-        summary = command.run_ranks(Path(__file__), sys.argv[1:] if argv is None else argv, args.nproc, args.device,
+        summary = command.run_ranks(Path(__file__), argv, args.nproc, args.device,
                                     args.resume or args.run_dir, "--resume" if args.resume else "--run-dir",
                                     streams.Progress(reward_run.PROG, not args.json or args.progress))
-        summary["verdict"], summary["next"] = reward_report.verdict(summary)
+        summary["verdict"], summary["next"] = reward_report.verdict(summary, flags)
         summary["versions"], summary["warnings"] = env["versions"], env["warnings"]
         return runner.emit(summary, args.json, reward_report.plain, command.status_code(summary))
     progress, rank_stream = command.rank_progress(world, args.json, args.progress, reward_run.PROG)
     run_options = reward_run.Options(log_with=args.log_with, until=args.until, progress=progress.enabled,
-                                     say=command.say_for(progress, rank_stream, reward_run.PROG), env=env)
+                                     say=command.say_for(progress, rank_stream, reward_run.PROG), env=env,
+                                     allow_inexact=args.allow_inexact_resume, keep=keep, resume_flags=flags)
     caller = Path.cwd()
     config = None if not args.config else args.config if run_config.from_stdin(args.config) else \
         str((caller / args.config).resolve())
     run_dir = (caller / (args.resume or args.run_dir)).resolve()
     with command.threads(args.cpu_threads):
         prepared = reward_run.prepare(config, run_dir, bool(args.resume), args.force, args.set, run_options)
-        finished = prepared.claim.run.read_summary() if prepared.resume else None
-        if finished and finished.get("status") == "finished" and \
-                finished.get("epochs_done", 0) >= prepared.resolved["train"]["epochs"]:  # nothing to train: the summary again
-            if prepared.claim.lock is not None:
-                prepared.claim.lock.release()
+        finished = None
+        if prepared.resume:
+            try:
+                finished = reward_report.read(prepared.claim.run, prepared.loaded.get("run_id"))
+            except exits.SkillError as err:  # rewritten as this resume ends
+                run_options.say(f"ignored: {err}")
+        run_dir_rm = prepared.claim.run.path / rundir.RM
+        if finished and finished["status"] == "finished" and run_dir_rm.is_file() and not run_dir_rm.is_symlink() \
+                and finished.get("epochs_done", 0) >= prepared.resolved["train"]["epochs"]:  # nothing to train
+            prepared.claim.release()
             progress.note(f"{run_dir} finished all {finished['rounds_done']} rounds: nothing to resume")
             finished["versions"], finished["warnings"] = env["versions"], env["warnings"]
             return runner.emit(finished, args.json, reward_report.plain, exits.EXIT_OK)

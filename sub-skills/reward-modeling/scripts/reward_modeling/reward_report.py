@@ -7,11 +7,18 @@ from pathlib import Path
 from typing import Any
 
 from reward_modeling import coverage
-from skill_runtime import reporting
+from run_kit import rundir
+from skill_runtime import exits, reporting
 
 # The keys of a reward run's metrics row, in order; units and meaning: references/reports.md#reward-metrics-row.
 ROW_KEYS = ("round", "epoch", "step", "examples", "wall_s", "examples_per_s", "loss", "train_accuracy", "margin",
             "held_out_loss", "held_out_accuracy", "held_out_margin", "grad_norm", "trainable_change_norm", "lr")
+_NUMBER = (int, float)
+STATUSES = ("finished", "paused", "interrupted", "failed")
+# what a stored summary.json must hold for watch and a resume to read it (references/reports.md#train-reward-summary)
+SHAPE = {"status": str, "reason": (str, type(None)), "kind": str, "data": str, "device": str, "rounds_done": int,
+         "rounds_planned": int, "steps_done": int, "held_out": dict, "unseen_ids": list, "files": dict,
+         "wall_s": _NUMBER, "verdict": str, "next": str}
 LEARNED_ABOVE = 0.6  # held-out accuracy a run must pass (and rise to) to be said to have learned (chance: 0.5)
 DOC = "sub-skills/reward-modeling/references/preferences.md"
 
@@ -58,6 +65,56 @@ def build_row(round_: int, steps_done: int, steps_per_epoch: int, examples: int,
     return {key: row[key] for key in ROW_KEYS}
 
 
+def parse_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A reward run's metrics row read back from a file (``rundir.parse_rows``), checked: every key
+    of ROW_KEYS it has is a number or null (``step`` an integer); a key it lacks becomes null.
+    Returns the row with every key of ROW_KEYS. Raises ValueError naming the first bad key."""
+    for key in ROW_KEYS:
+        value = row.get(key)
+        kind = int if key == "step" else _NUMBER
+        if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
+            raise ValueError(f"has {key} {str(value)[:40]!r}, not a number (or null)")
+    return {**dict.fromkeys(ROW_KEYS), **row}
+
+
+def problem(summary: Any) -> str | None:
+    """What makes ``summary`` (summary.json as read) not a reward run's summary, or None: a key of
+    SHAPE missing or of another type, an unknown status or kind, held-out figures, unseen ids or
+    files of other shapes."""
+    if not isinstance(summary, dict):
+        return f"a JSON {type(summary).__name__}, not an object"
+    for key, kind in SHAPE.items():
+        value = summary.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            return f"{key} {str(value)[:40]!r} is not a {getattr(kind, '__name__', 'number')}"
+    if summary["status"] not in STATUSES or summary["kind"] != "reward":
+        return f"status {summary['status']!r:.40} or kind {summary['kind']!r:.20} is not a reward run's"
+    held = summary["held_out"]
+    if not all(held.get(k) is None or type(held.get(k)) in _NUMBER for k in ("before", "after")):
+        return "held_out is not {before, after, rounds}"
+    if not all(type(i) is int for i in summary["unseen_ids"]):
+        return "unseen_ids is not a list of ids"
+    if not all(isinstance(v, (str, type(None))) for v in summary["files"].values()) or "metrics" not in summary["files"]:
+        return "files is not names to paths"
+    return None
+
+
+def read(run: rundir.RunDir, run_id: str | None = None) -> dict[str, Any] | None:
+    """The run's summary.json, checked (``problem``; of run ``run_id`` when given), or None while
+    there is none. Raises SkillError(2) naming the file when it is a link, damaged, edited or
+    another run's."""
+    summary = run.read_summary()
+    if summary is None:
+        return None
+    wrong = problem(summary)
+    if wrong is None and run_id and summary.get("run_id") and summary["run_id"] != run_id:
+        wrong = f"run id {summary['run_id']}, this run's is {run_id}: another run's"
+    if wrong:
+        raise exits.SkillError(f"{run.summary}: not this run's summary ({wrong}): damaged, edited or copied; "
+                               f"train-reward --resume {run.path} writes it again")
+    return summary
+
+
 def baseline_row(held_out: dict[str, float | None]) -> dict[str, Any]:
     """Row 0: the held-out figures before training, every other one null."""
     row = dict.fromkeys(ROW_KEYS)
@@ -97,10 +154,13 @@ def summarize(run, status: str, reason: str | None, files: dict[str, Any], probe
                "tie_unseen_embeddings": resolved["train"]["tie_unseen_embeddings"],
                "unseen_ids": run.unseen, "coverage": probe, "files": files,
                "wall_s": round(time.perf_counter() - run.started_s, 2)}
-    summary["verdict"], summary["next"] = verdict(summary)
-    env = run.prepared.options.env
-    if env is not None:
-        summary["versions"], summary["warnings"] = env["versions"], env["warnings"]
+    options = run.prepared.options
+    summary["verdict"], summary["next"] = verdict(summary, options.resume_flags)
+    summary["run_id"] = run.run_id
+    if options.env is not None:
+        summary["versions"], summary["warnings"] = options.env["versions"], options.env["warnings"]
+    if run.notes:  # an inexact resume is said where the run's result is
+        summary["warnings"] = [*summary.get("warnings", []), *run.notes]
     return summary
 
 
@@ -121,8 +181,10 @@ def coverage_words(summary: dict[str, Any]) -> str:
     return words
 
 
-def verdict(summary: dict[str, Any]) -> tuple[str, str]:
-    """The verdict line and the next command of a summary."""
+def verdict(summary: dict[str, Any], resume_flags: str = "", curves: bool = True) -> tuple[str, str]:
+    """The verdict line and the next command of a summary; ``resume_flags`` go into the resume
+    command it suggests; ``curves`` as the policy run's (``summary.verdict``: a finished reward
+    run's next step is the policy run either way)."""
     held, status = summary["held_out"], summary["status"]
     run_dir = str(Path(summary["files"]["metrics"]).parent)
     change = (f"held-out accuracy {held['before']:.3f} -> {held['after']:.3f}" if held["after"] is not None else
@@ -141,7 +203,7 @@ def verdict(summary: dict[str, Any]) -> tuple[str, str]:
         return line, (f"train a policy against it: [reward] checkpoint = \"{rm}\" in its config, then "
                       f"{reporting.command('palm-rlhf-skill train', '--config POLICY.toml --run-dir DIR')}")
     word = {"paused": "PAUSED", "interrupted": "INTERRUPTED", "failed": "FAILED", "stopped": "STOPPED"}[status]
-    nxt = reporting.command("palm-rlhf-skill train-reward", f"--resume {run_dir}")
+    nxt = reporting.command("palm-rlhf-skill train-reward", f"--resume {run_dir}{resume_flags}")
     if status == "failed":
         nxt = f"fix it, then {reporting.command('palm-rlhf-skill train-reward', '--config RM.toml --run-dir ' + run_dir + ' --force')}"
     return f"{word} after round {summary['rounds_done']} ({summary['reason']}): {change}", nxt
@@ -170,5 +232,5 @@ def plain(summary: dict[str, Any]) -> str:
     lines += [f"{key}: {path}" for key, path in summary["files"].items() if path]
     lines += [f"warning: {w}" for w in summary.get("warnings", [])]
     lines.append(f"{summary['verdict']}; next: {summary['next']}")
-    return "\n".join(lines)
+    return "\n".join(reporting.terminal_text(line) for line in lines)  # a stored summary's strings escaped
 

@@ -28,6 +28,7 @@ import math
 import signal
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -37,7 +38,7 @@ from run_kit import checkpoint, command, launch, rundir, trackers
 from skill_runtime import byte_tokenizer, exits, placement, streams
 
 PROG = "palm-rlhf-skill train-reward"
-CONFIG_FILE = "reward_run.json"     # the run's config as loaded (absolute paths) and the digests of its files
+KIND = "reward"                     # run_config.json's kind, the checkpoints' trainer (watch.kind_of)
 GROWABLE = frozenset({"train.epochs"})  # a resume may raise epochs: the run goes on
 EVAL_BATCH = 256                    # sequences per forward when scoring held-out rows and the probe
 
@@ -46,12 +47,16 @@ EVAL_BATCH = 256                    # sequences per forward when scoring held-ou
 class Options:
     """How to run, beside the config: ``log_with`` a tracker name or None; ``until`` the last round
     this call runs (None: all); ``progress`` bars on stderr; ``say`` one-line notes; ``env`` what
-    ``version_gate.check_versions`` returned (its versions and warnings go into summary.json)."""
+    ``version_gate.check_versions`` returned (its versions and warnings go into summary.json);
+    ``allow_inexact``, ``keep``, ``resume_flags``: as the policy run's (``loop.Options``)."""
     log_with: str | None = None
     until: int | None = None
     progress: bool = True
     say: Callable[[str], None] = field(default_factory=lambda: command.stderr_lines(PROG, sys.stderr))
     env: dict[str, Any] | None = None
+    allow_inexact: bool = False
+    keep: dict[str, Any] = field(default_factory=dict)
+    resume_flags: str = ""
 
 
 @dataclass
@@ -87,12 +92,23 @@ def prepare(config_path: str | None, run_dir: str | Path, resume: bool, force: b
     installed library, the data read, checked and tokenized. Raises SkillError(2) (3: a tracker
     package missing); a refused start leaves no directory it created."""
     with rundir.claimed(run_dir, resume, force, launch.writes_files(PROG), options.say) as claim:
-        stored_file = claim.run.path / CONFIG_FILE
-        stored = json.loads(stored_file.read_text(encoding="utf-8")) if resume and stored_file.is_file() else None
+        found = claim.run.read_config(resume)  # raises when it is not a run config: never replaced
+        stored = found[0] if found and resume else None
+        if found and stored is not None and stored.get("kind") != KIND:
+            raise exits.SkillError(f"--resume {run_dir}: {found[1]} is a policy run's (palm-rlhf-skill train "
+                                   "--resume continues it)")
         if config_path is None and stored is None:
-            raise exits.SkillError(f"--resume {run_dir}: no {CONFIG_FILE} there to resume from: give --config FILE")
+            raise exits.SkillError(f"--resume {run_dir}: no {rundir.CONFIG} there to resume from: give --config FILE")
         config = rm_config.load(config_path, overrides) if config_path else stored["config"]
-        loaded = {"config": config, "files": rundir.file_digests(rm_config.files_named(config))}
+        if not config_path:
+            try:
+                rm_config.check_structure(config)
+            except exits.SkillError as err:
+                raise exits.SkillError(f"{found[1]}: {err}: damaged or edited; resume with --config FILE (the run's "
+                                       "own)") from None
+        loaded = {"kind": KIND, "config": config, "files": rundir.file_digests(rm_config.files_named(config)),
+                  "run_id": stored.get("run_id") if stored is not None else uuid.uuid4().hex,
+                  "options": {**(stored or {}).get("options", {}), **options.keep}}
         if stored is not None:
             changed = rundir.changed_keys(stored, loaded, GROWABLE)
             if changed:
@@ -153,6 +169,8 @@ class RewardRun:
     start: int = 0
     started_s: float = field(default_factory=time.perf_counter)
     last_checkpoint: Path | None = None
+    notes: list[str] = field(default_factory=list)         # an inexact resume, said in summary.json's warnings
+    loss_sum: float = 0.0                                   # the current round's, this process's
     scored: dict[str, Any] = field(default_factory=dict)   # to_pred's last output (the forward hook)
 
     # --- building -----------------------------------------------------------------------------
@@ -210,15 +228,27 @@ class RewardRun:
         slices = examples.batches(len(prepared.train), resolved["train"]["batch_size"], world)
         self = cls(prepared, trainer, device, unseen, [p for p in trainable], len(slices), slices)
         self.unwrapped.to_pred.register_forward_hook(lambda module, args, output: self.scored.update(pred=output))
-        checkpoint.prime_rotary_to(trainer, max(prepared.train.longest(), prepared.held_out.longest()))
+        longest = max(prepared.train.longest(), prepared.held_out.longest())
+        checkpoint.prime_rotary_to(trainer, longest)
         latest = checkpoint.latest(run) if prepared.resume else None
+        state = None
         if latest is not None:
-            self.start, self.last_checkpoint = checkpoint.load(trainer, latest)["round"], latest
+            state, note = checkpoint.load(trainer, latest, self.run_id, KIND, longest, options.allow_inexact)
+            self.start, self.last_checkpoint = state["round"], latest
+            if note:
+                self.notes.append(note)
+                options.say(note)
         accelerate.wait_for_everyone()
         if self.main:
-            if not prepared.resume or not (run.path / CONFIG_FILE).is_file():
-                rundir.write_atomic(run.path / CONFIG_FILE, json.dumps(prepared.loaded, indent=1))
-            self.rows = rundir.keep_rows_through(run, self.start) if prepared.resume else []
+            if prepared.resume:  # the rows through the checkpoint (checked, or restored from it); later ones are rerun
+                self.rows = checkpoint.resumed_rows(run, state, latest, reward_report.parse_row, options.say)
+            try:
+                if prepared.resume:
+                    rundir.write_rows(run, self.rows)
+                rundir.write_atomic(run.config, json.dumps(prepared.loaded, indent=1))
+            except OSError as err:
+                raise exits.SkillError(f"writing {run.path} failed ({exits.one_line(err)}): free space there, "
+                                       "then start again" + (" (--resume)" if prepared.resume else "")) from None
         if options.log_with and self.main:
             trackers.start(trainer, run.path.name, prepared.loaded["config"], self.start + 1)
         if not self.rows and self.main:
@@ -233,6 +263,10 @@ class RewardRun:
     @property
     def unwrapped(self):
         return self.trainer.accelerate.unwrap_model(self.trainer.reward_model)
+
+    @property
+    def run_id(self) -> str | None:
+        return self.prepared.loaded.get("run_id")
 
     @property
     def resolved(self) -> dict[str, Any]:
@@ -396,19 +430,15 @@ class RewardRun:
         Raises SkillError(2) when the disk refuses it."""
         self.rows.append(row)
         if self.main:
-            rundir.append_row(self.run, row)
+            rundir.append_row_or_refuse(self.run, row)
             if self.prepared.options.log_with:
                 trackers.log(self.trainer, row)
 
     def save(self, round_: int) -> None:
-        """A checkpoint after ``round_``. Raises SkillError(2) when the disk refuses it (the
-        previous one stays the latest)."""
-        try:
-            self.last_checkpoint = checkpoint.save(self.trainer, self.run, round_, {"kind": "reward"})
-        except OSError as err:
-            raise exits.SkillError(f"checkpoint after round {round_} failed ({exits.one_line(err)}): free space in "
-                                   f"{self.run.checkpoints}, then resume (metrics.jsonl holds every finished "
-                                   "round)") from None
+        """A checkpoint after ``round_`` with its rows (``checkpoint.save_rounds``). Raises
+        SkillError as that does (the previous checkpoint stays the latest)."""
+        self.last_checkpoint = checkpoint.save_rounds(self.trainer, self.run, round_, self.rows, self.last_checkpoint,
+                                                      self.run_id, KIND)
 
     # --- the rounds ---------------------------------------------------------------------------
     def rounds(self, progress: streams.Progress) -> tuple[str, str | None]:
@@ -450,7 +480,7 @@ class RewardRun:
         """A finished run's rm.pt and rm_config.json (``artifacts.write``); on the main process the
         token-coverage probe and summary.json; the trackers closed and the lock released. Returns
         the summary."""
-        files = {"metrics": str(self.run.metrics), "config": str(self.run.path / CONFIG_FILE),
+        files = {"metrics": str(self.run.metrics), "config": str(self.run.config),
                  "checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None}
         probe = None
         if self.main:
@@ -463,10 +493,14 @@ class RewardRun:
             if self.main:
                 trackers.end(self.trainer)
         summary = reward_report.summarize(self, status, reason, files, probe)
-        if self.main:
-            rundir.write_atomic(self.run.summary, json.dumps(summary, indent=1, allow_nan=True))
-        if self.prepared.claim.lock is not None:
-            self.prepared.claim.lock.release()
+        try:
+            if self.main:
+                rundir.write_atomic(self.run.summary, json.dumps(summary, indent=1, allow_nan=True))
+        except OSError as err:
+            raise exits.SkillError(f"writing {self.run.summary} failed ({exits.one_line(err)}): free space there, then "
+                                   "resume (every round is checkpointed)") from None
+        finally:
+            self.prepared.claim.release()
         return summary
 
     def coverage_probe(self) -> dict[str, Any]:
