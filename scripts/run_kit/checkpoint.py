@@ -405,3 +405,35 @@ def save_rounds(trainer, run: rundir.RunDir, round_: int, rows: list[dict[str, A
                                    "finished round)") from None
         raise exits.SkillError(f"checkpoint after round {round_} failed ({exits.one_line(err)}; {kept})",
                                exits.EXIT_CHECK_FAILED) from None
+
+
+def restore(trainer, run: rundir.RunDir, resume: bool, run_id: str | None, kind: str, rotary_cap: int,
+            allow_inexact: bool, say: Callable[[str], None]) -> tuple[dict[str, Any] | None, Path | None, str | None]:
+    """On ``resume``, the latest checkpoint ``load``ed into ``trainer``: (its run state, its folder,
+    the note of an inexact resume, also said through ``say``); (None, None, None) for a new run or
+    a run without a checkpoint. Raises as ``load`` does."""
+    latest_ = latest(run) if resume else None
+    if latest_ is None:
+        return None, None, None
+    state, note = load(trainer, latest_, run_id, kind, rotary_cap, allow_inexact)
+    if note:
+        say(note)
+    return state, latest_, note
+
+
+def begin(run: rundir.RunDir, resume: bool, state: dict[str, Any] | None, last: Path | None,
+          parse: Callable[[dict[str, Any]], dict[str, Any]], say: Callable[[str], None],
+          loaded: dict[str, Any]) -> list[dict[str, Any]]:
+    """The main process's start of a run: on ``resume`` the rows through the checkpoint
+    (``resumed_rows``, written back to metrics.jsonl: later ones are rerun), and the run's config
+    record (``loaded``, run_config.json). Returns the rows. Raises SkillError(2) when the disk
+    refuses a write, or as ``resumed_rows`` does."""
+    rows = resumed_rows(run, state, last, parse, say) if resume else []
+    try:
+        if resume:
+            rundir.write_rows(run, rows)
+        rundir.write_atomic(run.config, json.dumps(loaded, indent=1))
+    except OSError as err:
+        raise exits.SkillError(f"writing {run.path} failed ({exits.one_line(err)}): free space there, "
+                               "then start again" + (" (--resume)" if resume else "")) from None
+    return rows

@@ -171,6 +171,24 @@ def config_problem(stored: Any) -> str | None:
     return None
 
 
+def checked_summary(run: RunDir, run_id: str | None, problem: Callable[[Any], str | None],
+                    helper: str) -> dict[str, Any] | None:
+    """``run``'s summary.json checked by ``problem`` (a kind of run's shape check), and of run
+    ``run_id`` when given, or None while there is none. Raises SkillError(2) naming the file when
+    it is a link, damaged, edited or another run's; ``helper`` (``train``) names the command whose
+    ``--resume`` writes it again."""
+    summary = run.read_summary()
+    if summary is None:
+        return None
+    wrong = problem(summary)
+    if wrong is None and run_id and summary.get("run_id") and summary["run_id"] != run_id:
+        wrong = f"run id {summary['run_id']}, this run's is {run_id}: another run's"
+    if wrong:
+        raise exits.SkillError(f"{run.summary}: not this run's summary ({wrong}): damaged, edited or copied; "
+                               f"{helper} --resume {run.path} writes it again")
+    return summary
+
+
 def first_missing(path: Path) -> Path | None:
     """The topmost directory of ``path`` (itself or an ancestor) that does not exist yet: what
     ``prepare`` creates; None when ``path`` exists."""

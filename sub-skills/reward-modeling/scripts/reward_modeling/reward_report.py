@@ -8,7 +8,7 @@ from typing import Any
 
 from reward_modeling import coverage
 from run_kit import rundir
-from skill_runtime import exits, reporting
+from skill_runtime import reporting
 
 # The keys of a reward run's metrics row, in order; units and meaning: references/reports.md#reward-metrics-row.
 ROW_KEYS = ("round", "epoch", "step", "examples", "wall_s", "examples_per_s", "loss", "train_accuracy", "margin",
@@ -101,18 +101,9 @@ def problem(summary: Any) -> str | None:
 
 def read(run: rundir.RunDir, run_id: str | None = None) -> dict[str, Any] | None:
     """The run's summary.json, checked (``problem``; of run ``run_id`` when given), or None while
-    there is none. Raises SkillError(2) naming the file when it is a link, damaged, edited or
-    another run's."""
-    summary = run.read_summary()
-    if summary is None:
-        return None
-    wrong = problem(summary)
-    if wrong is None and run_id and summary.get("run_id") and summary["run_id"] != run_id:
-        wrong = f"run id {summary['run_id']}, this run's is {run_id}: another run's"
-    if wrong:
-        raise exits.SkillError(f"{run.summary}: not this run's summary ({wrong}): damaged, edited or copied; "
-                               f"train-reward --resume {run.path} writes it again")
-    return summary
+    there is none (``rundir.checked_summary``: SkillError(2) for a link, a damaged, edited or
+    another run's file)."""
+    return rundir.checked_summary(run, run_id, problem, "train-reward")
 
 
 def baseline_row(held_out: dict[str, float | None]) -> dict[str, Any]:

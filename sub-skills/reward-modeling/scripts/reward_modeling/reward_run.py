@@ -230,25 +230,13 @@ class RewardRun:
         self.unwrapped.to_pred.register_forward_hook(lambda module, args, output: self.scored.update(pred=output))
         longest = max(prepared.train.longest(), prepared.held_out.longest())
         checkpoint.prime_rotary_to(trainer, longest)
-        latest = checkpoint.latest(run) if prepared.resume else None
-        state = None
-        if latest is not None:
-            state, note = checkpoint.load(trainer, latest, self.run_id, KIND, longest, options.allow_inexact)
-            self.start, self.last_checkpoint = state["round"], latest
-            if note:
-                self.notes.append(note)
-                options.say(note)
+        state, self.last_checkpoint, note = checkpoint.restore(trainer, run, prepared.resume, self.run_id, KIND, longest,
+                                                               options.allow_inexact, options.say)
+        self.start, self.notes = (state["round"] if state else 0), ([note] if note else [])
         accelerate.wait_for_everyone()
-        if self.main:
-            if prepared.resume:  # the rows through the checkpoint (checked, or restored from it); later ones are rerun
-                self.rows = checkpoint.resumed_rows(run, state, latest, reward_report.parse_row, options.say)
-            try:
-                if prepared.resume:
-                    rundir.write_rows(run, self.rows)
-                rundir.write_atomic(run.config, json.dumps(prepared.loaded, indent=1))
-            except OSError as err:
-                raise exits.SkillError(f"writing {run.path} failed ({exits.one_line(err)}): free space there, "
-                                       "then start again" + (" (--resume)" if prepared.resume else "")) from None
+        if self.main:  # the rows through the checkpoint (checked, or restored from it); later ones are rerun
+            self.rows = checkpoint.begin(run, prepared.resume, state, self.last_checkpoint, reward_report.parse_row,
+                                         options.say, prepared.loaded)
         if options.log_with and self.main:
             trackers.start(trainer, run.path.name, prepared.loaded["config"], self.start + 1)
         if not self.rows and self.main:

@@ -145,26 +145,13 @@ class Run:
                    run_id=prepared.loaded.get("run_id"))
         self.check_prompt_lengths()
         checkpoint.prime_rotary_to(self.trainer, self.rotary_cap())
-        latest = checkpoint.latest(run) if prepared.resume else None
-        state = None
-        if latest is not None:
-            state, note = checkpoint.load(self.trainer, latest, self.run_id, name, self.rotary_cap(),
-                                          options.allow_inexact)
-            self.start, self.last_checkpoint = state["round"], latest
-            if note:
-                self.notes.append(note)
-                options.say(note)
+        state, self.last_checkpoint, note = checkpoint.restore(self.trainer, run, prepared.resume, self.run_id, name,
+                                                               self.rotary_cap(), options.allow_inexact, options.say)
+        self.start, self.notes = (state["round"] if state else 0), ([note] if note else [])
         self.trainer.accelerate.wait_for_everyone()  # every rank has read the run directory (prepare) first
-        if self.main:
-            if prepared.resume:  # the rows through the checkpoint (checked, or restored from it); later ones are rerun
-                self.rows = checkpoint.resumed_rows(run, state, self.last_checkpoint, metrics.parse_row, options.say)
-            try:
-                if prepared.resume:
-                    rundir.write_rows(run, self.rows)
-                rundir.write_atomic(run.config, json.dumps(prepared.loaded, indent=1))
-            except OSError as err:
-                raise exits.SkillError(f"writing {run.path} failed ({exits.one_line(err)}): free space there, "
-                                       "then start again" + (" (--resume)" if prepared.resume else "")) from None
+        if self.main:  # the rows through the checkpoint (checked, or restored from it); later ones are rerun
+            self.rows = checkpoint.begin(run, prepared.resume, state, self.last_checkpoint, metrics.parse_row,
+                                         options.say, prepared.loaded)
         if options.log_with and self.main:
             trackers.start(self.trainer, run.path.name, self.config, self.start + 1)
         if not self.rows and self.main:

@@ -8,7 +8,7 @@ from typing import Any
 
 from policy_optimization import trainers
 from run_kit import command, rundir
-from skill_runtime import exits, reporting, streams
+from skill_runtime import reporting, streams
 
 STATUSES = ("finished", "paused", "stopped", "interrupted", "failed")
 _NUMBER = (int, float)
@@ -85,17 +85,9 @@ def problem(summary: Any) -> str | None:
 def read(run: rundir.RunDir, run_id: str | None = None) -> dict[str, Any] | None:
     """The run's summary.json, checked (``problem``), or None while there is none (a running run).
     ``run_id``: this run's (the stored config's); a summary of another id is another run's.
-    Raises SkillError(2) naming the file when it is a link, damaged, edited or another run's."""
-    summary = run.read_summary()
-    if summary is None:
-        return None
-    wrong = problem(summary)
-    if wrong is None and run_id and summary.get("run_id") and summary["run_id"] != run_id:
-        wrong = f"run id {summary['run_id']}, this run's is {run_id}: another run's"
-    if wrong:
-        raise exits.SkillError(f"{run.summary}: not this run's summary ({wrong}): damaged, edited or copied; "
-                               f"train --resume {run.path} writes it again")
-    return summary
+    Raises SkillError(2) naming the file when it is a link, damaged, edited or another run's
+    (``rundir.checked_summary``)."""
+    return rundir.checked_summary(run, run_id, problem, "train")
 
 
 def verdict(summary: dict[str, Any], resume_flags: str = "", curves: bool = True) -> tuple[str, str]:
