@@ -68,8 +68,9 @@ def build_parser() -> options.OneLineParser:
                              + ", ".join(watchdog.RULE_IDS))
     parser.add_argument("--device", default="auto", type=options.device_spec,
                         help="auto (CUDA when available, else CPU), cpu, cuda or cuda:N (default: auto)")
-    parser.add_argument("--cpu-threads", type=options.bounded_int(1), metavar="N",
-                        help="torch intra-op threads (default: torch's default)")
+    parser.add_argument("--cpu-threads", type=cpu_threads, default="auto", metavar="auto|N",
+                        help="torch intra-op threads; auto times round 1 at 1 thread and at torch's default and "
+                             "keeps the faster (CPU, one process; a resume keeps the run's count) (default: auto)")
     parser.add_argument("--nproc", type=options.bounded_int(1, launch.MAX_NPROC), metavar="N",
                         help="train on N local processes (torchrun, DDP; the CPU or one GPU each): every rank "
                              "runs the rounds, rank 0 writes the files (training-run.md#several-processes)")
@@ -77,6 +78,16 @@ def build_parser() -> options.OneLineParser:
     options.add_progress_option(parser)
     options.add_allow_untested_option(parser)
     return parser
+
+
+def cpu_threads(text: str) -> str | int:
+    """``--cpu-threads``: ``auto`` or a count of at least 1 (``threads.parse``)."""
+    import argparse
+    from policy_optimization.run import threads  # torch-free
+    try:
+        return threads.parse(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto or a whole number of at least 1, got {text!r}") from None
 
 
 def check_arguments(args) -> None:
@@ -117,14 +128,13 @@ def main(argv: list[str] | None = None) -> int:
     progress = streams.Progress(loop.PROG, (not args.json or args.progress) and (world is None or world.is_main),
                                 rank_stream)
     run_options = loop.Options(log_with=args.log_with, stop_on=stop_on, until=args.until, progress=progress.enabled,
-                               say=loop.stderr_lines(progress.stream if rank_stream else sys.stderr), env=env)
+                               say=loop.stderr_lines(progress.stream if rank_stream else sys.stderr), env=env,
+                               cpu_threads=args.cpu_threads)
     caller = Path.cwd()
     config = None if not args.config else args.config if run_config.from_stdin(args.config) else \
         str((caller / args.config).resolve())  # standard input is read once, by loop.prepare
     run_dir = (caller / (args.resume or args.run_dir)).resolve()
     import torch  # noqa: F401  (the run's imports)
-    from skill_runtime import placement
-    threads = placement.torch_threads(args.cpu_threads) if args.cpu_threads else _same_threads()
     prepared = loop.prepare(config, run_dir, bool(args.resume), args.force, args.set, run_options)
     finished = prepared.run.read_summary() if prepared.resume else None
     if finished and finished.get("status") == "finished" and \
@@ -136,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         finished["versions"], finished["warnings"] = env["versions"], env["warnings"]
         return runner.emit(finished, args.json, plain_summary, exits.EXIT_OK)
     prepared.place(args.device)  # a device it cannot have: one line, before the build's progress line
-    with workspace.private_workdir(), threads:  # the library's relative paths (TPO's replay buffer) go there
+    with workspace.private_workdir():  # the library's relative paths (TPO's replay buffer) go there
         with progress.stage("build the trainer" + (" and restore the last checkpoint" if args.resume else "")):
             run = loop.Run.build(prepared, args.device)
         try:
@@ -191,12 +201,6 @@ def status_code(summary: dict) -> int:
         return exits.EXIT_TERMINATED if "SIGTERM" in (summary.get("reason") or "") else exits.EXIT_INTERRUPTED
     return {"finished": exits.EXIT_OK, "paused": exits.EXIT_OK, "stopped": exits.EXIT_CHECK_FAILED,
             "failed": exits.EXIT_CHECK_FAILED}[summary["status"]]
-
-
-def _same_threads():
-    import contextlib
-    import torch
-    return contextlib.nullcontext(torch.get_num_threads())
 
 
 def plain_summary(summary: dict) -> str:

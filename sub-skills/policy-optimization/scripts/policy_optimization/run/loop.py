@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from policy_optimization import builder, evaluation, run_config, trainers
-from policy_optimization.run import checkpoint, export, metrics, rundir, trackers, watchdog
+from policy_optimization import builder, evaluation, programs, run_config, trainers
+from policy_optimization.run import checkpoint, export, metrics, rundir, threads, trackers, watchdog
 from policy_optimization.run import summary as run_summary
 from skill_runtime import exits, placement, runner, streams, workspace
 
@@ -39,13 +39,16 @@ class Options:
     end the run (exit 1); ``until`` the last round this call runs (None: ``[run] rounds``; a later
     ``resume`` continues); ``progress`` bars and lines on stderr; ``say`` where one-line notes go;
     ``env`` what ``version_gate.check_versions`` returned to the command (its ``versions`` and
-    ``warnings`` go into summary.json; None: neither key)."""
+    ``warnings`` go into summary.json; None: neither key); ``cpu_threads`` ``"auto"`` (time round 1
+    at one thread and torch's default, keep the faster: ``threads``), a count, or None (torch's as
+    it is)."""
     log_with: str | None = None
     stop_on: frozenset[str] = frozenset()
     until: int | None = None
     progress: bool = True
     say: Callable[[str], None] = field(default_factory=lambda: stderr_lines(sys.stderr))
     env: dict[str, Any] | None = None
+    cpu_threads: str | int | None = None
 
 
 def stderr_lines(stream) -> Callable[[str], None]:
@@ -107,6 +110,9 @@ class Run:
     policy_palm: Any = None                                  # the policy's PaLM and LoRA scope, unwrapped once
     scope: str | None = None
     lock: rundir.RunLock | None = None                       # the run directory's, held until finish()
+    unseen: Any = None      # (num_tokens,) bool: ids the reward model never trained on (metrics.unseen_mask), or None
+    gold: Any = None        # the [eval] gold metric (a RuleReward), or None
+    threads: dict[str, Any] = field(default_factory=dict)  # threads.start's record; a resume's: its checkpoint's
 
     @property
     def name(self) -> str:
@@ -159,14 +165,19 @@ class Run:
         import ddp_fixes
         ddp_fixes.apply_ddp_fixes(built.trainer)  # a no-op in one process (distributed.md#what-each-trainer-needs)
         name, trainer = resolved["name"], built.trainer
+        coverage = builder.reward_coverage(resolved)
+        gold = programs.rule_reward(resolved, anchor=False, section="eval")
         self = cls(run, prepared.loaded["config"], resolved, built, device, options, rows=[], start=0,
-                   facts=run_facts(resolved, built), groups=trainers.trainable_groups(name, trainer),
-                   policy_palm=trainers.actor_palm(name, trainer), scope=trainers.actor_scope(name, trainer))
-        checkpoint.prime_rotary_to(self.trainer, self.rotary_cap())
+                   facts=run_facts(resolved, built, coverage is not None), groups=trainers.trainable_groups(name, trainer),
+                   policy_palm=trainers.actor_palm(name, trainer), scope=trainers.actor_scope(name, trainer),
+                   unseen=None if coverage is None else metrics.unseen_mask(coverage, resolved["palm"]["num_tokens"]),
+                   gold=None if gold is None else gold.to(device))
+        checkpoint.prime_rotary_to(self.trainer, rotary_cap(built, self.train_kwargs()["max_seq_len"]))
         latest = checkpoint.latest(run) if prepared.resume else None
         if latest is not None:
             state = checkpoint.load(self.trainer, latest)
             self.start, self.last_checkpoint = state["round"], latest
+            self.threads = state.get("cpu_threads") or {}
         self.trainer.accelerate.wait_for_everyone()  # every rank has read the run directory (prepare) first
         if self.main:
             if not prepared.resume or not (run.path / CONFIG_FILE).is_file():
@@ -178,14 +189,6 @@ class Run:
             self.write_row(self.baseline_row())
         return self
 
-    def rotary_cap(self) -> int:
-        """The longest sequence any forward of this run sees: the padded prompt width (TPO's
-        buffer rows: prompt width + max_seq_len) or a held-out prompt, plus max_seq_len."""
-        widths = [int(self.built.prompt_ids.shape[-1])]
-        if self.built.eval_prompt_ids is not None:
-            widths.append(int(self.built.eval_prompt_ids.shape[-1]))
-        return max(widths) + self.train_kwargs()["max_seq_len"]
-
     def train_kwargs(self) -> dict[str, Any]:
         """One round's ``train()`` arguments with the library's defaults filled in."""
         effective = self.resolved["effective"]["train"]
@@ -193,20 +196,17 @@ class Run:
                 **run_config.train_kwargs(self.resolved)}
 
     # --- one round ----------------------------------------------------------------------------
-    def held_out(self) -> float | None:
-        """The held-out reward now (``evaluation.held_out_reward``), or None without [eval]; the
-        main process only."""
+    def held_out(self) -> evaluation.HeldOut | None:
+        """The held-out evaluation now (``evaluation.of_run``: reward, per prompt, the gold metric),
+        or None without [eval]; the main process only."""
         if self.built.eval_prompt_ids is None or not self.main:
             return None
-        kwargs = self.train_kwargs()
         try:  # as a round: the library's output captured, the user's prints on stderr (program_output)
             with streams.capture_library_output():
-                return evaluation.held_out_reward(
-                    self.policy_palm, self.scope,
+                return evaluation.of_run(
+                    self.resolved, self.policy_palm, self.scope,
                     trainers.unwrap(self.trainer, self.trainer.reward_model), self.built.eval_prompt_ids,
-                    self.resolved["eval"]["samples"], kwargs["max_seq_len"],
-                    self.resolved["run"]["seed"] + EVAL_SEED_OFFSET,
-                    temperature=kwargs.get("temperature", 1.0), eos_token=kwargs.get("eos_token"),
+                    self.resolved["run"]["seed"] + EVAL_SEED_OFFSET, metric=self.gold,
                     pad_value=int(self.trainer.pad_value))
         except Exception as exc:  # noqa: BLE001 - sorted: the user's program, or the library
             raise round_error(f"the held-out evaluation after round {self.rows[-1]['round'] if self.rows else 0}",
@@ -215,7 +215,7 @@ class Run:
     def baseline_row(self) -> dict[str, Any]:
         """Row 0: the held-out reward before training, every other figure null."""
         row = dict.fromkeys(metrics.ROW_KEYS)
-        row.update(round=0, held_out_reward=self.held_out(), rules=[])
+        row.update(metrics.held_out_figures(self.held_out()), round=0, rules=[])
         return row
 
     def evaluates(self, round_: int) -> bool:
@@ -231,7 +231,7 @@ class Run:
         t0 = time.perf_counter()
         seen = None
         try:
-            with metrics.observe(name, trainer) as seen, streams.capture_library_output() as captured:
+            with metrics.observe(name, trainer, self.unseen) as seen, streams.capture_library_output() as captured:
                 trainer.train(**self.train_kwargs())
         except Exception as exc:  # noqa: BLE001 - sorted: the user's program, or the library
             raise round_error(f"round {round_}", exc, seen.rewards if seen else None) from None
@@ -284,7 +284,8 @@ class Run:
         """A checkpoint of the run after ``round_``. Raises SkillError(2) when the disk refuses it
         (full, read-only): the previous checkpoint stays the latest."""
         try:
-            self.last_checkpoint = checkpoint.save(self.trainer, self.run, round_, {"trainer": self.name})
+            self.last_checkpoint = checkpoint.save(self.trainer, self.run, round_,
+                                                   {"trainer": self.name, "cpu_threads": self.threads})
         except OSError as err:
             kept = f"the checkpoint of round {checkpoint.NAME.fullmatch(self.last_checkpoint.name).group(1).lstrip('0')} is kept" \
                 if self.last_checkpoint else "no earlier checkpoint"
@@ -302,12 +303,27 @@ class Run:
         (TPO's ``train()`` writes ``./tpo_memmap_replay_buffer``), never the caller's."""
         last = min(self.options.until or self.rounds_planned, self.rounds_planned)
         every = self.resolved["run"]["checkpoint_every"]
+        import torch
+        before_threads = torch.get_num_threads()
+        self.threads = threads.start(self.options.cpu_threads, self.threads, self.device.type == "cpu",
+                                     self.trainer.accelerate.num_processes)
+        try:
+            return self._rounds(progress, last, every)
+        finally:
+            torch.set_num_threads(before_threads)
+
+    def _rounds(self, progress: streams.Progress, last: int, every: int) -> tuple[str, str | None]:
+        """``rounds`` once the thread count is set."""
         began = time.perf_counter()
         with workspace.private_workdir(), deferred_signals(self) as signals, progress.stage(
                 f"{self.name}: rounds {self.start + 1}-{last}", total=max(0, last - self.start), unit="rounds",
                 eta=True) as bar:
             for round_ in range(self.start + 1, last + 1):
-                row = self.one_round(round_)
+                if self.threads.get("trial"):
+                    row = threads.trial(self.trainer, self.train_kwargs(), lambda: self.one_round(round_), self.threads,
+                                        self.options.say)
+                else:
+                    row = self.one_round(round_)
                 self.write_row(row)
                 run_summary.report_round(progress, bar, row, last, began, self.start)
                 stop = sorted(set(row["rules"]) & self.options.stop_on)
@@ -375,6 +391,15 @@ class Prepared:
         rundir.discard(self.run, self.created, self.lock)
 
 
+def rotary_cap(built: builder.Built, max_seq_len: int) -> int:
+    """The longest sequence any forward of a run sees: the padded prompt width (TPO's buffer rows:
+    prompt width + max_seq_len) or a held-out prompt, plus ``max_seq_len``."""
+    widths = [int(built.prompt_ids.shape[-1])]
+    if built.eval_prompt_ids is not None:
+        widths.append(int(built.eval_prompt_ids.shape[-1]))
+    return max(widths) + max_seq_len
+
+
 def writes_files() -> bool:
     """Whether this process writes the run directory and holds its lock: a single process, or
     global rank 0 of a launcher's world (``launch.launcher_world``; ``Run.main`` once Accelerate
@@ -435,15 +460,13 @@ def gathered(trainer, seen: metrics.Observation) -> metrics.Observation:
     if trainer.accelerate.num_processes == 1:
         return seen
     from accelerate.utils import gather_object
-    parts = gather_object([{"rewards": seen.rewards, "response_lengths": seen.response_lengths,
-                            "sampled_tokens": seen.sampled_tokens, "advantages": seen.advantages}])
+    shared = ("rewards", "response_lengths", "sampled_tokens", "advantages", "tokens", "bigrams", "unseen_shares")
+    parts = gather_object([{key: getattr(seen, key) for key in shared}])
     merged = metrics.Observation(steps=seen.steps, grad_norms=seen.grad_norms, kl_terms=seen.kl_terms,
                                  learn_calls=seen.learn_calls, last_rollout=seen.last_rollout)
     for part in parts:
-        merged.rewards += part["rewards"]
-        merged.response_lengths += part["response_lengths"]
-        merged.sampled_tokens += part["sampled_tokens"]
-        merged.advantages += part["advantages"]
+        for key in shared:
+            setattr(merged, key, getattr(merged, key) + part[key])
     return merged
 
 
@@ -488,8 +511,9 @@ def round_error(where: str, exc: BaseException, rewards: list[list[float]] | Non
                             exits.EXIT_CHECK_FAILED)
 
 
-def run_facts(resolved: dict[str, Any], built: builder.Built) -> watchdog.RunFacts:
-    """What the watchdog's rules need to know about this run."""
+def run_facts(resolved: dict[str, Any], built: builder.Built, coverage: bool = False) -> watchdog.RunFacts:
+    """What the watchdog's rules need to know about this run; ``coverage``: the reward model's
+    unseen ids are known (``builder.reward_coverage``)."""
     name, effective = resolved["name"], resolved["effective"]["trainer"]
     spec = trainers.TRAINERS[name]
     critic = None
@@ -501,7 +525,8 @@ def run_facts(resolved: dict[str, Any], built: builder.Built) -> watchdog.RunFac
                              update_timesteps=resolved["round"]["update_timesteps"], critic_range=critic,
                              processes=built.trainer.accelerate.num_processes,
                              eval_samples=0 if built.eval_prompt_ids is None else
-                             resolved["eval"]["samples"] * int(built.eval_prompt_ids.shape[0]))
+                             resolved["eval"]["samples"] * int(built.eval_prompt_ids.shape[0]),
+                             num_tokens=resolved["palm"]["num_tokens"], coverage=coverage)
 
 
 class deferred_signals:

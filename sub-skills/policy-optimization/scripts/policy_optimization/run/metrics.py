@@ -32,9 +32,12 @@ from skill_runtime import streams
 ROW_KEYS = ("round", "rollouts", "group_size", "learn_calls", "wall_s", "tokens_per_s", "peak_mib", "rss_mib",
             "reward_mean", "reward_std", "reward_min", "reward_max", "zero_std_group_fraction",
             "advantage_zero_fraction", "advantage_abs_max", "response_length_mean",
-            "one_token_response_fraction", "kl_rollout", "kl_base", "entropy", "losses", "grad_norm",
+            "one_token_response_fraction", "top_token_share", "distinct_2gram_fraction", "unseen_id_fraction",
+            "unseen_reward_corr", "kl_rollout", "kl_base", "entropy", "losses", "grad_norm",
             "optimizer_steps", "trainable_change_norm", "non_finite_weights", "lr", "held_out_reward",
-            "rules")
+            "held_out_std", "held_out_per_prompt", "held_out_gold", "held_out_gold_std", "held_out_gold_per_prompt", "rules")
+HELD_OUT_KEYS = ("held_out_reward", "held_out_std", "held_out_per_prompt", "held_out_gold", "held_out_gold_std",
+                 "held_out_gold_per_prompt")  # what one held-out evaluation fills (``held_out_figures``)
 PROBE_SEQUENCES = 2  # sequences of the round's last rollout that the entropy and kl_base forwards see
 
 
@@ -51,6 +54,9 @@ class Observation:
     learn_calls: int = 0
     last_rollout: tuple[Any, Any, Any] | None = None            # (x, prompt_mask, mask) of the last one
     last_memories: list = field(default_factory=list)           # the last stored experiences (PPO, GRPO, FlowRL)
+    tokens: list = field(default_factory=list)                  # per rollout: its response ids, 1-D int64 (host)
+    bigrams: list = field(default_factory=list)                 # per rollout: its response bigrams as a * 2**32 + b
+    unseen_shares: list[float] = field(default_factory=list)    # per sequence: share of its response ids unseen
 
 
 def _wrap_module_function(stack: contextlib.ExitStack, module: Any, name: str, record) -> None:
@@ -78,9 +84,10 @@ def _grad_norm(params: list):
 
 
 @contextlib.contextmanager
-def observe(name: str, trainer) -> Iterator[Observation]:
+def observe(name: str, trainer, unseen=None) -> Iterator[Observation]:
     """Hooks that fill an ``Observation`` while the ``with`` block runs the trainer's ``train()``;
-    all removed on exit. ``name`` is the trainer's ``trainers.TRAINERS`` key."""
+    all removed on exit. ``name`` is the trainer's ``trainers.TRAINERS`` key; ``unseen``: a (V,)
+    bool tensor, True on the ids the reward model never trained on (``unseen_mask``), or None."""
     import importlib
 
     import torch
@@ -100,6 +107,12 @@ def observe(name: str, trainer) -> Iterator[Observation]:
             seen.sampled_tokens += x.shape[0] * (x.shape[1] - prompt_len)
             seen.last_rollout = (x.detach(), None if prompt_mask is None else prompt_mask.detach(),
                                  None if mask is None else mask.detach())
+            seen.tokens.append(x[response].cpu())
+            pairs = response[:, 1:] & response[:, :-1]
+            seen.bigrams.append((x[:, :-1][pairs] * 2**32 + x[:, 1:][pairs]).cpu())
+            if unseen is not None:
+                hits = (unseen.to(x.device)[x.clamp(0, unseen.shape[0] - 1)] & response).sum(dim=-1)
+                seen.unseen_shares += (hits.float() / response.sum(dim=-1).clamp(min=1).float()).cpu().tolist()
             if name == "tpo":  # tpo.py train: z_score(rewards) if rewards.std() > 0. else zeros
                 rewards = output.detach().float()
                 spread = rewards.numel() > 1 and rewards.std() > 0.  # the std of one reward is NaN: not > 0
@@ -220,13 +233,71 @@ def reward_figures(seen: Observation, grouped: bool) -> dict[str, float | None]:
             "zero_std_group_fraction": (sum(equal) / len(equal)) if grouped else None}
 
 
+def unseen_mask(ids: list[int], num_tokens: int):
+    """(num_tokens,) bool, True on ``ids`` (a reward model's ``unseen_ids``; ids beyond the
+    vocabulary are dropped)."""
+    import torch
+    mask = torch.zeros(num_tokens, dtype=torch.bool)
+    kept = [i for i in ids if 0 <= i < num_tokens]
+    mask[kept] = True
+    return mask
+
+
+def token_figures(seen: Observation) -> dict[str, float | None]:
+    """What the round's responses are made of: ``top_token_share``, the share of every response
+    token that is the round's single most frequent id (1.0: one repeated token);
+    ``distinct_2gram_fraction``, distinct bigrams over all bigrams inside the responses (the
+    "distinct-2" of Li et al. 2016, "A diversity-promoting objective"); ``unseen_id_fraction``,
+    the share of response tokens the reward model never trained on, and ``unseen_reward_corr``,
+    the Pearson correlation over the round's sequences between that share and the reward (None
+    without a coverage record, or when either does not vary)."""
+    import torch
+    out: dict[str, float | None] = dict.fromkeys(("top_token_share", "distinct_2gram_fraction", "unseen_id_fraction",
+                                                  "unseen_reward_corr"))
+    tokens = torch.cat(seen.tokens) if seen.tokens else torch.zeros(0, dtype=torch.long)
+    if tokens.numel():
+        out["top_token_share"] = float(torch.unique(tokens, return_counts=True)[1].max()) / tokens.numel()
+    bigrams = torch.cat(seen.bigrams) if seen.bigrams else torch.zeros(0, dtype=torch.long)
+    if bigrams.numel():
+        out["distinct_2gram_fraction"] = torch.unique(bigrams).numel() / bigrams.numel()
+    shares = seen.unseen_shares
+    if shares:
+        out["unseen_id_fraction"] = sum(shares) / len(shares)
+        rewards = [r for rollout in seen.rewards for r in rollout]
+        out["unseen_reward_corr"] = _correlation(shares, rewards) if len(rewards) == len(shares) else None
+    return out
+
+
+def _correlation(a: list[float], b: list[float]) -> float | None:
+    """Pearson's r of two equal-length lists, None when either is constant or not finite."""
+    n = len(a)
+    if n < 2 or not all(map(math.isfinite, a + b)):
+        return None
+    ma, mb = sum(a) / n, sum(b) / n
+    va, vb = sum((x - ma) ** 2 for x in a), sum((y - mb) ** 2 for y in b)
+    if va == 0 or vb == 0:
+        return None
+    return sum((x - ma) * (y - mb) for x, y in zip(a, b)) / math.sqrt(va * vb)
+
+
+def held_out_figures(held) -> dict[str, Any]:
+    """The row's HELD_OUT_KEYS from one ``evaluation.HeldOut`` (None: not evaluated, every key null)."""
+    if held is None:
+        return dict.fromkeys(HELD_OUT_KEYS)
+    return {"held_out_reward": held.reward_mean, "held_out_std": held.reward_std, "held_out_per_prompt": held.per_prompt,
+            "held_out_gold": held.gold_mean, "held_out_gold_std": held.gold_std,
+            "held_out_gold_per_prompt": held.gold_per_prompt}
+
+
 def build_row(round_: int, seen: Observation, grouped: bool, wall_s: float, printed: str,
               memory: dict[str, float], probe: dict[str, float | None], norms: dict[str, float],
-              non_finite_weights: bool, lr: float, held_out: float | None) -> dict[str, Any]:
+              non_finite_weights: bool, lr: float, held_out) -> dict[str, Any]:
     """The metrics row of one round, keys ``ROW_KEYS`` (``rules`` filled by the watchdog): rewards
-    and groups, advantages, response lengths, the library's KL term (mean over minibatches), the
-    policy probe, printed losses (``streams.parse_losses``), gradient norm (mean over the actor's
-    steps), trainable change norms, seconds (``wall_s``) and MiB (``memory``: peak_mib, rss_mib)."""
+    and groups, advantages, response lengths and tokens (``token_figures``), the library's KL term
+    (mean over minibatches), the policy probe, printed losses (``streams.parse_losses``), gradient
+    norm (mean over the actor's steps), trainable change norms, seconds (``wall_s``), MiB
+    (``memory``: peak_mib, rss_mib) and the held-out evaluation (``held_out``: an
+    ``evaluation.HeldOut``, or None on a round not evaluated)."""
     lengths = seen.response_lengths
     advantages = seen.advantages
     sizes = {len(rollout) for rollout in seen.rewards}
@@ -238,8 +309,8 @@ def build_row(round_: int, seen: Observation, grouped: bool, wall_s: float, prin
            "advantage_abs_max": max((abs(a) for a in advantages), default=None),
            "response_length_mean": _mean([float(n) for n in lengths]),
            "one_token_response_fraction": (sum(n <= 1 for n in lengths) / len(lengths)) if lengths else None,
-           "kl_rollout": _mean([float(v) for v in seen.kl_terms]), **probe, "losses": streams.parse_losses(printed),
+           **token_figures(seen), "kl_rollout": _mean([float(v) for v in seen.kl_terms]), **probe, "losses": streams.parse_losses(printed),
            "grad_norm": _mean([float(v) for v in seen.grad_norms]), "optimizer_steps": dict(seen.steps),
            "trainable_change_norm": norms, "non_finite_weights": non_finite_weights, "lr": lr,
-           "held_out_reward": held_out, "rules": []}
+           **held_out_figures(held_out), "rules": []}
     return {key: row[key] for key in ROW_KEYS}
