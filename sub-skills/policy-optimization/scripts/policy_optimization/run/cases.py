@@ -214,12 +214,14 @@ def confident_palm(folder: Path) -> dict:
     return {"palm": {"checkpoint": "confident.pt"}}
 
 
-def gamed_reward_model(folder: Path) -> dict:
+def gamed_reward_model(folder: Path, tie: str = "best") -> dict:
     """A reward model as ``train-reward`` leaves one, in ``folder/rm/``: ``rm.pt`` (a RewardModel of
     ``probe_kit.TINY_PALM``, LoRA as the default), ``rm_config.json`` and ``summary.json`` with
     ``unseen_ids``. It is trained (Bradley-Terry, 60 steps) to prefer digits to letters on pairs
     that use only the 37 byte values of SEEN; then the 220 other ids get the embedding of its best
-    digit, as the issue measured (they scored like the preferred ones). Returns the config keys."""
+    digit (``tie`` "best"), as the issue measured (they scored like the preferred ones), or the
+    mean of the seen ids' embeddings ("mean": the remedy, which the rule must leave alone).
+    Returns the config keys."""
     import json
     import torch
     import torch.nn.functional as F
@@ -252,7 +254,8 @@ def gamed_reward_model(folder: Path) -> dict:
         scores = rm(torch.cat((torch.full((10, 3), ids("a")[0]), digits[:, None].expand(10, 8)), dim=1),
                     prompt_mask=prompt_mask.expand(10, -1))
         best = int(digits[scores.argmax()])
-        rm.palm.token_emb.weight[unseen] = rm.palm.token_emb.weight[best].clone()
+        weight = rm.palm.token_emb.weight
+        weight[unseen] = (weight[best] if tie == "best" else weight[seen].mean(dim=0)).clone()
     out = folder / "rm"
     out.mkdir(exist_ok=True)
     torch.save(rm.state_dict(), out / "rm.pt")
@@ -261,4 +264,5 @@ def gamed_reward_model(folder: Path) -> dict:
     return {"reward": {"checkpoint": "rm/rm.pt"}}
 
 
-SETUPS = {"confident_palm": confident_palm, "gamed_reward_model": gamed_reward_model}
+SETUPS = {"confident_palm": confident_palm, "gamed_reward_model": gamed_reward_model,
+          "covered_reward_model": lambda folder: gamed_reward_model(folder, tie="mean")}

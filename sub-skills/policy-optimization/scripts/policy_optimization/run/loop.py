@@ -165,7 +165,7 @@ class Run:
         import ddp_fixes
         ddp_fixes.apply_ddp_fixes(built.trainer)  # a no-op in one process (distributed.md#what-each-trainer-needs)
         name, trainer = resolved["name"], built.trainer
-        coverage = builder.reward_coverage(resolved)
+        coverage = prepared.coverage
         gold = programs.rule_reward(resolved, anchor=False, section="eval")
         self = cls(run, prepared.loaded["config"], resolved, built, device, options, rows=[], start=0,
                    facts=run_facts(resolved, built, coverage is not None), groups=trainers.trainable_groups(name, trainer),
@@ -242,8 +242,10 @@ class Run:
         held = self.held_out() if self.evaluates(round_) else None
         memory = {"peak_mib": round(meter.peak() / 2**20, 1), "rss_mib": round(meter.rss() / 2**20, 1)}
         lr = trainers.optimizers(name, trainer)["actor"].param_groups[0]["lr"]
+        gain = metrics.unseen_gain(trainers.unwrap(trainer, trainer.reward_model), seen, self.unseen,
+                                   self.resolved["run"]["seed"] + round_) if self.main else None
         row = metrics.build_row(round_, seen, self.facts.grouped, wall, captured.stdout, memory, probe, norms,
-                                non_finite, lr, held)
+                                non_finite, lr, held, self.unseen, gain)
         fired = watchdog.evaluate(row, self.rows, self.facts) if self.main else []
         row["rules"] = self.from_main([rule.id for rule, _ in fired])  # every rank stops on the same rules
         if self.main:
@@ -367,6 +369,7 @@ class Prepared:
     options: Options
     lock: rundir.RunLock | None = None  # the writer's (rundir.prepare); None on another rank or without fcntl
     created: Path | None = None         # the topmost directory this invocation created (rundir.first_missing)
+    coverage: list[int] | None = None   # the reward model's unseen ids (builder.reward_coverage)
     placed: dict[str, Any] = field(default_factory=dict)  # device spec -> placement.resolve_device's answer
 
     def place(self, device_spec: str) -> tuple[dict[str, Any], Any]:
@@ -450,7 +453,7 @@ def _prepare(config_path: str | None, run: rundir.RunDir, run_dir: str | Path, r
         trackers.check_available(options.log_with)
     resolved = run_config.check_against_library(config)
     builder.check_prompt_files(resolved)
-    return Prepared(run, loaded, resolved, resume, options)
+    return Prepared(run, loaded, resolved, resume, options, coverage=builder.reward_coverage(resolved))
 
 
 def gathered(trainer, seen: metrics.Observation) -> metrics.Observation:
@@ -460,7 +463,7 @@ def gathered(trainer, seen: metrics.Observation) -> metrics.Observation:
     if trainer.accelerate.num_processes == 1:
         return seen
     from accelerate.utils import gather_object
-    shared = ("rewards", "response_lengths", "sampled_tokens", "advantages", "tokens", "bigrams", "unseen_shares")
+    shared = ("rewards", "response_lengths", "sampled_tokens", "advantages", "tokens", "bigrams")
     parts = gather_object([{key: getattr(seen, key) for key in shared}])
     merged = metrics.Observation(steps=seen.steps, grad_norms=seen.grad_norms, kl_terms=seen.kl_terms,
                                  learn_calls=seen.learn_calls, last_rollout=seen.last_rollout)

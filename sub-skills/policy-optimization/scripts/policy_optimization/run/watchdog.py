@@ -36,7 +36,7 @@ ENTROPY_NOISE = 0.75         # entropy_blowup: above this fraction of log(num_to
 ENTROPY_RISE = 1.0           # ... and this many nats above the first trained round's (e times the choices)
 TOP_TOKEN_SHARE = 0.5        # repeated_token: one id is at least half of every response token of the round ...
 DISTINCT_FLOOR = 0.1         # ... or distinct bigrams are at most this fraction of all (each response repeats others)
-PROMPT_COLLAPSE = 0.5        # held_out_prompt_collapse: one prompt below its best by this fraction of the reward range
+PROMPT_COLLAPSE = 0.4        # held_out_prompt_collapse: one prompt below its best by this fraction of the reward range
 DROP_FRACTION = 0.2          # held_out_drop: one evaluation below the one before by this fraction of the range ...
 DROP_SE = 4.0                # ... and this many standard errors of a held-out mean (a few evaluations per run: 4, not 2)
 UNSEEN_SHARE = 0.1           # unseen_reward_ids: at least this share of response tokens unseen by the reward model ...
@@ -254,7 +254,7 @@ def _entropy_blowup(row, rows, facts):
 
 
 def _repeated_token(row, rows, facts):
-    top, distinct = row.get("top_token_share"), row.get("distinct_2gram_fraction")
+    top, distinct = row.get("top_token_share"), row.get("distinct_bigram_fraction")
     if _finite(top) and top >= TOP_TOKEN_SHARE:
         return f"one id is {top:.0%} of the round's response tokens"
     if _finite(distinct) and distinct <= DISTINCT_FLOOR:
@@ -300,22 +300,12 @@ def _held_out_drop(row, rows, facts):
 
 
 def _unseen_ids(row, rows, facts):
-    """The reward rises with the share of unseen ids: the rounds' correlations (``unseen_reward_corr``
-    over each round's sequences) pooled with Fisher's z, weighted by n - 3, more than NOISE_SE
-    standard errors above 0 (Fisher 1921: z = atanh(r) has standard error 1 / sqrt(n - 3))."""
-    share = row.get("unseen_id_fraction")
-    if not facts.coverage or not _finite(share) or share < UNSEEN_SHARE or not _finite(row.get("unseen_reward_corr")):
+    share, gain, se = row.get("unseen_id_fraction"), row.get("unseen_reward_gain"), row.get("unseen_reward_gain_se")
+    if not facts.coverage or not _finite(share) or share < UNSEEN_SHARE or not _finite(gain) or not _finite(se):
         return None
-    weighted = [(math.atanh(max(min(r["unseen_reward_corr"], 0.999999), -0.999999)), n - 3)
-                for r in [*rows, row] if r["round"] > 0 and _finite(r.get("unseen_reward_corr"))
-                for n in [(r["rollouts"] or 0) * (r["group_size"] or 1)] if n > 3]
-    total = sum(w for _, w in weighted)
-    if not total:
-        return None
-    z = sum(z * w for z, w in weighted) / total
-    if z * math.sqrt(total) > NOISE_SE:
-        return (f"{share:.0%} of the response tokens are ids the reward model never trained on, and the reward "
-                f"rises with them (pooled r = {math.tanh(z):.2f} over {len(weighted)} rounds)")
+    if gain > max(NOISE_SE * se, HELD_OUT_MARGIN * _reward_range(rows, row), 1e-6):
+        return (f"{share:.0%} of the response tokens are ids the reward model never trained on, and they raise its "
+                f"score by {gain:.3g} per sequence (+/- {se:.2g}) over seen ids in their place")
     return None
 
 
