@@ -4,9 +4,9 @@ A round is one call of the trainer's own ``train(num_episodes=1, max_timesteps=M
 update_timesteps=U, ...)`` (``run_config.train_kwargs``): M rollouts and, with the default M = U,
 exactly one ``learn()``, as the bounded-run recipe does (workflows.md#bounded-train). Between
 rounds the run writes one metrics row (``metrics``), runs the watchdog (``watchdog``), scores the
-held-out prompts every ``[eval] every`` rounds (``evaluation.held_out_reward``), logs to the
-trackers (``trackers``) and checkpoints every ``[run] checkpoint_every`` rounds
-(``checkpoint``). At the end it exports the policy (``export``) and writes ``summary.json``.
+held-out prompts every ``[eval] every`` rounds (``evaluation.of_run``: per prompt, and the gold
+metric), logs to the trackers (``trackers``) and checkpoints every ``[run] checkpoint_every``
+rounds (``checkpoint``). ``--cpu-threads auto`` times round 1 at two thread counts (``threads``). At the end it exports the policy (``export``) and writes ``summary.json``.
 
 The command line (``train_run.py``, ``palm-rlhf-skill train``) is a thin layer over ``train``.
 """

@@ -178,7 +178,8 @@ def summary(report: dict[str, Any]) -> str:
     where the observed round's extra time went, the verdict last."""
     lines = []
     for r in report["rows"]:
-        marks = {k: v["verdict"].upper() + (f" ({v['reason']})" if v["reason"] else "") for k, v in r["verdicts"].items()}
+        marks = {k: v["verdict"].upper() + (f" ({'weak: ' if v['weak'] else 'too busy to judge: '}{v['reason']})"
+                                             if v["reason"] else "") for k, v in r["verdicts"].items()}
         spread = r["paired"]["metrics_ratio"]
         lines.append(f"{r['config']}: metrics and watchdog {r['metrics_ratio']:+.1%} of a round (paired "
                      f"{spread['min']:+.1%} to {spread['max']:+.1%}, budget {BUDGETS['metrics_ratio']:.0%}) "
