@@ -209,8 +209,7 @@ NO_LIBRARY_CLAIM = {
     "sub-skills/policy-optimization/references/distributed.md#beyond-one-machine": _INDEX,
     "sub-skills/policy-optimization/references/trainer-selection.md#measured-figures": _OURS,
     **{f"sub-skills/policy-optimization/references/training-run.md#{a}": _OURS for a in (
-        "first-run", "watchdog-rules", "held-out-flat", "exit-codes", "python-api", "held-out-drop",
-        "reward-hacking", "evaluate")},
+        "first-run", "watchdog-rules", "held-out-flat", "exit-codes", "python-api")},
     "sub-skills/policy-optimization/references/troubleshooting.md#symptom-index": _INDEX,
     "sub-skills/policy-optimization/references/troubleshooting.md#silent-failures": _INDEX,
 }

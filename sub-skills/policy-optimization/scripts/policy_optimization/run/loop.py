@@ -308,7 +308,7 @@ class Run:
         import torch
         before_threads = torch.get_num_threads()
         self.threads = threads.start(self.options.cpu_threads, self.threads, self.device.type == "cpu",
-                                     self.trainer.accelerate.num_processes)
+                                     self.trainer.accelerate.num_processes, fresh=self.start == 0)
         try:
             return self._rounds(progress, last, every)
         finally:

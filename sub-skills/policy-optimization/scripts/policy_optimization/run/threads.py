@@ -37,20 +37,22 @@ def parse(text: str) -> str | int:
     return count
 
 
-def start(option: str | int | None, recorded: dict[str, Any] | None, cpu: bool, processes: int) -> dict[str, Any]:
+def start(option: str | int | None, recorded: dict[str, Any] | None, cpu: bool, processes: int,
+          fresh: bool = True) -> dict[str, Any]:
     """Set torch's thread count for a run and return its record: ``mode`` (``auto``, ``given``,
-    ``resumed``, or ``default`` where auto does not apply: not the CPU, several processes, or a
-    default of one thread), ``chosen`` (the count the rounds after the first use), ``default``
-    (torch's), ``timed_s`` (the trial's seconds per count, filled by ``trial``) and ``trial``
-    (True while round 1 is still to be timed). ``recorded``: the record of the checkpoint a
-    resume starts from, whose count it keeps unless ``option`` is a count."""
+    ``resumed``, or ``default`` where auto does not apply: not the CPU, several processes, a
+    default of one thread, or a resume of a run that recorded no count, ``fresh`` False: it
+    trained at torch's default), ``chosen`` (the count the rounds after the first use),
+    ``default`` (torch's), ``timed_s`` (the trial's seconds per count, filled by ``trial``) and
+    ``trial`` (True while round 1 is still to be timed). ``recorded``: the record of the
+    checkpoint a resume starts from, whose count it keeps unless ``option`` is a count."""
     import torch
     default = torch.get_num_threads()
     if isinstance(option, int):
         record = {"mode": "given", "chosen": option}
     elif recorded:
         record = {**recorded, "mode": "resumed", "trial": False}
-    elif option == AUTO and cpu and processes == 1 and default > 1:
+    elif option == AUTO and cpu and processes == 1 and default > 1 and fresh:
         record = {"mode": AUTO, "chosen": default, "trial": True}
     else:
         record = {"mode": "default", "chosen": default}
