@@ -415,7 +415,8 @@ def build_parser() -> options.OneLineParser:
     parser.add_argument("--train-overhead", action="store_true",
                         help="what the run kit adds to a round of palm-rlhf-skill train: metrics and watchdog "
                              "(budget 5%%) and a checkpoint (budget 20%%), at the learning check's size and the "
-                             "accuracy configs' (--repeat: pairs per config)")
+                             "accuracy configs' (--repeat: pairs per config; default 15, 7, 7), judged as the "
+                             "budgets above (inconclusive on a busy machine), with the round's parts timed")
     parser.add_argument("--plan-config", action="append", metavar="NAME",
                         help="with --plan-accuracy: one shipped config (e.g. accuracy-ppo.toml); repeatable")
     parser.add_argument("--axis", action="append", choices=list(scaling.SCALING_AXES), metavar="NAME",
