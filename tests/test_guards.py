@@ -258,7 +258,7 @@ def test_evaluate_bad_input_is_one_line_exit_2(setup, argv, says, gold_run, tmp_
         target.mkdir()
     elif setup == "config only":
         target.mkdir()
-        shutil.copy(gold_run.run.path / loop.CONFIG_FILE, target / loop.CONFIG_FILE)
+        shutil.copy(gold_run.run.config, target / rundir.CONFIG)
     elif setup == "run":
         target = gold_run.run.path
     code, _, err = main_in_process(evaluate_main(), capsys, monkeypatch, tmp_path, "--run-dir", str(target), *argv,

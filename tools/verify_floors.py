@@ -260,7 +260,8 @@ def markdown(requirements: dict[str, Any], records: list[dict[str, Any]], torch_
     for name, spec in sorted(requirements.items()):
         floor = floor_of(spec)
         if name == "torch":
-            result = f"pass ({torch_version}, every trial)" if baseline and baseline["passed"] else "see newest"
+            result = (f"pass ({torch_version}, every trial; each release: [Verified torch](#verified-torch))"
+                      if baseline and baseline["passed"] else "see newest")
         elif floor is None:
             result = "no floor declared; newest passes" if baseline and baseline["passed"] else "no floor declared"
         else:
@@ -273,6 +274,16 @@ def markdown(requirements: dict[str, Any], records: list[dict[str, Any]], torch_
         lines += ["", "| tried | result |", "| --- | --- |"]
         lines += [f"| {' '.join(r['pins'])} | {outcome(r)} |" for r in extra]
     return "\n".join(lines)
+
+
+def build_wheel(work: Path) -> Path:
+    """This repository's wheel, built into ``work/dist``; SkillError(exit 2) when the build fails."""
+    dist = work / "dist"
+    code, _, err, _ = run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(REPO)],
+                          work, PIP_TIMEOUT_S)
+    if code != 0:
+        raise exits.SkillError(f"building the palm-rlhf-skill wheel failed: {err[-500:]}")
+    return next(dist.glob("*.whl"))
 
 
 def build_parser() -> options.OneLineParser:
@@ -315,12 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"scratch {work}; {len(trials)} trials: {', '.join(t for t, _ in trials)}\n")
         base, constraints = make_base(work, torch_req)
         torch_version = constraints.read_text(encoding="utf-8").split("==")[1].strip()
-        dist = work / "dist"
-        code, _, err, _ = run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist),
-                               str(REPO)], work, PIP_TIMEOUT_S)
-        if code != 0:
-            raise exits.SkillError(f"building the palm-rlhf-skill wheel failed: {err[-500:]}")
-        wheel = next(dist.glob("*.whl"))
+        wheel = build_wheel(work)
         watch = sorted({*requirements, LIBRARY})
         for name, pins in trials:
             rec = trial(name, pins, base, constraints, wheel, work, watch)

@@ -23,28 +23,25 @@ SHOW = 3  # decoded samples shown per side by default
 
 
 def locate(run_dir: str) -> tuple[rundir.RunDir, dict[str, Any], Path, str]:
-    """The run directory, its stored config (``loop.CONFIG_FILE``: the config as loaded, absolute
-    paths), and the policy to score: ``policy.pt`` (a finished run) or the latest checkpoint, with
-    how to name it. Raises SkillError(2) when ``run_dir`` holds no run, its config is unreadable,
-    or it has no policy yet (no policy.pt, no checkpoint)."""
+    """The run directory, its stored run config (``RunDir.read_config``: the config as loaded,
+    absolute paths, its ``run_id``), and the policy to score: ``policy.pt`` (a finished run) or
+    the latest checkpoint, with how to name it. Raises SkillError(2) when ``run_dir`` holds no
+    run, its config is damaged, or it has no policy yet (no policy.pt, no checkpoint)."""
     run = rundir.RunDir(Path(run_dir).expanduser().resolve())
     if not run.path.is_dir():
         raise exits.SkillError(f"--run-dir {run_dir}: no such directory (palm-rlhf-skill train --run-dir DIR makes one)")
-    stored = run.path / loop.CONFIG_FILE
-    try:
-        config = json.loads(stored.read_text(encoding="utf-8"))["config"]
-    except FileNotFoundError:
-        raise exits.SkillError(f"--run-dir {run_dir}: no {loop.CONFIG_FILE} there: not a run directory of "
-                               "palm-rlhf-skill train") from None
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise exits.SkillError(f"--run-dir {run_dir}: {stored} is unreadable ({exits.one_line(err)})") from None
-    if run.policy.is_file():
-        return run, config, run.policy, rundir.POLICY
+    found = run.read_config()
+    if found is None:
+        raise exits.SkillError(f"--run-dir {run_dir}: no {rundir.CONFIG} there: not a run directory of "
+                               "palm-rlhf-skill train")
+    stored = found[0]
+    if run.policy.is_file() and not run.policy.is_symlink():
+        return run, stored, run.policy, rundir.POLICY
     latest = checkpoint.latest(run)
     if latest is None:
         raise exits.SkillError(f"--run-dir {run_dir}: no policy yet (no {rundir.POLICY}, no checkpoint): train "
                                "at least one checkpoint_every rounds first, or wait for the run")
-    return run, config, latest, f"checkpoint {latest.name}"
+    return run, stored, latest, f"checkpoint {latest.name}"
 
 
 def program_option(flag: str, value: str) -> str:
@@ -112,7 +109,7 @@ def score(run_dir: str, device_spec: str, prompts: str | None = None, metric: st
     from skill_runtime import placement
     progress = progress or streams.Progress("palm-rlhf-skill evaluate", False)
     run, stored, policy_file, source = locate(run_dir)
-    config = with_options(stored, prompts, metric, text_metric, samples)
+    config = with_options(stored["config"], prompts, metric, text_metric, samples)
     resolved = run_config.check_against_library(config)
     builder.check_prompt_files(resolved)
     run_seed = resolved["run"]["seed"]
@@ -123,7 +120,8 @@ def score(run_dir: str, device_spec: str, prompts: str | None = None, metric: st
         set_seed(run_seed)
         built = builder.build(resolved, device_kwargs, device, seed=run_seed)
         trainer = built.trainer
-        checkpoint.prime_rotary_to(trainer, loop.rotary_cap(built, resolved["effective"]["train"]["max_seq_len"]))
+        cap = loop.rotary_cap(built, resolved["effective"]["train"]["max_seq_len"])
+        checkpoint.prime_rotary_to(trainer, cap)
     reward_model = trainers.unwrap(trainer, trainer.reward_model)
     gold = programs.rule_reward(resolved, anchor=False, section="eval")
     gold = None if gold is None else gold.to(device)
@@ -145,10 +143,10 @@ def score(run_dir: str, device_spec: str, prompts: str | None = None, metric: st
         palm = palm.to(device)
         for block in palm.modules():  # the run's rotary length (checkpoint.prime_rotary_to does it for a trainer)
             if type(block).__name__ == "ParallelTransformerBlock":
-                block.get_rotary_embedding(loop.rotary_cap(built, resolved["effective"]["train"]["max_seq_len"]), device)
+                block.get_rotary_embedding(cap, device)
         policy = scored(palm, None, "policy")
     else:
-        checkpoint.load(trainer, policy_file)
+        checkpoint.load(trainer, policy_file, stored.get("run_id"), name, cap)
         policy = scored(trainers.actor_palm(name, trainer), trainers.actor_scope(name, trainer), "policy")
     eval_table = resolved["eval"]
     gold_key = "metric" if "metric" in eval_table else "text_metric" if "text_metric" in eval_table else None

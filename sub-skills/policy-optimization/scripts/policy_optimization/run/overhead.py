@@ -112,7 +112,7 @@ def measure(config: str, overrides: list[str], pairs: int = 5) -> dict[str, Any]
         for i in range(pairs + 1):  # the order alternates, so a drift of the machine hits both alike
             order = (("plain", plain_round), ("observed", observed_round))
             results = {kind: clocked(work) for kind, work in (order if i % 2 else order[::-1])}
-            saved = clocked(lambda: checkpoint.save(run.trainer, run.run, round_, {"trainer": run.name}))
+            saved = clocked(lambda: checkpoint.save(run.trainer, run.run, round_, {"run_id": run.run_id, "trainer": run.name}))
             if i:  # the first triple warms up (allocations, caches, the first checkpoint folder)
                 for kind, (w, c, _) in (*results.items(), ("checkpoint", saved)):
                     wall[kind].append(w)

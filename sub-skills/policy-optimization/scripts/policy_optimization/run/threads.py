@@ -61,21 +61,22 @@ def start(option: str | int | None, recorded: dict[str, Any] | None, cpu: bool, 
     return record
 
 
-def trial(trainer, train_kwargs: dict[str, Any], real_round: Callable[[], dict[str, Any]],
-          record: dict[str, Any], say: Callable[[str], None]) -> dict[str, Any]:
-    """Round 1 of an ``auto`` run: ``train(**train_kwargs)`` at one thread on a copy of the state,
-    timed and discarded, then ``real_round()`` (the observed round, whose ``wall_s`` times the
-    library's ``train()`` alone) at the default count; the faster count is kept for the rest of
-    the run (``record`` updated, torch set, one line said). Returns the real round's row."""
+def trial(run, real_round: Callable[[], dict[str, Any]], say: Callable[[str], None]) -> dict[str, Any]:
+    """Round 1 of an ``auto`` run (``run``: a ``loop.Run`` whose ``threads`` record ``start``
+    made): ``train()`` at one thread on a copy of the state, timed and discarded (a checkpoint
+    saved before and loaded after it), then ``real_round()`` (the observed round, whose ``wall_s``
+    times the library's ``train()`` alone) at the default count; the faster count is kept for the
+    rest of the run (the record updated, torch set, one line said). Returns the real round's row."""
     import torch
+    record = run.threads
     with tempfile.TemporaryDirectory(prefix="cpu-threads-") as tmp:
-        saved = checkpoint.save(trainer, rundir.RunDir(Path(tmp)), 0, {"purpose": "cpu-threads trial"})
+        saved = checkpoint.save(run.trainer, rundir.RunDir(Path(tmp)), 0, {"run_id": run.run_id, "trainer": run.name})
         torch.set_num_threads(1)
         t0 = time.perf_counter()
         with streams.capture_library_output():
-            trainer.train(**train_kwargs)
+            run.trainer.train(**run.train_kwargs())
         one = time.perf_counter() - t0
-        checkpoint.load(trainer, saved)
+        checkpoint.load(run.trainer, saved, run.run_id, run.name, run.rotary_cap())
     torch.set_num_threads(record["default"])
     row = real_round()
     many = row["wall_s"]
