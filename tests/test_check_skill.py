@@ -106,6 +106,7 @@ def test_broken_link_path_and_anchor_are_drift(tmp_path):
                        "path scripts/also_missing.py"] and checked == 5
 
 
+@pytest.mark.slow  # starts a process: not in the quick tier
 def test_check_exits_0_on_this_tree(empty_dir):
     """The issue's 'done when': the installed console script finds no drift."""
     proc, report = run_json([str(BIN / "palm-rlhf-skill"), "check", "--json", "--strict"], empty_dir)
@@ -117,6 +118,7 @@ def test_check_exits_0_on_this_tree(empty_dir):
     assert list(empty_dir.iterdir()) == []
 
 
+@pytest.mark.slow  # starts a process: not in the quick tier
 def test_edited_default_in_library_copy_exits_1(tmp_path, empty_dir):
     lib = library_copy(tmp_path, ("ppo.py", "eps_clip = 0.2,", "eps_clip = 0.3,"))
     proc = run([sys.executable, str(SCRIPT), "--json"], empty_dir, env={"PYTHONPATH": str(lib)})
@@ -133,6 +135,7 @@ def test_edited_default_in_library_copy_exits_1(tmp_path, empty_dir):
     assert list(empty_dir.iterdir()) == []
 
 
+@pytest.mark.slow  # starts a process: not in the quick tier
 def test_fixed_trap_fails_its_canary_naming_the_section(tmp_path):
     """Fix the PPO max_norm bug in a library copy: its canary fails and names the doc section."""
     lib = library_copy(tmp_path, ("ppo.py", "self.accelerator.clip_grad_norm_(self.actor_critic.actor_parameters()",
@@ -145,6 +148,7 @@ def test_fixed_trap_fails_its_canary_naming_the_section(tmp_path):
     assert "troubleshooting.md#ppo-max-norm" in proc.stdout, proc.stdout[-3000:]
 
 
+@pytest.mark.slow  # starts a process: not in the quick tier
 def test_help_and_usage_error_without_torch():
     code = ("import runpy, sys; sys.argv = ['check_skill.py', '--help']\n"
             "try:\n    runpy.run_path(sys.argv.pop(1) if False else %r, run_name='__main__')\n"
@@ -176,6 +180,7 @@ def test_skills_ref_missing_exits_3(monkeypatch, capsys):
     assert "skills-ref is not installed" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # starts a process: not in the quick tier
 def test_write_docs_refuses_an_installed_copy(empty_dir):
     from conftest import BIN, run
     proc = run([str(BIN / "palm-rlhf-skill"), "check", "--write-docs"], empty_dir)
@@ -323,6 +328,7 @@ def default_edit(file: str, symbol: str, param: str, new: str) -> tuple[str, str
     (("flowrl.py", "flowrl.FlowRLTrainer", "beta", "10.5"),
      {f"{TS}#equal-rewards-group", f"{TS}#flowrl-printed-balance", f"{TS}#flowrl-probabilities", f"{SEL}#decision-points"}),
 ], ids=["grpo-group-size", "flowrl-beta"])
+@pytest.mark.slow  # starts a process: not in the quick tier
 def test_changed_default_names_every_stale_place(tmp_path, empty_dir, edit, places):
     """Issue 21: a library whose default moved names every section whose prose follows from it."""
     lib = library_copy(tmp_path, default_edit(*edit))
@@ -338,6 +344,7 @@ def test_changed_default_names_every_stale_place(tmp_path, empty_dir, edit, plac
                 "installed defaults give \"GRPO's default group of 8\"") in " ".join(lines), lines
 
 
+@pytest.mark.slow  # starts a process: not in the quick tier
 def test_edited_cited_code_names_the_sections_citing_it(tmp_path, empty_dir):
     lib = library_copy(tmp_path, ("grpo.py", "    assert (den >= 0).all()\n", "    assert (den >= 0.).all()\n"))
     proc, report = run_json([sys.executable, str(SCRIPT), "--json", "--allow-untested"], empty_dir,
@@ -349,6 +356,7 @@ def test_edited_cited_code_names_the_sections_citing_it(tmp_path, empty_dir):
     assert "assert (den >= 0.).all()" in cited[0]["installed"] and "changed at line 204" in cited[0]["installed"]
 
 
+@pytest.mark.slow  # starts a process: not in the quick tier
 def test_an_edited_line_inside_a_cited_range_is_named(tmp_path, empty_dir):
     """A change in the middle of a cited range: the drift names that line and its new text, not
     the range's unchanged first line."""
@@ -361,6 +369,7 @@ def test_an_edited_line_inside_a_cited_range_is_named(tmp_path, empty_dir):
     assert cited and all("changed at line 653: 'mask = mask & True,'" in d["installed"] for d in cited), report["drift"]
 
 
+@pytest.mark.slow  # starts a process: not in the quick tier
 def test_edited_tree_copy_names_each_kind_of_drift(tmp_path, empty_dir):
     """A copy of the tree checks itself: a deleted argument row, a wrong default in the glossary,
     an argument row citing unrelated lines, a citation moved to unrecorded lines, a section

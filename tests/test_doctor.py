@@ -38,6 +38,7 @@ def diagnose_in_process(capsys, monkeypatch, tmp_path, *argv) -> tuple[int, dict
     return code, json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.slow  # starts a process: not in the quick tier
 def test_doctor_json_is_fit_on_this_machine(empty_dir, home):
     proc, report = run_json([DOCTOR, "doctor", "--json"], empty_dir, env={"HOME": str(home)})
     assert proc.returncode == 0 and report["status"] == "fit" and report["exit_code"] == 0, proc.stderr
@@ -70,6 +71,7 @@ def test_doctor_json_is_fit_on_this_machine(empty_dir, home):
     assert list(empty_dir.iterdir()) == []
 
 
+@pytest.mark.slow  # starts a process: not in the quick tier
 def test_doctor_without_json_writes_the_summary_to_stdout(empty_dir, home):
     # a process, as the next two: tqdm reads TQDM_DISABLE once, when it is imported
     proc = run([DOCTOR, "doctor"], empty_dir,
@@ -85,6 +87,7 @@ def test_doctor_without_json_writes_the_summary_to_stdout(empty_dir, home):
     assert not any(" NO " in line or " x1 " in line for line in lines)  # no Accelerate enum jargon
 
 
+@pytest.mark.slow  # starts a process: not in the quick tier
 def test_doctor_says_what_troubleshooting_says_about_tqdm_disable(empty_dir, home):
     """troubleshooting.md#tqdm-disable: TQDM_DISABLE=1 hides the generate bars, but the `episodes`
     bar still prints (tests/test_canaries.py::test_tqdm_disable proves it on the library). doctor
@@ -101,6 +104,7 @@ def test_doctor_says_what_troubleshooting_says_about_tqdm_disable(empty_dir, hom
     assert "the `episodes` bar still prints" in " ".join(section.split())
 
 
+@pytest.mark.slow  # starts a process: not in the quick tier
 def test_bad_accelerate_flag_fails_and_tqdm_zero_warns(empty_dir, home):
     # both real: accelerate rejects the value; tqdm reads any non-empty TQDM_DISABLE as true
     proc, report = run_json([DOCTOR, "doctor", "--json"], empty_dir,
@@ -267,6 +271,7 @@ def test_available_memory_matches_proc_meminfo():
     assert abs(doctor.placement.available_memory_mib() - expected) < 256  # other processes move it a little
 
 
+@pytest.mark.slow  # starts a process: not in the quick tier
 def test_help_and_usage_errors_do_not_import_torch(empty_dir):
     proc = run([DOCTOR, "doctor", "--help"], empty_dir, env={"PYTHONPROFILEIMPORTTIME": "1"})
     assert proc.returncode == 0 and "exit codes:" in proc.stdout and "--json" in proc.stdout

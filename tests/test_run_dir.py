@@ -168,6 +168,7 @@ def test_strings_from_a_run_directory_are_escaped(finished, tmp_path, capsys, mo
     assert code == 2 and "\x1b" not in err and "\\x1b]0;pwned" in err, err
 
 
+@pytest.mark.slow  # starts a process: not in the quick tier
 def test_help_and_docs_say_that_a_resume_runs_the_configs_programs(tmp_path):
     proc = run([sys.executable, str(TRAIN), "--help"], tmp_path)
     assert proc.returncode == 0 and "runs the code the run directory's config names" in " ".join(proc.stdout.split())
@@ -341,6 +342,7 @@ mount -o remount,size=64m "$1"
 
 
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare (util-linux)")
+@pytest.mark.slow  # starts a process: not in the quick tier
 def test_a_real_full_disk_in_a_small_tmpfs(tmp_path):
     """The issue's reproducer for real (it used 2 MiB and the first run's 1.6 MB checkpoints),
     where a user namespace may mount a tmpfs (unshare -rm): a 512 KiB tmpfs holds one checkpoint of
@@ -435,6 +437,7 @@ def test_a_reward_program_that_exits_is_the_programs_error(exit_call, tmp_path, 
     assert f"reward program reward.py:score called {exit_call}" in line[0], line
 
 
+@pytest.mark.slow  # starts a process: not in the quick tier
 def test_a_start_killed_before_its_first_row_does_not_block_the_next(tmp_path, capsys, monkeypatch):
     """os._exit in the reward during the round-0 evaluation leaves run_config.json and train.lock
     and no row: watch says the start died, --resume has nothing to resume, a new start runs."""

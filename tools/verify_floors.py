@@ -134,10 +134,11 @@ def failed_checks(report: Any) -> list[str]:
 
 def pip(venv: Path, args: list[str], constraints: Path, work: Path) -> None:
     """``python -m pip install -c constraints ARGS`` in ``venv``; SkillError(exit 2) on failure."""
-    code, out, err, _ = run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
+    code, out, err, _ = run([str(venv / "bin" / "python"), "-m", "pip", "install",
                              "--disable-pip-version-check", "-c", str(constraints), *args], work, PIP_TIMEOUT_S)
-    if code != 0:
-        reasons = [line.strip() for line in err.splitlines() if "requires" in line or "ERROR" in line]
+    if code != 0:  # pip names the cause on stdout ("X 1.0 depends on torch>=2.5"), its verdict on stderr
+        causes = list(dict.fromkeys(line.strip() for line in out.splitlines() if " depends on " in line))
+        reasons = causes[:3] + [line.strip() for line in err.splitlines() if "requires" in line or "ERROR" in line]
         raise exits.SkillError(f"pip install {' '.join(args)} failed: {' | '.join(reasons[-6:]) or err[-500:]}")
 
 
@@ -235,8 +236,9 @@ def outcome(record: dict[str, Any]) -> str:
         return "pass"
     if "install_error" in record:
         pinned = {canonical(pin) for pin in record["pins"]}
-        others = sorted({canonical(n) for n in re.findall(r"([A-Za-z0-9_.-]+)==", record["install_error"])}
-                        - pinned - {LIBRARY})
+        named = (re.findall(r"([A-Za-z0-9_.-]+) [^ |]+ depends on", record["install_error"])
+                 or re.findall(r"([A-Za-z0-9_.-]+)==", record["install_error"]))
+        others = sorted({canonical(n) for n in named} - pinned - {LIBRARY})
         return ("FAIL to install: no version of " + ", ".join(others) + " the ranges allow accepts it"
                 if others else "FAIL to install: " + record["install_error"][-160:])
     name, result = next((k, v) for k, v in record["results"].items() if v["exit"] != 0)

@@ -58,9 +58,28 @@ def verify(version: str, wheel: Path, work: Path, watch: list[str]) -> dict[str,
     # pinned, so the trial drops pyproject.toml's own torch floor (the floor follows these results)
     rec = verify_floors.trial(f"torch {version}", [f"torch=={version}"], base, constraints, wheel, folder, watch)
     shutil.rmtree(base, ignore_errors=True)
+    result = verify_floors.outcome(rec)
+    if "install_error" in rec:  # pip names one conflict of many: ask each requirement alone
+        blocking = blockers(version, folder)
+        result = f"FAIL to install: no version of {', '.join(blocking)} the ranges allow accepts it" if blocking else result
     rec["row"] = row_of(rec.get("versions", {}).get("torch") or version, rec.get("versions", {}).get("accelerate"),
-                        verify_floors.outcome(rec))
+                        result)
     return rec
+
+
+def blockers(version: str, work: Path) -> list[str]:
+    """The declared requirements that no version in their range installs beside ``torch==version``
+    (``pip install --dry-run`` of each alone: metadata only, nothing installed)."""
+    found = []
+    for name, spec in sorted(verify_floors.declared_requirements().items()):
+        if name == "torch":
+            continue
+        code, _, _, _ = verify_floors.run([sys.executable, "-m", "pip", "install", "--dry-run", "-q",
+                                           "--ignore-installed", "--disable-pip-version-check", f"torch=={version}",
+                                           f"{name}{spec}"], work, verify_floors.PIP_TIMEOUT_S)
+        if code != 0:
+            found.append(name)
+    return found
 
 
 def row_of(torch: str, accelerate: str | None, result: str) -> dict[str, str]:

@@ -386,14 +386,15 @@ def resumed_rows(run: rundir.RunDir, state: dict[str, Any] | None, checkpoint: P
 
 
 def save_rounds(trainer, run: rundir.RunDir, round_: int, rows: list[dict[str, Any]], last: Path | None,
-                run_id: str | None, kind: str) -> Path:
+                run_id: str | None, kind: str, extra: dict[str, Any] | None = None) -> Path:
     """``save`` after ``round_`` with the run state a resume checks: ``run_id``, ``kind`` (as
     ``trainer``: the trainer's name, or ``reward``), the rows since ``last`` (the previous
-    checkpoint) and ``rows_digest`` of those before (``resumed_rows``). Returns the new checkpoint.
+    checkpoint) and ``rows_digest`` of those before (``resumed_rows``), plus ``extra`` (a policy
+    run's ``cpu_threads``). Returns the new checkpoint.
     Raises SkillError(2) when the disk refuses it (``exits.write_failed``), SkillError(1) for
     another failure: the previous checkpoint stays the latest either way."""
     previous = round_of(last) if last else -1
-    state = {"trainer": kind, "run_id": run_id, "rows_before": rows_digest([r for r in rows if r["round"] <= previous]),
+    state = {"trainer": kind, "run_id": run_id, **(extra or {}), "rows_before": rows_digest([r for r in rows if r["round"] <= previous]),
              "rows": [r for r in rows if r["round"] > previous]}
     try:
         return save(trainer, run, round_, state)

@@ -15,10 +15,11 @@ from typing import Any, Callable
 from skill_runtime import exits, options, reporting, runner, streams, workspace
 
 
-def add_run_options(parser, config_help: str) -> None:
+def add_run_options(parser, config_help: str, cpu_threads: dict[str, Any] | None = None) -> None:
     """The options of a run command (``train``, ``train-reward``): --config (``config_help``),
     --run-dir, --resume, --allow-inexact-resume, --force, --set, --until, --log-with, --device, --cpu-threads, --nproc,
-    --json, --progress, --allow-untested. Torch-free."""
+    --json, --progress, --allow-untested; ``cpu_threads``: the argparse keywords of a command's own
+    --cpu-threads (``train``'s takes auto), else a count. Torch-free."""
     from run_kit import launch, trackers
     parser.add_argument("--config", metavar="FILE", help=config_help)
     parser.add_argument("--run-dir", metavar="DIR", help="where the run writes its files (created if missing)")
@@ -37,8 +38,9 @@ def add_run_options(parser, config_help: str) -> None:
                         help="also send every row through Accelerate's tracker API, offline, into DIR/trackers/")
     parser.add_argument("--device", default="auto", type=options.device_spec,
                         help="auto (CUDA when available, else CPU), cpu, cuda or cuda:N (default: auto)")
-    parser.add_argument("--cpu-threads", type=options.bounded_int(1), metavar="N",
-                        help="torch intra-op threads (default: torch's default; --resume: the run's own)")
+    parser.add_argument("--cpu-threads", **(cpu_threads or {
+        "type": options.bounded_int(1), "metavar": "N",
+        "help": "torch intra-op threads (default: torch's default; --resume: the run's own)"}))
     parser.add_argument("--nproc", type=options.bounded_int(1, launch.MAX_NPROC), metavar="N",
                         help="train on N local processes (torchrun, DDP; the CPU or one GPU each): every rank "
                              "runs the rounds, rank 0 writes the files (training-run.md#several-processes)")

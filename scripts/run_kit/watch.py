@@ -20,11 +20,13 @@ from run_kit import rundir
 from skill_runtime import exits, reporting
 
 TABLE = (("round", "round", "{:d}"), ("rollouts", "rollouts", "{:d}"), ("reward", "reward_mean", "{:.3f}"),
-         ("held-out", "held_out_reward", "{:.3f}"), ("kl_rollout", "kl_rollout", "{:.3g}"),
+         ("held-out", "held_out_reward", "{:.3f}"), ("gold", "held_out_gold", "{:.3f}"),
+         ("kl_rollout", "kl_rollout", "{:.3g}"),
          ("kl_base", "kl_base", "{:.3g}"), ("entropy", "entropy", "{:.2f}"),
          ("length", "response_length_mean", "{:.1f}"), ("s", "wall_s", "{:.1f}"), ("rules", "rules", "{}"))
-CURVES = (("reward", "reward_mean"), ("held-out", "held_out_reward"), ("kl_base", "kl_base"),
-          ("kl_rollout", "kl_rollout"), ("length", "response_length_mean"))
+CURVES = (("reward", "reward_mean"), ("held-out", "held_out_reward"), ("gold", "held_out_gold"),
+          ("kl_base", "kl_base"), ("kl_rollout", "kl_rollout"), ("entropy", "entropy"),
+          ("length", "response_length_mean"))
 REWARD_TABLE = (("round", "round", "{:d}"), ("epoch", "epoch", "{:.2f}"), ("loss", "loss", "{:.4f}"),
                 ("accuracy", "train_accuracy", "{:.3f}"), ("held-out", "held_out_accuracy", "{:.3f}"),
                 ("margin", "margin", "{:.3g}"), ("rows/s", "examples_per_s", "{:.0f}"), ("s", "wall_s", "{:.1f}"))

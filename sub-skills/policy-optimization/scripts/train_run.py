@@ -56,11 +56,24 @@ def build_parser() -> options.OneLineParser:
                "--resume runs the code the run directory's config names (its reward program and tokenizer, as "
                "Python files): resume only a run directory you trust.\n\n" + EXIT_EPILOG)
     command.add_run_options(parser, "the run's TOML (or .json) config, plan's schema with [run] rounds "
-                            "(references/workflows.md#plan-a-run); - reads it from standard input")
+                            "(references/workflows.md#plan-a-run); - reads it from standard input", cpu_threads={
+        "type": cpu_threads, "metavar": "auto|N",
+        "help": "torch intra-op threads; auto times round 1 at 1 thread and at torch's default and keeps the faster "
+                "(CPU, one process) (default: auto; --resume: the run's own)"})
     parser.add_argument("--stop-on", metavar="RULE,...|all",
                         help="end the run (checkpoint, exit 1) when one of these watchdog rules fires: "
                              + ", ".join(watchdog.RULE_IDS))
     return parser
+
+
+def cpu_threads(text: str) -> str | int:
+    """``--cpu-threads``: ``auto`` or a count of at least 1 (``threads.parse``)."""
+    import argparse
+    from policy_optimization.run import threads  # torch-free
+    try:
+        return threads.parse(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto or a whole number of at least 1, got {text!r}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     args = command.resumed_options(parser, parser.parse_args(argv), argv)
     command.check_run_arguments(args)
     from policy_optimization import run_config
-    from policy_optimization.run import loop, watchdog
+    from policy_optimization.run import loop, threads, watchdog
     world = command.launched_world(args.nproc)  # one rank of torchrun / accelerate launch / srun?
     stop_on = frozenset()
     if args.stop_on:
@@ -84,12 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     progress, rank_stream = command.rank_progress(world, args.json, args.progress, loop.PROG)
     run_options = loop.Options(log_with=args.log_with, stop_on=stop_on, until=args.until, progress=progress.enabled,
                                say=command.say_for(progress, rank_stream, loop.PROG), env=env,
-                               allow_inexact=args.allow_inexact_resume, keep=keep, resume_flags=flags)
+                               allow_inexact=args.allow_inexact_resume, keep=keep, resume_flags=flags,
+                               cpu_threads=args.cpu_threads or threads.AUTO)
     caller = Path.cwd()
     config = None if not args.config else args.config if run_config.from_stdin(args.config) else \
         str((caller / args.config).resolve())  # standard input is read once, by loop.prepare
     run_dir = (caller / (args.resume or args.run_dir)).resolve()
-    threads = command.threads(args.cpu_threads)
+    given = isinstance(args.cpu_threads, int)  # auto: the run chooses (loop.Run.rounds, threads.py)
+    threads = command.threads(args.cpu_threads if given else None)
     prepared = loop.prepare(config, run_dir, bool(args.resume), args.force, args.set, run_options)
     finished = None
     if prepared.resume:
