@@ -304,7 +304,8 @@ class StepRecorder:
     ``diffs`` can compare each step with the library's full forward of the same prefix. Works on
     either sampler and on any caller (a trainer's ``generate``): the steps are the first call (the
     prompt) and the calls that extend it by one token (the cache feeds that token alone, the
-    library the whole prefix); recording stops at the first other call (the trainer's scoring)."""
+    library the whole prefix); recording stops at the first other call. A caller's own forward of
+    the last prefix plus one token (a trainer scoring prompt + sampled) reads as one more step."""
 
     def __init__(self, palm) -> None:
         self.palm, self.fed, self.logits, self.handles = palm, [], [], []
