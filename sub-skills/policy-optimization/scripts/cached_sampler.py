@@ -25,7 +25,7 @@ forward (ppo.py ``ActorCritic.forward``, grpo.py and flowrl.py ``Actor.forward``
 other than ``finetune_scope``/``disable_lora``, hooks on a layer, a patched ``forward``) runs the
 library's generate unchanged.
 
-Only torch, einops and palm_rlhf_pytorch are imported (lazily); this file imports nothing from the
+Only torch and palm_rlhf_pytorch are imported (lazily); this file imports nothing from the
 skill package but ``ddp_fixes`` (its sibling) and runs from a copy of the skill tree.
 """
 from __future__ import annotations
@@ -247,7 +247,6 @@ class KVCacheForward:
         returns the block's output (b, m, dim), to be added to ``x``. The same modules and
         functions in the same order; attention reads every cached key (``attend_last`` for one
         new position after the prompt)."""
-        from einops import rearrange
         from palm_rlhf_pytorch.palm import apply_rotary_pos_emb, l2norm
         m = x.shape[1]
         x = block.norm(x)
@@ -257,7 +256,7 @@ class KVCacheForward:
             q = q + lora_q(x)
             k = k + lora_k(x)
             v = v + lora_v(x)
-        q = rearrange(q, "b n (h d) -> b h n d", h=block.heads)
+        q = q.unflatten(-1, (block.heads, -1)).transpose(1, 2)  # rearrange 'b n (h d) -> b h n d' (palm.py:228)
         if block.qk_rmsnorm:
             q, k = map(l2norm, (q, k))
             q = q * block.q_scale
@@ -278,7 +277,7 @@ class KVCacheForward:
             out = block.attend(q, keys, values)
         else:
             out = attend_last(block.attend, q, keys, values)
-        out = rearrange(out, "b h n d -> b n (h d)")
+        out = out.transpose(1, 2).flatten(2)  # rearrange 'b h n d -> b n (h d)' (palm.py:250)
         attn_out = block.attn_out(out)
         ff_out = block.ff_out(ff)
         if lora is not None:
