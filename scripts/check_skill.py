@@ -22,6 +22,7 @@ the tested range, and warns when it is run from a source checkout whose installe
 Usage:
     check_skill.py                       # report on stdout: drift lines, then the verdict
     check_skill.py --json                # one JSON object on stdout
+    check_skill.py --strict              # exit 1 also on another version's changes and on moved lines (CI)
     check_skill.py --dump-installed      # the installed API in the record's format (to update it)
     check_skill.py --render SYMBOL       # the markdown signature block for one record symbol
     check_skill.py --write-docs          # rewrite the generated blocks in the markdown from the record
@@ -55,10 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = options.OneLineParser(
         prog=Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "check_skill.py",
         description="Compare this skill's documentation with the installed palm-rlhf-pytorch.",
-        epilog="examples:\n  check_skill.py\n  check_skill.py --json\n  palm-rlhf-skill check --json\n"
+        epilog="examples:\n  check_skill.py\n  check_skill.py --json\n  check_skill.py --strict   # maintainers, CI\n  palm-rlhf-skill check --json\n"
                "  check_skill.py --render palm_rlhf_pytorch.RLHFTrainer\n\n"
-               "exit codes: 0 documentation matches; 1 drift found (one line each: "
-               "'file: symbol: documented X, installed Y'); 2 usage error; "
+               "exit codes: 0 documentation matches (also when an installed version other than the pinned one "
+               "changed or moved cited code: a warning names each section; --strict makes that 1); 1 drift found "
+               "(one line each: 'file: symbol: documented X, installed Y'); 2 usage error; "
                "3 palm-rlhf-pytorch, torch or skills-ref missing, or shadowed by a file on the import path "
                "(--allow-untested: compare with that copy, with a warning)")
     mode = parser.add_mutually_exclusive_group()
@@ -70,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="rewrite the generated signature blocks in the markdown from the record")
     mode.add_argument("--write-citations", action="store_true",
                       help="record the text of every cited library line (scripts/citations.json), once checked")
+    parser.add_argument("--strict", action="store_true",
+                        help="exit 1 also when a package installed at another version than the pinned one "
+                             "(scripts/api_record.json tested_with) changes cited code, or cited lines moved "
+                             "(maintainers and CI: the docs cite the pinned versions exactly)")
     options.add_allow_untested_option(parser)  # check: range always allowed; a shadow (an edited library copy) compared
     return parser
 
@@ -91,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
                                    f"checkout, not in an installed copy ({skill_runtime.SKILL_ROOT})")
         if args.write_citations:
             version_gate.check_versions(allow_untested=True, allow_shadowed=args.allow_untested)
+            for move in citations.relocate(markdown.markdown_files()):
+                sys.stdout.write(f"moved {move['file']}: {move['citation']} -> {move['now']}\n")
             sys.stdout.write(f"rewrote {markdown.rel(citations.write_record(markdown.markdown_files()))}\n")
         for path in generated.write_docs(record, markdown.markdown_files()) if args.write_docs else []:
             sys.stdout.write(f"rewrote {markdown.rel(path)}\n")
@@ -100,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(api.record_json({**record, "api": api.dump_installed(record)}))
         return exits.EXIT_OK
     with streams.capture_library_output():
-        result = report.run_checks(allow_shadowed=args.allow_untested)
-    return runner.emit(result, args.json, report.summary, exits.EXIT_OK if result["status"] == "ok" else exits.EXIT_CHECK_FAILED)
+        result = report.run_checks(allow_shadowed=args.allow_untested, strict=args.strict)
+    return runner.emit(result, args.json, report.summary, result["exit_code"])
 
 
 if __name__ == "__main__":

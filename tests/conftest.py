@@ -131,12 +131,35 @@ def restore_sigint():
     signal.signal(signal.SIGINT, before)
 
 
+# The quick tier (``pytest -m quick``, CONTRIBUTING.md): the doc contracts, the run config and the
+# in-process CLI paths, for a maintainer's inner loop. Every test of these modules is in it unless
+# marked ``slow``; a quick test must not start a process (``quick_tier_starts_no_process``).
+QUICK_MODULES = {"test_api_reference_facts.py", "test_check_skill.py", "test_floors.py", "test_reference_gaps.py",
+                 "test_reference_round3.py", "test_run_config.py", "test_run_dir.py", "test_output.py",
+                 "test_trainers.py", "test_rule_reward.py", "test_doctor.py"}
+
+
+@pytest.fixture(autouse=True)
+def quick_tier_starts_no_process(request, monkeypatch):
+    """A test of the quick tier that starts a child process fails, naming the fix (mark it slow):
+    processes importing torch cost seconds each, the tier exists to avoid them."""
+    if request.node.get_closest_marker("quick"):
+        def refuse(*args, **kwargs):
+            raise AssertionError(f"{request.node.nodeid} is in the quick tier but starts a process "
+                                 f"({args[0] if args else kwargs.get('args')!r}): mark it @pytest.mark.slow")
+        monkeypatch.setattr(subprocess, "Popen", refuse)
+    yield
+
+
 def pytest_itemcollected(item):
     """Groups for pytest-xdist's ``--dist loadgroup`` (pyproject.toml's addopts): every test that
     starts a multi-process world (marked ``distributed``) on one worker, one after another, so two
     torchrun worlds never share the cores; and the tests of a module that share a module-scoped
     fixture of that module (a trained run, a built wheel) on one worker, so it is built once.
     (Set as each item is collected: xdist reads the groups in its own collection_modifyitems.)"""
+    if item.path.name in QUICK_MODULES and not item.get_closest_marker("slow") \
+            and not item.get_closest_marker("distributed"):
+        item.add_marker(pytest.mark.quick)
     if item.get_closest_marker("xdist_group"):
         return
     if item.get_closest_marker("distributed"):

@@ -73,8 +73,9 @@ def test_reference_equals_rendering_of_record():
     homes = {}
     for path in files:
         for m in generated.generated_blocks(path.read_text(encoding="utf-8")):
-            homes.setdefault(m["symbol"], []).append(path.relative_to(REPO).as_posix())
-    assert homes == {symbol: [OWNERS.get(symbol, API_REFERENCE)] for symbol in RECORD["api"]}
+            homes.setdefault(m["symbol"] or m["table"], []).append(path.relative_to(REPO).as_posix())
+    assert homes == {**{symbol: [OWNERS.get(symbol, API_REFERENCE)] for symbol in RECORD["api"]},
+                     "torch-verified": ["references/installation.md"]}
 
 
 def test_record_json_is_the_canonical_formatting():
@@ -105,17 +106,19 @@ def test_broken_link_path_and_anchor_are_drift(tmp_path):
                        "path scripts/also_missing.py"] and checked == 5
 
 
+@pytest.mark.slow  # starts a process: not in the quick tier
 def test_check_exits_0_on_this_tree(empty_dir):
     """The issue's 'done when': the installed console script finds no drift."""
-    proc, report = run_json([str(BIN / "palm-rlhf-skill"), "check", "--json"], empty_dir)
-    assert proc.returncode == 0, report["drift"]
-    assert report["status"] == "ok" and report["drift"] == []
+    proc, report = run_json([str(BIN / "palm-rlhf-skill"), "check", "--json", "--strict"], empty_dir)
+    assert proc.returncode == 0, (report["drift"], report["version_drift"], report["moved"])
+    assert report["status"] == "ok" and report["drift"] == [] and report["moved"] == []
     assert report["versions"]["palm-rlhf-pytorch"] == report["tested"]["palm-rlhf-pytorch"] == "0.8.0"
-    assert report["counts"]["symbols"] == 8 and report["counts"]["generated_blocks"] == 8
+    assert report["counts"]["symbols"] == 8 and report["counts"]["generated_blocks"] == 9
     assert report["budget"]["parts"] and "claude_details" in report["budget"]  # the context budget
     assert list(empty_dir.iterdir()) == []
 
 
+@pytest.mark.slow  # starts a process: not in the quick tier
 def test_edited_default_in_library_copy_exits_1(tmp_path, empty_dir):
     lib = library_copy(tmp_path, ("ppo.py", "eps_clip = 0.2,", "eps_clip = 0.3,"))
     proc = run([sys.executable, str(SCRIPT), "--json"], empty_dir, env={"PYTHONPATH": str(lib)})
@@ -132,6 +135,7 @@ def test_edited_default_in_library_copy_exits_1(tmp_path, empty_dir):
     assert list(empty_dir.iterdir()) == []
 
 
+@pytest.mark.slow  # starts a process: not in the quick tier
 def test_fixed_trap_fails_its_canary_naming_the_section(tmp_path):
     """Fix the PPO max_norm bug in a library copy: its canary fails and names the doc section."""
     lib = library_copy(tmp_path, ("ppo.py", "self.accelerator.clip_grad_norm_(self.actor_critic.actor_parameters()",
@@ -144,6 +148,7 @@ def test_fixed_trap_fails_its_canary_naming_the_section(tmp_path):
     assert "troubleshooting.md#ppo-max-norm" in proc.stdout, proc.stdout[-3000:]
 
 
+@pytest.mark.slow  # starts a process: not in the quick tier
 def test_help_and_usage_error_without_torch():
     code = ("import runpy, sys; sys.argv = ['check_skill.py', '--help']\n"
             "try:\n    runpy.run_path(sys.argv.pop(1) if False else %r, run_name='__main__')\n"
@@ -166,7 +171,7 @@ def test_untested_version_warns(monkeypatch):
     real = version_gate.installed_version
     monkeypatch.setattr(version_gate, "installed_version", lambda d: "0.9.1" if d == "palm-rlhf-pytorch" else real(d))
     report = check_report.run_checks()
-    assert any("outside the tested range" in w for w in report["warnings"])
+    assert any(w.startswith("palm-rlhf-pytorch 0.9.1 is outside >=0.8.0,<0.9") for w in report["warnings"])
 
 
 def test_skills_ref_missing_exits_3(monkeypatch, capsys):
@@ -175,6 +180,7 @@ def test_skills_ref_missing_exits_3(monkeypatch, capsys):
     assert "skills-ref is not installed" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # starts a process: not in the quick tier
 def test_write_docs_refuses_an_installed_copy(empty_dir):
     from conftest import BIN, run
     proc = run([str(BIN / "palm-rlhf-skill"), "check", "--write-docs"], empty_dir)
@@ -266,8 +272,8 @@ def test_every_reference_section_cites_its_library_lines():
 def test_citations_match_the_recorded_lines():
     """scripts/citations.json holds exactly the tree's citations, each as the installed code reads."""
     files = markdown.markdown_files()
-    drift, checked = citations.check_citations(files)
-    assert drift == [] and checked >= 300
+    drift, moved, checked = citations.check_citations(files)
+    assert drift == [] and moved == [] and checked >= 300
     assert citations.record_of(files) == citations.load_record(), \
         "scripts/citations.json is not the tree's: check the new citations, then run check_skill.py --write-citations"
 
@@ -322,6 +328,7 @@ def default_edit(file: str, symbol: str, param: str, new: str) -> tuple[str, str
     (("flowrl.py", "flowrl.FlowRLTrainer", "beta", "10.5"),
      {f"{TS}#equal-rewards-group", f"{TS}#flowrl-printed-balance", f"{TS}#flowrl-probabilities", f"{SEL}#decision-points"}),
 ], ids=["grpo-group-size", "flowrl-beta"])
+@pytest.mark.slow  # starts a process: not in the quick tier
 def test_changed_default_names_every_stale_place(tmp_path, empty_dir, edit, places):
     """Issue 21: a library whose default moved names every section whose prose follows from it."""
     lib = library_copy(tmp_path, default_edit(*edit))
@@ -337,6 +344,7 @@ def test_changed_default_names_every_stale_place(tmp_path, empty_dir, edit, plac
                 "installed defaults give \"GRPO's default group of 8\"") in " ".join(lines), lines
 
 
+@pytest.mark.slow  # starts a process: not in the quick tier
 def test_edited_cited_code_names_the_sections_citing_it(tmp_path, empty_dir):
     lib = library_copy(tmp_path, ("grpo.py", "    assert (den >= 0).all()\n", "    assert (den >= 0.).all()\n"))
     proc, report = run_json([sys.executable, str(SCRIPT), "--json", "--allow-untested"], empty_dir,
@@ -348,6 +356,7 @@ def test_edited_cited_code_names_the_sections_citing_it(tmp_path, empty_dir):
     assert "assert (den >= 0.).all()" in cited[0]["installed"] and "changed at line 204" in cited[0]["installed"]
 
 
+@pytest.mark.slow  # starts a process: not in the quick tier
 def test_an_edited_line_inside_a_cited_range_is_named(tmp_path, empty_dir):
     """A change in the middle of a cited range: the drift names that line and its new text, not
     the range's unchanged first line."""
@@ -360,6 +369,7 @@ def test_an_edited_line_inside_a_cited_range_is_named(tmp_path, empty_dir):
     assert cited and all("changed at line 653: 'mask = mask & True,'" in d["installed"] for d in cited), report["drift"]
 
 
+@pytest.mark.slow  # starts a process: not in the quick tier
 def test_edited_tree_copy_names_each_kind_of_drift(tmp_path, empty_dir):
     """A copy of the tree checks itself: a deleted argument row, a wrong default in the glossary,
     an argument row citing unrelated lines, a citation moved to unrecorded lines, a section
@@ -417,3 +427,92 @@ def test_version_mentions_follow_the_record():
     moved = {**RECORD, "tested_version": "0.8.1"}
     named = {d["file"] for d in derived.check_version_mentions(moved, files)}
     assert {"SKILL.md#palm-rlhf-pytorch", "references/glossary.md#glossary"} <= named, sorted(named)
+
+
+# --- issue 29: citations anchored in content; a user's other versions warn, --strict fails -------
+
+def shifted(monkeypatch, package: str, edit=lambda lines: lines, by: int = 7) -> None:
+    """The installed sources as a release of ``package`` would show them: ``by`` new lines at the
+    top of each of its files (every cited line moves), then ``edit`` applied to the lines."""
+    real = citations.source_lines
+
+    def source_lines(path: str):
+        lines = real(path)
+        if lines is None or not citations.qualified(path).startswith(package + "/"):
+            return lines
+        return edit(tuple(f"# new line {i}" for i in range(by)) + lines)
+    monkeypatch.setattr(citations, "source_lines", source_lines)
+
+
+def accelerate_citations() -> list[str]:
+    return [c.key for md in markdown.markdown_files() for c in citations.citations(md) if c.path.startswith("accelerate/")]
+
+
+def test_a_release_that_only_moves_cited_lines_is_moved_not_drift(monkeypatch):
+    """Every cited accelerate range 7 lines down: each is found at its new lines (moved), nothing
+    is drift; exit 0, and 1 under --strict (CI: the docs cite the pinned lines exactly)."""
+    shifted(monkeypatch, "accelerate")
+    report = check_report.run_checks()
+    assert report["drift"] == [] and report["version_drift"] == [], report["drift"]
+    assert report["status"] == "moved" and report["exit_code"] == 0
+    assert len(report["moved"]) == len(accelerate_citations()) >= 12
+    for m in report["moved"]:
+        old = citations.parse_spans(m["citation"].split(":")[1])
+        assert citations.parse_spans(m["now"].split(":")[1]) == tuple((a + 7, b + 7) for a, b in old), m
+    text = check_report.summary(report)
+    assert "moved: accelerate/state.py:747-756 is at accelerate/state.py:754-763 in the installed accelerate" in text
+    assert text.splitlines()[-1].startswith("check: OK (exit 0)")
+    strict = check_report.run_checks(strict=True)
+    assert strict["exit_code"] == 1 and "check_skill.py --write-citations" in check_report.summary(strict).splitlines()[-1]
+
+
+def test_write_citations_rewrites_moved_citations_in_place(monkeypatch, tmp_path):
+    """--write-citations relocates a moved citation without review, as it was written."""
+    doc = tmp_path / "distributed.md"
+    shutil.copy2(REPO / "sub-skills/policy-optimization/references/distributed.md", doc)
+    shifted(monkeypatch, "accelerate")
+    moves = citations.relocate([doc])
+    assert {(m["citation"], m["now"]) for m in moves} >= {("accelerate/state.py:747-756", "accelerate/state.py:754-763")}
+    text = doc.read_text(encoding="utf-8")
+    assert "`accelerate/state.py:754-763`" in text and "accelerate/state.py:747-756" not in text
+    assert citations.relocate([doc]) == []  # the record still holds the old keys: nothing more moves
+
+
+def test_a_changed_cited_line_is_drift_at_the_pinned_version(monkeypatch):
+    """A cited line whose text changed (not found anywhere else) is drift, exit 1, even with moves."""
+    shifted(monkeypatch, "accelerate", lambda lines: tuple(
+        "            elif int(os.environ.get('LOCAL_RANK', -1)) != -1:" if "!= -1 and not cpu" in line else line
+        for line in lines))
+    report = check_report.run_checks()
+    assert report["exit_code"] == 1 and report["status"] == "drift"
+    assert [d["symbol"] for d in report["drift"]] == ["citation accelerate/state.py:747-756"], report["drift"]
+    assert report["drift"][0]["file"].endswith("distributed.md#launching")
+
+
+def test_another_installed_version_warns_naming_the_sections(monkeypatch):
+    """A user with another accelerate whose cited code changed: a warning naming each section,
+    exit 0; --strict (maintainers, CI) exits 1."""
+    shifted(monkeypatch, "accelerate", lambda lines: tuple(
+        line.replace("!= -1 and not cpu", "!= -1") for line in lines))
+    real = version_gate.installed_version
+    monkeypatch.setattr(version_gate, "installed_version", lambda d: "1.15.0" if d == "accelerate" else real(d))
+    report = check_report.run_checks()
+    assert report["drift"] == [] and report["status"] == "version_drift" and report["exit_code"] == 0
+    assert report["pinned"] == {"accelerate": {"installed": "1.15.0", "pinned": RECORD["tested_with"]["accelerate"]}}
+    lines = check_report.summary(report).splitlines()
+    warning = next(line for line in lines if line.startswith("warning: accelerate 1.15.0 is installed"))
+    assert "sub-skills/policy-optimization/references/distributed.md#launching" in warning
+    assert "cited range(s) stand at other lines" in warning
+    assert lines[-1].startswith("check: VERSION DRIFT (exit 0)")
+    assert check_report.run_checks(strict=True)["exit_code"] == 1
+
+
+def test_strict_is_in_the_help():
+    text = " ".join(check.build_parser().format_help().split())
+    assert "check_skill.py --strict" in text and "--strict makes that 1" in text
+
+
+def test_project_files_the_docs_may_name_exist_in_the_repository():
+    """Files of the source project that the wheel's tree does not ship may be named in the docs
+    (paths.PROJECT_FILES): each must exist here, so a rename is not silently exempt."""
+    assert all((REPO / name).is_file() for name in paths.PROJECT_FILES), paths.PROJECT_FILES

@@ -598,10 +598,14 @@ def test_doc_replay_buffers_sharing_a_folder_share_one_timestep_counter(tmp_path
 
 
 def test_doc_gpu_backend_fact_matches_accelerate_source():
+    """distributed.md#launching: with LOCAL_RANK set and not cpu, the accelerator's device type
+    picks the distributed type and backend: cuda -> MULTI_GPU with nccl (accelerate 1.16)."""
     from accelerate import PartialState
+    from accelerate.utils.imports import get_distributed_backend
     source = inspect.getsource(PartialState._prepare_backend)
-    assert 'backend = "nccl"' in source and "distributed_type = DistributedType.MULTI_GPU" in source
     assert 'int(os.environ.get("LOCAL_RANK", -1)) != -1 and not cpu' in source
+    assert 'if device_type == "cuda":\n                    distributed_type = DistributedType.MULTI_GPU' in source
+    assert get_distributed_backend("cuda") == "nccl"
 
 
 def test_doc_names_exist():

@@ -38,6 +38,7 @@ def diagnose_in_process(capsys, monkeypatch, tmp_path, *argv) -> tuple[int, dict
     return code, json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.slow  # starts a process: not in the quick tier
 def test_doctor_json_is_fit_on_this_machine(empty_dir, home):
     proc, report = run_json([DOCTOR, "doctor", "--json"], empty_dir, env={"HOME": str(home)})
     assert proc.returncode == 0 and report["status"] == "fit" and report["exit_code"] == 0, proc.stderr
@@ -70,6 +71,7 @@ def test_doctor_json_is_fit_on_this_machine(empty_dir, home):
     assert list(empty_dir.iterdir()) == []
 
 
+@pytest.mark.slow  # starts a process: not in the quick tier
 def test_doctor_without_json_writes_the_summary_to_stdout(empty_dir, home):
     # a process, as the next two: tqdm reads TQDM_DISABLE once, when it is imported
     proc = run([DOCTOR, "doctor"], empty_dir,
@@ -85,6 +87,7 @@ def test_doctor_without_json_writes_the_summary_to_stdout(empty_dir, home):
     assert not any(" NO " in line or " x1 " in line for line in lines)  # no Accelerate enum jargon
 
 
+@pytest.mark.slow  # starts a process: not in the quick tier
 def test_doctor_says_what_troubleshooting_says_about_tqdm_disable(empty_dir, home):
     """troubleshooting.md#tqdm-disable: TQDM_DISABLE=1 hides the generate bars, but the `episodes`
     bar still prints (tests/test_canaries.py::test_tqdm_disable proves it on the library). doctor
@@ -101,6 +104,7 @@ def test_doctor_says_what_troubleshooting_says_about_tqdm_disable(empty_dir, hom
     assert "the `episodes` bar still prints" in " ".join(section.split())
 
 
+@pytest.mark.slow  # starts a process: not in the quick tier
 def test_bad_accelerate_flag_fails_and_tqdm_zero_warns(empty_dir, home):
     # both real: accelerate rejects the value; tqdm reads any non-empty TQDM_DISABLE as true
     proc, report = run_json([DOCTOR, "doctor", "--json"], empty_dir,
@@ -183,7 +187,21 @@ def test_untested_library_version_exits_3(capsys, monkeypatch, tmp_path):
     code, report = diagnose_in_process(capsys, monkeypatch, tmp_path)
     assert code == 3
     library = checks_by_name(report)["library"]
-    assert "outside the tested range" in library["detail"] and "--allow-untested" in library["fix"]
+    assert library["status"] == "unsupported", library
+    assert "palm-rlhf-pytorch 0.9.1 is outside >=0.8.0,<0.9" in library["detail"] and "--allow-untested" in library["fix"]
+
+
+@pytest.mark.parametrize("torch, status, code", [("2.1.2", "unsupported", 3), ("2.12.1", "warn", 0),
+                                                 ("2.11.0+cu130", "ok", 0)])
+def test_torch_row_says_supported_verified_or_not(capsys, monkeypatch, tmp_path, torch, status, code):
+    """Issue 29: a torch below palm-rlhf-pytorch's own requirement is 'unsupported' (exit 3), one
+    not verified a warning (exit 0), a verified release in any build ok; never 'library: missing'."""
+    real = version_gate.installed_version
+    monkeypatch.setattr(version_gate, "installed_version", lambda dist: torch if dist == "torch" else real(dist))
+    got, report = diagnose_in_process(capsys, monkeypatch, tmp_path)
+    library = checks_by_name(report)["library"]
+    assert library["status"] == status and f"torch {torch}" in library["detail"], library
+    assert doctor.VERDICT_EXIT[status] == code and got == max(doctor.VERDICT_EXIT[c["status"]] for c in report["checks"])
 
 
 def test_missing_dependency_exits_3(capsys, monkeypatch, tmp_path):
@@ -253,6 +271,7 @@ def test_available_memory_matches_proc_meminfo():
     assert abs(doctor.placement.available_memory_mib() - expected) < 256  # other processes move it a little
 
 
+@pytest.mark.slow  # starts a process: not in the quick tier
 def test_help_and_usage_errors_do_not_import_torch(empty_dir):
     proc = run([DOCTOR, "doctor", "--help"], empty_dir, env={"PYTHONPROFILEIMPORTTIME": "1"})
     assert proc.returncode == 0 and "exit codes:" in proc.stdout and "--json" in proc.stdout

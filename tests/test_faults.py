@@ -20,7 +20,7 @@ from skill_runtime import exits, placement, runner, version_gate, workspace
 PALM_SMOKE = REPO / "sub-skills" / "palm-modeling" / "scripts" / "tiny_palm_smoke.py"
 
 
-# --- torch outside the tested range: exit 3 as README and --help promise ---------------------------
+# --- torch: refused only below palm-rlhf-pytorch's own floor, a warning where not verified --------
 
 def gated_line(smoke, monkeypatch, capsys, empty_dir, dist: str, version: str) -> tuple[str, dict]:
     """The smoke's one error line (it must exit 3) with ``dist`` reported at ``version``, and the api record."""
@@ -31,13 +31,32 @@ def gated_line(smoke, monkeypatch, capsys, empty_dir, dist: str, version: str) -
     return one_error_line(capsys.readouterr().err), version_gate.load_api_record()
 
 
-@pytest.mark.parametrize("version", ["2.12.1", "2.14.0"])
-def test_torch_outside_tested_range_exits_3_unless_allowed(smoke, monkeypatch, capsys, empty_dir, version):
+@pytest.mark.parametrize("version", ["2.1.2", "1.13.1"])
+def test_torch_below_the_library_floor_exits_3_unless_allowed(smoke, monkeypatch, capsys, empty_dir, version):
+    """Issue 29, item 3: exit 3 only below palm-rlhf-pytorch's own torch requirement."""
     line, record = gated_line(smoke, monkeypatch, capsys, empty_dir, "torch", version)
-    assert f"torch {version} is outside the tested range {record['torch_supported']}" in line
+    assert f"torch {version} is outside {record['torch_supported']}, palm-rlhf-pytorch's own torch requirement" in line
     assert "--allow-untested" in line and f"torch=={record['tested_with']['torch']}" in line
     code, report = inprocess(smoke, capsys, monkeypatch, empty_dir, "--construct-only", "--allow-untested")
     assert code == 0 and any(w.startswith(f"torch {version} is outside") for w in report["warnings"])
+
+
+@pytest.mark.parametrize("version", ["2.12.1", "2.16.0", "2.11.0+cu130"])
+def test_torch_not_verified_runs_with_one_warning(smoke, monkeypatch, capsys, empty_dir, version):
+    """Issue 29, item 3: a torch that meets the library's requirement runs (exit 0, no flag); one
+    not in the record's verified releases gets one warning naming them; a verified release in
+    another build (2.11.0+cu130: the H200's) gets none."""
+    real = version_gate.installed_version
+    monkeypatch.setattr(version_gate, "installed_version", lambda d: version if d == "torch" else real(d))
+    code, report = inprocess(smoke, capsys, monkeypatch, empty_dir, "--construct-only")
+    assert code == 0, report
+    verified = version_gate.verified_torch(version_gate.load_api_record())
+    warned = [w for w in report["warnings"] if w.startswith(f"torch {version} ")]
+    if version_gate.release(version) in verified:
+        assert warned == [], report["warnings"]
+    else:
+        assert warned == [f"torch {version} was not verified with these helpers (verified: {', '.join(verified)}); "
+                          "it meets palm-rlhf-pytorch's requirement torch>=2.2"], report["warnings"]
 
 
 @pytest.mark.parametrize("version", ["0.26.0", "0.29.3"])
@@ -47,7 +66,7 @@ def test_accelerate_below_its_floor_exits_3_unless_allowed(smoke, monkeypatch, c
     the gate stops it first, as for torch: exit 3, one line naming accelerate and the range."""
     line, record = gated_line(smoke, monkeypatch, capsys, empty_dir, "accelerate", version)
     floor = record["requirements_supported"]["accelerate"]
-    assert f"accelerate {version} is outside the tested range {floor}" in line, line
+    assert f"accelerate {version} is outside {floor}, its verified floor" in line, line
     assert f"pip install 'accelerate{floor}'" in line and "--allow-untested" in line
     code, report = inprocess(smoke, capsys, monkeypatch, empty_dir, "--construct-only", "--allow-untested")
     assert code == 0 and any(w.startswith(f"accelerate {version} is outside") for w in report["warnings"])
@@ -62,14 +81,14 @@ def test_accelerate_missing_exits_3(smoke, monkeypatch, capsys, empty_dir):
     assert "accelerate is not installed: pip install 'accelerate>=" in line, line
 
 
-def test_doctor_exits_3_for_torch_outside_the_tested_range(monkeypatch, capsys, empty_dir):
+def test_doctor_exits_3_for_torch_below_the_library_floor(monkeypatch, capsys, empty_dir):
     from palm_rlhf_skill import doctor
     real = doctor.version_gate.installed_version
-    monkeypatch.setattr(version_gate, "installed_version", lambda d: "2.14.0" if d == "torch" else real(d))
+    monkeypatch.setattr(version_gate, "installed_version", lambda d: "2.1.0" if d == "torch" else real(d))
     monkeypatch.chdir(empty_dir)
     assert doctor.main(["--json"]) == 3
     library = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}["library"]
-    assert "torch 2.14.0 is outside the tested range" in library["detail"]
+    assert library["status"] == "unsupported" and "torch 2.1.0 is outside >=2.2" in library["detail"]
 
 
 # --- the caller's directory: only this run's own writes count ---------------------------------------

@@ -14,6 +14,7 @@ import tomllib
 
 import pytest
 from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
 
 from conftest import REPO
 
@@ -86,15 +87,37 @@ def test_a_version_below_a_verified_floor_is_not_fit(capsys, monkeypatch, tmp_pa
     assert deps["status"] == "fail" and f"{name}: {below} is outside" in deps["detail"], deps
 
 
-def test_torch_gate_floor_is_the_declared_and_tested_floor():
+def test_torch_gate_is_the_library_requirement_and_the_floor_the_lowest_verified():
+    """Issue 29: the helpers refuse only a torch below palm-rlhf-pytorch's own requirement (the
+    record's torch_supported, as the installed library declares it); the package asks for the
+    lowest torch release verified, so pip keeps a user's working torch; SKILL.md's compatibility
+    line says both and lists the verified releases (the record the gate reads)."""
     declared = SpecifierSet(next(r for r in PROJECT["dependencies"] if re.match(r"torch\b(?!-)", r))[len("torch"):])
-    gate = SpecifierSet(RECORD["torch_supported"])
-    assert verify_floors.floor_of(declared) == verify_floors.floor_of(gate) == RECORD["tested_with"]["torch"]
+    library = doctor.declared_requirements()["torch"]["declared"]["palm-rlhf-pytorch"]
+    assert SpecifierSet(RECORD["torch_supported"]) == library
+    verified = version_gate.verified_torch(RECORD)
+    assert verify_floors.floor_of(declared) == verified[0], "pyproject.toml's torch floor: the lowest release verified"
     compatibility = re.search(r"^compatibility: (.*)$", (REPO / "SKILL.md").read_text(encoding="utf-8"),
                               re.MULTILINE).group(1)
     python_floor = verify_floors.floor_of_python(PROJECT["requires-python"])
-    assert f"Python {python_floor}+" in compatibility and f"torch {RECORD['torch_supported']}" in compatibility
+    assert f"Python {python_floor}+" in compatibility
+    assert f"torch {RECORD['torch_supported']} (verified {', '.join(verified)})" in compatibility
     assert f"palm-rlhf-pytorch {RECORD['supported']}" in compatibility
+
+
+def test_pins_are_the_records_tested_versions():
+    """constraints.txt (what CI installs) pins exactly the versions the record says the docs were
+    checked with, and every package whose code the docs cite is pinned in both."""
+    from skill_check import citations, markdown
+    pins = dict(line.split("==") for line in (REPO / "constraints.txt").read_text(encoding="utf-8").splitlines()
+                if line and not line.startswith("#"))
+    pins = {canonicalize_name(k): v for k, v in pins.items()}
+    tested = {canonicalize_name(k): v for k, v in RECORD["tested_with"].items() if k != "python"}
+    assert pins["palm-rlhf-pytorch"] == RECORD["tested_version"]
+    assert {k: pins.get(k) for k in tested} == tested
+    cited = {citations.package_of(c.path) for md in markdown.markdown_files() for c in citations.citations(md)}
+    assert cited - {canonicalize_name(RECORD["library"])} <= tested.keys(), "pin every cited package in tested_with"
+    assert f"{sys.version_info.major}.{sys.version_info.minor}" == RECORD["tested_with"]["python"]
 
 
 def test_gated_requirement_floors_are_the_declared_and_verified_floors():

@@ -107,6 +107,7 @@ SMOKE_COMMANDS = [["tiny-rlhf-smoke", "--construct-only"], ["tiny-palm-smoke"], 
 
 @pytest.mark.parametrize("argv", SMOKE_COMMANDS, ids=lambda a: a[0])
 @pytest.mark.parametrize("stderr", ["full", "closed"])
+@pytest.mark.slow  # starts a process: not in the quick tier
 def test_a_failing_stderr_never_changes_the_report_or_its_exit_code(empty_dir, tmp_path, argv, stderr):
     """`helper 2>/dev/full` (ENOSPC) and `helper 2>&-` (no stderr): progress is best effort, so the
     report still goes to stdout with the exit code of a run whose stderr works."""
@@ -160,6 +161,7 @@ def test_progress_redraws_only_at_a_terminal_and_stops_after_a_failed_write():
     assert FullDisk.writes == 1 and progress.stream.failed  # one failed write, then silence
 
 
+@pytest.mark.slow  # starts a process: not in the quick tier
 def test_tqdm_disable_hides_the_progress_lines(empty_dir):
     code = ("import sys; sys.path.insert(0, sys.argv[1]); from skill_runtime import streams\n"
             "with streams.Progress('p', True).stage('stage'): pass")
@@ -180,6 +182,7 @@ def test_json_is_one_object_and_progress_only_when_asked(smoke, capsys, monkeypa
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.slow  # starts a process: not in the quick tier
 def test_reports_md_says_when_json_prints_an_object_and_when_nothing(empty_dir):
     """reports.md said `--json` always prints one object; an error (exit 2, 3) prints none."""
     text = " ".join((REPO / "references" / "reports.md").read_text(encoding="utf-8").split())
@@ -428,6 +431,7 @@ LIBRARY_MODULES = [REPO / "scripts" / "skill_runtime", REPO / "scripts" / "probe
 
 @pytest.mark.parametrize("module", LIBRARY_MODULES, ids=lambda p: p.name)
 @pytest.mark.parametrize("argv", [[], ["--help"]])
+@pytest.mark.slow  # starts a process: not in the quick tier
 def test_a_module_run_by_path_says_it_is_one(empty_dir, module, argv):
     """QA P16: these exited 0 silently (rule_reward.py after importing torch); every other script
     under scripts/ has a command line of its own."""

@@ -276,6 +276,7 @@ def test_plan_times_the_sampler_the_run_uses(tmp_path, empty_dir, capsys, monkey
 
 # --- the docs ------------------------------------------------------------------------------------------
 
+@pytest.mark.slow  # starts a process: not in the quick tier
 def test_the_docs_key_table_is_the_parsers():
     """workflows.md#plan-a-run's table names every table and every key of the skill's own
     (run_config.OWN_KEYS), and states each default of OWN_DEFAULTS."""

@@ -156,7 +156,7 @@ def test_policy_pt_is_a_standalone_palm_with_the_lora_merged(lora, tmp_path):
 def test_save_state_tie_is_restored_on_load(tmp_path):
     run_, _ = train(cases.Case("tie", "ppo", None, ""), tmp_path, rounds=1)
     fresh = open_run(cases.Case("tie", "ppo", None, ""), tmp_path / "again")
-    checkpoint.load(fresh.trainer, checkpoint.latest(run_.run))
+    checkpoint.load(fresh.trainer, checkpoint.latest(run_.run), run_.run_id, "ppo", fresh.rotary_cap())  # its own id
     for palm in (trainers.actor_palm("ppo", fresh.trainer), trainers.unwrap(fresh.trainer, fresh.trainer.actor_critic).critic):
         assert palm.to_logits.weight is palm.token_emb.weight
     saved = trainers.actor_palm("ppo", run_.trainer).token_emb.weight
@@ -226,8 +226,12 @@ def test_watch_plot_without_matplotlib_says_how_to_install(healthy, tmp_path):
 
 
 def test_watch_of_a_run_before_its_first_row_says_it_is_starting(tmp_path):
-    (tmp_path / rundir.LOCK).write_text("pid 1 on host\n")  # train holds it from before its first row
+    held = rundir.RunLock.acquire(rundir.RunDir(tmp_path), "--run-dir x")  # train holds it from before its first row
     with pytest.raises(exits.SkillError, match=r": a train is starting there \(train.lock, no metrics.jsonl "):
+        watch.view(tmp_path)
+    held.release()
+    (tmp_path / rundir.LOCK).write_text("pid 1 on host\n")  # left by a start that died (os._exit): nobody holds it
+    with pytest.raises(exits.SkillError, match=r": a train started there and ended before its first row "):
         watch.view(tmp_path)
 
 
@@ -291,7 +295,7 @@ def test_config_from_standard_input_trains_and_resumes_without_it(tmp_path, monk
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(config.read_bytes())))
     code, out, err = cli(tmp_path, capsys, "--config", "-", "--run-dir", str(tmp_path / "run"), "--json")
     assert code == 0 and json.loads(out)["status"] == "finished", err[-2000:]
-    stored = json.loads((tmp_path / "run" / loop.CONFIG_FILE).read_text())["config"]
+    stored = json.loads((tmp_path / "run" / rundir.CONFIG).read_text())["config"]
     assert stored["reward"]["program"] == f"{tmp_path / 'config' / 'reward.py'}:score"
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"")))  # nothing more to read
     code, out, err = cli(tmp_path, capsys, "--resume", str(tmp_path / "run"))

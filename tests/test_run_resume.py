@@ -122,7 +122,7 @@ def test_a_renamed_file_is_one_changed_key():
 def test_config_json_and_summary_are_plain_files(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     train(write_config(tmp_path / "cfg", "grpo", rounds=1), tmp_path / "run")
-    stored = json.loads((tmp_path / "run" / loop.CONFIG_FILE).read_text())
+    stored = json.loads((tmp_path / "run" / rundir.CONFIG).read_text())
     assert stored["config"]["reward"]["program"].endswith("reward.py:score") and "reward.program" in stored["files"]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["rounds_done"] == 1

@@ -80,7 +80,7 @@ def test_prompt_styles(smoke, capsys, monkeypatch, empty_dir, style):
 
 
 def test_prompts_file_is_utf8_with_non_ascii():
-    text = (REPO / "sub-skills/policy-optimization/assets/prompts.txt").read_text(encoding="utf-8")
+    text = (REPO / "sub-skills/policy-optimization/assets/first-run/prompts.txt").read_text(encoding="utf-8")
     lines = text.splitlines()
     assert len(lines) == 12 and all(lines) and any(not line.isascii() for line in lines)
     assert text.endswith("\n")
@@ -201,7 +201,7 @@ def test_untested_version_exits_3_unless_allowed(smoke, monkeypatch, capsys, emp
     monkeypatch.chdir(empty_dir)
     assert runner.run_cli(smoke.main, ["--construct-only", "--json", "--allow-untested", "--device", "cpu"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["warnings"] and "outside the tested range" in report["warnings"][0]
+    assert report["warnings"] and "is outside >=0.8.0,<0.9" in report["warnings"][0]
 
 
 def test_documented_exit_codes_and_range_match_runtime(smoke):

@@ -170,6 +170,7 @@ def test_grpo_variants_combine_and_deduplicate(smoke):
 @pytest.mark.parametrize("argv", [["--grpo-variant", "dr-grpo,max-rl"],
                                   ["--grpo-variant", "spo", "--grpo-variant", "score-centering"],
                                   ["--trainer", "all", "--grpo-variant", "max-rl,dr-grpo"]])
+@pytest.mark.slow  # starts a process: not in the quick tier
 def test_refused_combinations_exit_2_one_line_before_torch(empty_dir, argv):
     argv = argv if "--trainer" in argv else ["--trainer", "grpo", *argv]
     proc = run([sys.executable, "-X", "importtime", str(SMOKE), *argv, "--json"], empty_dir)
@@ -287,6 +288,7 @@ def report_keys(report: dict) -> list[str]:
 
 
 @documents(REPORTS, "## Keys every smoke report has", "## tiny-rlhf-smoke")
+@pytest.mark.slow  # starts a process: not in the quick tier
 def test_documented_json_schema_matches_real_output(reports, all_cli, smoke, tmp_path):
     rows = {code(r[0]): r for heading in ("## Keys every smoke report has", "## tiny-rlhf-smoke")
             for r in table(REPORTS, heading)}

@@ -134,10 +134,11 @@ def failed_checks(report: Any) -> list[str]:
 
 def pip(venv: Path, args: list[str], constraints: Path, work: Path) -> None:
     """``python -m pip install -c constraints ARGS`` in ``venv``; SkillError(exit 2) on failure."""
-    code, out, err, _ = run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
+    code, out, err, _ = run([str(venv / "bin" / "python"), "-m", "pip", "install",
                              "--disable-pip-version-check", "-c", str(constraints), *args], work, PIP_TIMEOUT_S)
-    if code != 0:
-        reasons = [line.strip() for line in err.splitlines() if "requires" in line or "ERROR" in line]
+    if code != 0:  # pip names the cause on stdout ("X 1.0 depends on torch>=2.5"), its verdict on stderr
+        causes = list(dict.fromkeys(line.strip() for line in out.splitlines() if " depends on " in line))
+        reasons = causes[:3] + [line.strip() for line in err.splitlines() if "requires" in line or "ERROR" in line]
         raise exits.SkillError(f"pip install {' '.join(args)} failed: {' | '.join(reasons[-6:]) or err[-500:]}")
 
 
@@ -235,8 +236,9 @@ def outcome(record: dict[str, Any]) -> str:
         return "pass"
     if "install_error" in record:
         pinned = {canonical(pin) for pin in record["pins"]}
-        others = sorted({canonical(n) for n in re.findall(r"([A-Za-z0-9_.-]+)==", record["install_error"])}
-                        - pinned - {LIBRARY})
+        named = (re.findall(r"([A-Za-z0-9_.-]+) [^ |]+ depends on", record["install_error"])
+                 or re.findall(r"([A-Za-z0-9_.-]+)==", record["install_error"]))
+        others = sorted({canonical(n) for n in named} - pinned - {LIBRARY})
         return ("FAIL to install: no version of " + ", ".join(others) + " the ranges allow accepts it"
                 if others else "FAIL to install: " + record["install_error"][-160:])
     name, result = next((k, v) for k, v in record["results"].items() if v["exit"] != 0)
@@ -260,7 +262,8 @@ def markdown(requirements: dict[str, Any], records: list[dict[str, Any]], torch_
     for name, spec in sorted(requirements.items()):
         floor = floor_of(spec)
         if name == "torch":
-            result = f"pass ({torch_version}, every trial)" if baseline and baseline["passed"] else "see newest"
+            result = (f"pass ({torch_version}, every trial; each release: [Verified torch](#verified-torch))"
+                      if baseline and baseline["passed"] else "see newest")
         elif floor is None:
             result = "no floor declared; newest passes" if baseline and baseline["passed"] else "no floor declared"
         else:
@@ -273,6 +276,16 @@ def markdown(requirements: dict[str, Any], records: list[dict[str, Any]], torch_
         lines += ["", "| tried | result |", "| --- | --- |"]
         lines += [f"| {' '.join(r['pins'])} | {outcome(r)} |" for r in extra]
     return "\n".join(lines)
+
+
+def build_wheel(work: Path) -> Path:
+    """This repository's wheel, built into ``work/dist``; SkillError(exit 2) when the build fails."""
+    dist = work / "dist"
+    code, _, err, _ = run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(REPO)],
+                          work, PIP_TIMEOUT_S)
+    if code != 0:
+        raise exits.SkillError(f"building the palm-rlhf-skill wheel failed: {err[-500:]}")
+    return next(dist.glob("*.whl"))
 
 
 def build_parser() -> options.OneLineParser:
@@ -315,12 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"scratch {work}; {len(trials)} trials: {', '.join(t for t, _ in trials)}\n")
         base, constraints = make_base(work, torch_req)
         torch_version = constraints.read_text(encoding="utf-8").split("==")[1].strip()
-        dist = work / "dist"
-        code, _, err, _ = run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist),
-                               str(REPO)], work, PIP_TIMEOUT_S)
-        if code != 0:
-            raise exits.SkillError(f"building the palm-rlhf-skill wheel failed: {err[-500:]}")
-        wheel = next(dist.glob("*.whl"))
+        wheel = build_wheel(work)
         watch = sorted({*requirements, LIBRARY})
         for name, pins in trials:
             rec = trial(name, pins, base, constraints, wheel, work, watch)

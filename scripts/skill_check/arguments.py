@@ -128,9 +128,10 @@ def _row_citations(where: str, e: Entry) -> list[dict[str, str]]:
     drift = []
     for m in found:
         c = citations.Citation(Path(ROOT / where.split(":")[0]), 0, m["path"], citations.parse_spans(m["spans"]), "")
-        text = citations.cited_text(c) or ""
+        text = citations.current_text(c) or ""
         if not any(re.search(rf"\b{re.escape(n)}\b", text) for n in e.names):
             drift.append({"file": where, "symbol": f"argument entry {e.cells[0]}: citation {m[0]}",
                           "documented": "lines that read " + " or ".join(f"`{n}`" for n in e.names),
-                          "installed": "none of them there: " + repr(text.splitlines()[0].strip()[:60] if text else "no such lines")})
+                          "installed": "none of them there: " + repr(text.splitlines()[0].strip()[:60] if text else "no such lines"),
+                          "package": citations.package_of(m["path"])})
     return drift

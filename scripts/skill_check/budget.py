@@ -54,7 +54,7 @@ BUDGET = {
     # A reference not listed gets "*".
     "reference tokens": {
         "references/glossary.md": 1000,
-        "references/installation.md": 2250,
+        "references/installation.md": 2750,  # 2,250 until the verified-torch table (issue 29)
         "references/probes.md": 1500,  # the probe kit and three worked probes: ~1190 tokens, plus about 25%
         "references/reports.md": 10250,
         "sub-skills/palm-modeling/references/lora-scopes.md": 1350,
@@ -62,6 +62,7 @@ BUDGET = {
         "sub-skills/policy-optimization/references/api-reference.md": 9250,
         "sub-skills/policy-optimization/references/distributed.md": 5500,
         "sub-skills/policy-optimization/references/multi-node.md": 1500,
+        "sub-skills/policy-optimization/references/run-directory.md": 1500,  # issue 31's file table: ~1250, plus 20%
         "sub-skills/policy-optimization/references/sizing.md": 5250,
         "sub-skills/policy-optimization/references/training-run.md": 4350,
         "sub-skills/policy-optimization/references/trainer-selection.md": 3350,

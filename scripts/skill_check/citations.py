@@ -7,8 +7,10 @@ A citation is checked three ways:
 1. its lines exist in the installed file;
 2. content: the cited lines' text equals the text recorded in ``scripts/citations.json`` when the
    citation was written and checked (``check_skill.py --write-citations`` records every citation
-   of the tree), so an edit of the cited code, or a shift of its lines, names every section that
-   cites it;
+   of the tree). The record is an anchor in content, not in line numbers: text found unchanged at
+   other lines of the same file (a release that only moved code) is reported as *moved*, with its
+   new lines, and ``--write-citations`` rewrites the citation there without review; only text that
+   changed or vanished is drift, naming every section that cites it;
 3. relevance, in an argument table (``skill_check.arguments``): every citation of a row holds one
    of the arguments the row names, so a row cannot cite unrelated lines.
 
@@ -51,8 +53,7 @@ class Citation:
     @property
     def key(self) -> str:
         """The citation normalized: ``package/file.py:spans`` (short library paths expanded)."""
-        spans = ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in self.spans)
-        return f"{qualified(self.path)}:{spans}"
+        return f"{qualified(self.path)}:{_format_spans(self.spans)}"
 
 
 def qualified(path: str) -> str:
@@ -110,6 +111,18 @@ def cited_text(citation: Citation) -> str | None:
     return "\n".join("\n".join(lines[a - 1:b]) for a, b in citation.spans)
 
 
+def current_text(citation: Citation) -> str | None:
+    """The cited text as the installed file holds it now: at the lines where ``located`` finds the
+    recorded text when it moved, else at the cited lines (``cited_text``)."""
+    known = load_record().get(citation.key)
+    text = cited_text(citation)
+    if known is not None and (text is None or fingerprint(text) != known["sha"]):
+        spans = located(citation, known)
+        if spans is not None:
+            return cited_text(Citation(citation.md, citation.line, citation.path, spans, citation.row))
+    return text
+
+
 def fingerprint(text: str) -> str:
     """A short hash of cited lines, whitespace at the line ends ignored."""
     normal = "\n".join(line.rstrip() for line in text.splitlines())
@@ -147,32 +160,104 @@ def write_record(files: list[Path]) -> Path:
     return path
 
 
-def check_citations(files: list[Path]) -> tuple[list[dict[str, str]], int]:
-    """Drift of every citation in ``files``: lines missing from the installed file, or cited code
-    that differs from the record; returns (drift, citations checked)."""
-    record, drift, checked = load_record(), [], 0
+def check_citations(files: list[Path]) -> tuple[list[dict[str, str]], list[dict[str, str]], int]:
+    """Every citation in ``files`` against the installed sources and the record.
+
+    Returns (drift, moved, citations checked). Drift: lines missing from the installed file with
+    the recorded text found nowhere else, cited code that differs from the record, or a citation
+    not yet recorded; each names its section (``file``), ``symbol`` and the cited ``package``
+    (distribution name, ``package_of``). Moved: the recorded text found unchanged at other lines of
+    the same file (``located``), as ``{"file", "symbol", "citation", "now", "package"}``: not drift.
+    """
+    record, drift, moved, checked = load_record(), [], [], 0
     for md in files:
         for c in citations(md):
             checked += 1
             where = markdown.section_at(md, c.line).where
             text = cited_text(c)
+            known = record.get(c.key)
+            symbol = f"citation {c.path}:{_spans(c)}"
 
             def add(documented: str, installed: str) -> None:
-                drift.append({"file": where, "symbol": f"citation {c.path}:{_spans(c)}",
-                              "documented": documented, "installed": installed})
+                drift.append({"file": where, "symbol": symbol, "documented": documented, "installed": installed,
+                              "package": package_of(c.path)})
 
+            if known is not None and (text is None or known["sha"] != fingerprint(text)):
+                spans = located(c, known)
+                if spans is not None:
+                    moved.append({"file": where, "symbol": symbol, "citation": f"{c.path}:{_spans(c)}",
+                                  "now": f"{c.path}:{_format_spans(spans)}", "package": package_of(c.path)})
+                    continue
             if text is None:
                 add("lines that exist", f"no such lines in the installed {qualified(c.path)}")
-                continue
-            known = record.get(c.key)
-            if known is None:
+            elif known is None:
                 add("lines not yet recorded", f"no entry in {RECORD_FILE} (a new or moved citation: read the cited "
                                               "lines, then run check_skill.py --write-citations)")
             elif known["sha"] != fingerprint(text):
                 number, line = changed_line(c, known.get("lines", "").split(), text)
                 add(f"cited lines {known['first']!r}", f"changed at line {number}: {line.strip()[:80]!r} (re-read "
                                                       "the section against the code, then check_skill.py --write-citations)")
-    return drift, checked
+    return drift, moved, checked
+
+
+def located(c: Citation, known: dict[str, Any]) -> tuple[tuple[int, int], ...] | None:
+    """The spans at which the installed file holds the recorded text of ``c`` unchanged, when it
+    moved: each span's recorded line fingerprints (``known["lines"]``, split by the spans'
+    lengths) found as a run of lines, the one nearest the cited start where several match, and
+    the whole text's fingerprint (``known["sha"]``) confirmed. None when the text changed or
+    vanished (or the record predates per-line fingerprints)."""
+    lines = source_lines(c.path)
+    recorded = known.get("lines", "").split()
+    if lines is None or len(recorded) != sum(b - a + 1 for a, b in c.spans):
+        return None
+    prints = [fingerprint(line)[:6] for line in lines]
+    out, i = [], 0
+    for a, b in c.spans:
+        want = recorded[i:i + b - a + 1]
+        i += len(want)
+        starts = [s for s in range(len(prints) - len(want) + 1) if prints[s:s + len(want)] == want]
+        if not starts:
+            return None
+        start = min(starts, key=lambda s: abs(s + 1 - a)) + 1
+        out.append((start, start + len(want) - 1))
+    text = "\n".join("\n".join(lines[a - 1:b]) for a, b in out)
+    return tuple(out) if fingerprint(text) == known["sha"] and tuple(out) != c.spans else None
+
+
+def relocate(files: list[Path]) -> list[dict[str, str]]:
+    """Rewrite every moved citation of ``files`` at the lines where ``located`` finds its recorded
+    text, in place, keeping how it was written (a short ``grpo.py:N`` stays short); returns the
+    moves made as ``{"file": markdown path, "citation", "now"}``. ``check_skill.py
+    --write-citations`` runs it before recording: a move needs no review."""
+    record, moves = load_record(), []
+    for md in files:
+        lines = md.read_text(encoding="utf-8").split("\n")
+        before = len(moves)
+        for c in citations(md):
+            known = record.get(c.key)
+            text = cited_text(c)
+            if known is None or (text is not None and fingerprint(text) == known["sha"]):
+                continue
+            spans = located(c, known)
+            if spans is None:
+                continue
+            old, new = f"{c.path}:{_spans(c)}", f"{c.path}:{_format_spans(spans)}"
+            lines[c.line - 1] = re.sub(rf"(?<![\w/.-]){re.escape(old)}(?![\d,-])", new, lines[c.line - 1], count=1)
+            moves.append({"file": markdown.rel(md), "citation": old, "now": new})
+        if len(moves) > before:
+            md.write_text("\n".join(lines), encoding="utf-8")
+    return moves
+
+
+def package_of(path: str) -> str:
+    """The distribution that installs a citation's first folder (``accelerate/state.py`` ->
+    ``accelerate``; ``grpo.py`` -> ``palm-rlhf-pytorch``), from ``importlib.metadata``."""
+    from importlib import metadata
+
+    from packaging.utils import canonicalize_name
+    top = qualified(path).split("/")[0]
+    dists = metadata.packages_distributions().get(top) or [top]
+    return canonicalize_name(dists[0])
 
 
 def changed_line(c: Citation, recorded: list[str], text: str) -> tuple[int, str]:
@@ -187,7 +272,11 @@ def changed_line(c: Citation, recorded: list[str], text: str) -> tuple[int, str]
 
 
 def _spans(c: Citation) -> str:
-    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in c.spans)
+    return _format_spans(c.spans)
+
+
+def _format_spans(spans: tuple[tuple[int, int], ...]) -> str:
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans)
 
 
 # Sections that make no claim about the library's code, so cite none: a whole file, or

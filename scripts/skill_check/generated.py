@@ -1,4 +1,8 @@
-"""The signature blocks rendered from the record into the markdown: rendering, rewriting, drift."""
+"""The blocks rendered from the record into the markdown: rendering, rewriting, drift.
+
+Two kinds: ``<!-- BEGIN GENERATED api: SYMBOL -->`` (a record symbol's signatures and returns) and
+``<!-- BEGIN GENERATED torch-verified -->`` (the record's ``torch_verified`` rows as a table), each
+closed by ``<!-- END GENERATED -->``."""
 from __future__ import annotations
 
 import re
@@ -8,8 +12,9 @@ from typing import Any, Iterator
 
 from skill_check import markdown
 
-BEGIN = re.compile(r"<!-- BEGIN GENERATED api: (?P<symbol>[\w.]+) -->\n(?P<body>.*?)<!-- END GENERATED -->",
-                   re.DOTALL)
+BEGIN = re.compile(r"<!-- BEGIN GENERATED (?:api: (?P<symbol>[\w.]+)|(?P<table>torch-verified)) -->\n"
+                   r"(?P<body>.*?)<!-- END GENERATED -->", re.DOTALL)
+TORCH_COLUMNS = ("torch", "device", "python", "accelerate", "date", "result", "by")
 
 
 def render_params(params: list[dict[str, Any]]) -> str:
@@ -48,8 +53,21 @@ def render_symbol(record: dict[str, Any], symbol: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_torch_verified(record: dict[str, Any]) -> str:
+    """The record's ``torch_verified`` rows as a markdown table (references/installation.md)."""
+    lines = ["| " + " | ".join(TORCH_COLUMNS) + " |", "| " + " | ".join("---" for _ in TORCH_COLUMNS) + " |"]
+    lines += ["| " + " | ".join(str(row.get(c, "-")).replace("|", "/") for c in TORCH_COLUMNS) + " |"
+              for row in record.get("torch_verified", [])]
+    return "\n".join(lines) + "\n"
+
+
+def render(record: dict[str, Any], m: re.Match) -> str:
+    """The body a generated block should hold."""
+    return render_torch_verified(record) if m["table"] else render_symbol(record, m["symbol"])
+
+
 def generated_blocks(text: str) -> Iterator[re.Match]:
-    """Generated signature blocks of a markdown text (groups ``symbol`` and ``body``)."""
+    """Generated blocks of a markdown text (groups ``symbol`` or ``table``, and ``body``)."""
     return BEGIN.finditer(text)
 
 
@@ -58,8 +76,7 @@ def write_docs(record: dict[str, Any], files: list[Path]) -> list[Path]:
     changed = []
     for path in files:
         text = path.read_text(encoding="utf-8")
-        new = BEGIN.sub(lambda m: f"<!-- BEGIN GENERATED api: {m['symbol']} -->\n"
-                        f"{render_symbol(record, m['symbol'])}<!-- END GENERATED -->", text)
+        new = BEGIN.sub(lambda m: m[0][:m.start("body") - m.start()] + render(record, m) + "<!-- END GENERATED -->", text)
         if new != text:
             path.write_text(new, encoding="utf-8")
             changed.append(path)
@@ -71,17 +88,17 @@ def compare_docs(record: dict[str, Any], files: list[Path]) -> list[dict[str, st
     drift = []
     for path in files:
         for m in generated_blocks(path.read_text(encoding="utf-8")):
-            symbol, body = m["symbol"], m["body"]
-            if symbol not in record["api"]:
-                drift.append({"file": markdown.rel(path), "symbol": symbol, "documented": "a generated block",
+            name, body = m["symbol"] or m["table"], m["body"]
+            if m["symbol"] and m["symbol"] not in record["api"]:
+                drift.append({"file": markdown.rel(path), "symbol": name, "documented": "a generated block",
                               "installed": "no such symbol in the record"})
                 continue
-            want = render_symbol(record, symbol)
+            want = render(record, m)
             if body != want:
                 doc_lines, want_lines = body.splitlines(), want.splitlines()
                 i = next((i for i, (a, b) in enumerate(zip(doc_lines, want_lines)) if a != b),
                          min(len(doc_lines), len(want_lines)))
-                drift.append({"file": markdown.rel(path), "symbol": symbol,
+                drift.append({"file": markdown.rel(path), "symbol": name,
                               "documented": repr(doc_lines[i] if i < len(doc_lines) else "<end>"),
                               "installed": "record renders " + repr(want_lines[i] if i < len(want_lines) else "<end>")
                               + " (run check_skill.py --write-docs)"})

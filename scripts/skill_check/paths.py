@@ -8,7 +8,7 @@ from pathlib import Path
 from skill_check import ROOT, markdown
 
 # Files of the source project that the markdown may name but the wheel's skill tree does not ship.
-PROJECT_FILES = {"pyproject.toml", "README.md", "tools/verify_floors.py"}
+PROJECT_FILES = {"pyproject.toml", "README.md", "constraints.txt", "tools/verify_floors.py", "tools/verify_torch.py"}
 PATH_EXTENSIONS = ("md", "py", "json", "txt", "toml", "yaml", "yml", "sh", "cfg")
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\((?P<target><[^>]+>|[^)\s]+)(?:\s+\"[^\"]*\")?\)")
 INLINE_PATH = re.compile(r"`(?P<path>[\w.\-/]+\.(?:" + "|".join(PATH_EXTENSIONS) + r"))`")

@@ -82,9 +82,9 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
 def add_allow_untested_option(parser: argparse.ArgumentParser) -> None:
     """``--allow-untested``: check_versions warns instead of raising SkillError(3)."""
     parser.add_argument("--allow-untested", action="store_true",
-                        help="warn instead of exiting 3 when palm-rlhf-pytorch or torch is outside the "
-                             "tested range, or a file on the import path shadows one of their modules "
-                             "(whose code then runs)")
+                        help="warn instead of exiting 3 when palm-rlhf-pytorch is outside 0.8.x, torch below "
+                             "palm-rlhf-pytorch's own requirement, or a file on the import path shadows one "
+                             "of their modules (whose code then runs); an unverified torch only warns anyway")
 
 
 def add_progress_option(parser: argparse.ArgumentParser) -> None:

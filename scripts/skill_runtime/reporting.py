@@ -200,6 +200,21 @@ def checks_summary(title: str, report: dict[str, Any], next_step: str) -> str:
     return "\n".join(lines)
 
 
+def terminal_text(text: Any) -> str:
+    """``text`` (any value, as ``str``) safe to write to a terminal: every control character (C0,
+    DEL, C1: ESC begins the escape sequences that retitle a window or erase lines), format
+    character (bidirectional overrides that reorder what is shown) and line or paragraph separator
+    written as its Python escape (``\\x1b``, ``\\n``, ``\\u202e``); everything else unchanged. The
+    one function every plain report of a run directory's strings goes through (``watch``, ``train``'s
+    summary, a resumed run's stored summary), and ``run_cli``'s error line."""
+    import unicodedata
+    text = str(text)
+    if text.isprintable():  # the common case: nothing to escape (isprintable is False for every Cc, Cf, Zl, Zp)
+        return text
+    return "".join(ch if ch.isprintable() or ch == " " or unicodedata.category(ch) not in ("Cc", "Cf", "Zl", "Zp")
+                   else ch.encode("unicode_escape").decode("ascii") for ch in text)
+
+
 SPARKS = "▁▂▃▄▅▆▇█"
 
 

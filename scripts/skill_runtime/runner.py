@@ -178,6 +178,13 @@ def _quiet_interrupts_at_exit() -> None:
     signal.signal(signal.SIGINT, _exit_now)
 
 
+def program_name() -> str:
+    """The name this process's messages give the program: the last part of ``sys.argv[0]``
+    (``palm-rlhf-skill plan`` as a console script, ``plan_run.py`` by path). Its one-line errors
+    (``run_cli``) and a helper's progress lines use it alike."""
+    return Path(sys.argv[0]).name
+
+
 def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
     """Run ``main`` and turn SkillError into one stderr line plus its exit code (no traceback).
 
@@ -191,10 +198,11 @@ def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = No
     """
     import signal
     global _exit_code, _quiet_at_exit
-    prog = Path(sys.argv[0]).name
+    from skill_runtime import reporting
+    prog = program_name()
 
-    def say(line: str) -> None:
-        streams.write_stderr(f"{prog}: {line}\n")
+    def say(line: str) -> None:  # a message may quote a file it read (a run directory's): escaped
+        streams.write_stderr(f"{prog}: {reporting.terminal_text(line)}\n")
 
     if sys.stdout is None:  # file descriptor 1 was closed when Python started
         say("error: stdout is closed: give the report somewhere to go (> report.txt, or > /dev/null)")

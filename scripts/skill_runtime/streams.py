@@ -145,10 +145,13 @@ class Progress:
         self.redraw_s = 1.0
 
     def note(self, text: str) -> None:
-        """One line ``prog: text`` (between bars, or above a running one)."""
+        """One line ``prog: text`` (between bars, or above a running one), its control characters
+        escaped (``reporting.terminal_text``: a note may quote a path or a file's text)."""
         if self.enabled:
             from tqdm import tqdm
-            tqdm.write(f"{self.prog}: {text}", file=self.stream)
+
+            from skill_runtime import reporting
+            tqdm.write(f"{self.prog}: {reporting.terminal_text(text)}", file=self.stream)
 
     @contextlib.contextmanager
     def stage(self, label: str, total: int | None = None, unit: str = "", eta: bool = False) -> Iterator[Any]:

@@ -1,6 +1,6 @@
 """The tested-version record (``scripts/api_record.json``) and the gate every helper passes
-first: torch and palm-rlhf-pytorch installed, inside the tested range, and not shadowed by a file
-of the same name on the import path."""
+first: torch and palm-rlhf-pytorch installed, within what can work (refused below it), verified or
+said not to be (a warning), and not shadowed by a file of the same name on the import path."""
 from __future__ import annotations
 
 import json
@@ -95,19 +95,26 @@ def shadow_text(shadow: dict[str, str]) -> str:
 
 def check_versions(allow_untested: bool = False, allow_shadowed: bool | None = None,
                    requirements: bool = True) -> dict[str, Any]:
-    """Check torch and palm-rlhf-pytorch against the tested ranges in ``scripts/api_record.json``
-    (``supported`` and ``torch_supported``), after making sure no file shadows them; with
-    ``requirements`` (every helper) also each requirement of ``requirements_supported``
-    (accelerate: below its verified floor the trainers fail inside the library,
-    references/installation.md#verified-floors; doctor passes False, as its dependencies check
-    holds every declared floor).
+    """Check torch and palm-rlhf-pytorch against ``scripts/api_record.json``, after making sure no
+    file shadows them; with ``requirements`` (every helper) also each requirement of
+    ``requirements_supported`` (accelerate: below its verified floor the trainers fail inside the
+    library, references/installation.md#verified-floors; doctor passes False, as its dependencies
+    check holds every declared floor).
+
+    The rule: refuse only what cannot work, warn where it was not verified.
+    - palm-rlhf-pytorch outside ``supported`` (0.8.x): refused; inside it but not
+      ``tested_version``: a warning (``palm-rlhf-skill check`` names the sections whose code changed).
+    - torch below ``torch_supported`` (palm-rlhf-pytorch's own torch requirement, as its metadata
+      declares it): refused; a release not in ``torch_verified`` (the versions the helpers were run
+      on, with the date: references/installation.md#verified-torch): a warning. A build label is not
+      a version (``2.11.0+cu130`` is 2.11.0).
 
     Returns ``{"versions": {...}, "tested": {...}, "warnings": [...]}``.
     Raises SkillError(exit 3) when torch, palm-rlhf-pytorch or a gated requirement is missing; when
     a module of the library or its requirements would be imported from outside its installed
     distribution (see ``shadowed_modules``: a modified library copy on PYTHONPATH is untested too),
     unless ``allow_shadowed`` (default: ``allow_untested``; every helper's --allow-untested; then a
-    warning instead); and when any is outside its tested range, unless ``allow_untested``. ``check``
+    warning instead); and when one is refused by the rule above, unless ``allow_untested``. ``check``
     compares the docs with any installed version (``allow_untested=True``) and with a shadow only
     on its --allow-untested.
     """
@@ -123,6 +130,7 @@ def check_versions(allow_untested: bool = False, allow_shadowed: bool | None = N
     record = load_api_record()
     lib, supported = record["library"], record["supported"]
     torch_supported, torch_tested = record["torch_supported"], record["tested_with"]["torch"]
+    verified = verified_torch(record)
     versions = {
         "palm-rlhf-pytorch": installed_version(lib),
         "torch": installed_version("torch"),
@@ -136,19 +144,47 @@ def check_versions(allow_untested: bool = False, allow_shadowed: bool | None = N
     if versions["palm-rlhf-pytorch"] is None:
         raise exits.SkillError(f"palm-rlhf-pytorch is not installed: pip install '{lib}{supported}'",
                          exits.EXIT_DEPENDENCY)
-    gated = [(lib, supported, record["tested_version"], f"pip install '{lib}{supported}'"),
-             ("torch", torch_supported, torch_tested, f"pip install torch=={torch_tested} (or that CUDA build)")]
+    gated = [(lib, supported, f"the range this skill documents (tested {record['tested_version']})",
+              f"pip install '{lib}{supported}'"),
+             ("torch", torch_supported, f"{lib}'s own torch requirement",
+              f"pip install torch=={torch_tested} (or a CUDA build of a verified release, one of {', '.join(verified)})")]
     for name, spec in (record["requirements_supported"].items() if requirements else ()):
         versions.setdefault(name, installed_version(name))
         if versions[name] is None:
             raise exits.SkillError(f"{name} is not installed: pip install '{name}{spec}'", exits.EXIT_DEPENDENCY)
-        gated.append((name, spec, record["tested_with"][name], f"pip install '{name}{spec}'"))
-    for name, spec, tested, fix in gated:
+        gated.append((name, spec, f"its verified floor (tested {record['tested_with'][name]})",
+                      f"pip install '{name}{spec}'"))
+    for name, spec, what, fix in gated:
         if versions[name] not in SpecifierSet(spec, prereleases=True):
-            message = f"{name} {versions[name]} is outside the tested range {spec} (tested: {tested})"
+            message = f"{name} {versions[name]} is outside {spec}, {what}"
             if not allow_untested:
                 raise exits.SkillError(f"{message}: {fix}, or pass --allow-untested", exits.EXIT_DEPENDENCY)
             warnings.append(message)
+    if release(versions[lib]) != release(record["tested_version"]) and versions[lib] in SpecifierSet(supported):
+        warnings.append(f"{lib} {versions[lib]} is not the tested {record['tested_version']}: "
+                        "palm-rlhf-skill check names the sections whose cited code changed")
+    if release(versions["torch"]) not in verified and versions["torch"] in SpecifierSet(torch_supported):
+        warnings.append(f"torch {versions['torch']} was not verified with these helpers (verified: "
+                        f"{', '.join(verified)}); it meets {lib}'s requirement torch{torch_supported}")
     tested = {"palm-rlhf-pytorch": record["tested_version"], "supported": supported,
-              "torch": torch_tested, "torch_supported": torch_supported}
+              "torch": torch_tested, "torch_supported": torch_supported, "torch_verified": verified}
     return {"versions": versions, "tested": tested, "warnings": warnings}
+
+
+def release(version: str | None) -> str | None:
+    """A version without its build label: ``2.11.0+cu130`` -> ``2.11.0`` (None stays None)."""
+    from packaging.version import InvalidVersion, Version
+    if version is None:
+        return None
+    try:
+        return Version(version).public
+    except InvalidVersion:
+        return version
+
+
+def verified_torch(record: dict[str, Any]) -> list[str]:
+    """The torch releases the helpers passed on (``torch_verified`` in the record; any build),
+    oldest first, each once."""
+    from packaging.version import Version
+    return sorted({release(row["torch"]) for row in record.get("torch_verified", []) if row.get("result") == "pass"},
+                  key=Version)

@@ -4,8 +4,9 @@ Checks, each with a verdict (ok, warn, fail, missing, skipped) and how to fix it
 
     python         the interpreter against this package's Requires-Python
     library        palm-rlhf-pytorch and torch through the helpers' own version gate
-                   (scripts/skill_runtime/version_gate.py check_versions, ranges in scripts/api_record.json),
-                   and every file that shadows one of their modules on the import path
+                   (scripts/skill_runtime/version_gate.py check_versions, ranges and verified torch
+                   releases in scripts/api_record.json): unsupported (3), not verified (warn), and
+                   every file that shadows one of their modules on the import path
     dependencies   every requirement palm-rlhf-pytorch and this package declare, installed version
                    against the declared specifier
     torch          build (CPU or CUDA version), CUDA available, device names, bf16 support
@@ -16,7 +17,7 @@ Checks, each with a verdict (ok, warn, fail, missing, skipped) and how to fix it
     disk           free disk in the working directory and the temporary directory, MiB
 
 Exit codes: 0 fit (warnings allowed); 1 something must change (a fail); 3 a dependency is missing,
-shadowed by another file, or palm-rlhf-pytorch or torch is outside the tested range (the helpers'
+shadowed by another file, or palm-rlhf-pytorch or torch is outside the supported range (the helpers'
 exit 3); 2 usage error.
 ``--help`` and usage errors answer without importing torch.
 """
@@ -43,11 +44,11 @@ OWN_DISTRIBUTION = "palm-rlhf-skill"
 
 EXIT_FIT, EXIT_MUST_CHANGE, EXIT_MISSING = 0, 1, 3
 VERDICT_EXIT = {"ok": EXIT_FIT, "warn": EXIT_FIT, "skipped": EXIT_FIT, "fail": EXIT_MUST_CHANGE,
-                "missing": EXIT_MISSING}
+                "missing": EXIT_MISSING, "unsupported": EXIT_MISSING}
 STATUS_WORD = {EXIT_FIT: "fit", EXIT_MUST_CHANGE: "must-change", EXIT_MISSING: "missing"}
 NEXT_STEP = {EXIT_FIT: f"this environment can run the trainers; next: {reporting.FIRST_COMMAND}",
              EXIT_MUST_CHANGE: "apply the fix under each failed check, then run doctor again",
-             EXIT_MISSING: "a dependency is missing, shadowed or outside the tested range: apply the "
+             EXIT_MISSING: "a dependency is missing, shadowed or outside the supported range: apply the "
                            "fix above, then run doctor again"}
 
 EPILOG = """examples:
@@ -56,7 +57,8 @@ EPILOG = """examples:
 
 exit codes: 0 fit (warnings allowed); 1 something must change; 2 usage error;
 3 a dependency is missing, shadowed by another file, or palm-rlhf-pytorch or torch is outside
-the tested range"""
+the supported range (palm-rlhf-pytorch 0.8.x; torch at or above palm-rlhf-pytorch's requirement);
+a torch release not verified with these helpers is a warning (exit 0)"""
 
 
 def _check(name: str, status: str, detail: str, fix: str = "") -> dict[str, str]:
@@ -89,8 +91,11 @@ def python_check(record: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]
 
 
 def library_check(shadows: list[dict[str, str]]) -> tuple[dict[str, Any], dict[str, str]]:
-    """palm-rlhf-pytorch and torch through the helpers' version gate (missing, shadowed or out of
-    the tested range: 3). ``shadows`` are ``version_gate.shadowed_modules()``; every one is named."""
+    """palm-rlhf-pytorch and torch through the helpers' version gate: missing or shadowed
+    ("missing", 3), refused (palm-rlhf-pytorch outside 0.8.x, torch below the library's own
+    requirement: "unsupported", 3), not verified (a torch release outside ``torch_verified``, a
+    0.8.x other than the tested one: "warn", 0). ``shadows`` are ``version_gate.shadowed_modules()``;
+    every one is named."""
     if shadows:
         return {"shadowed": shadows}, _check("library", "missing", "; ".join(map(version_gate.shadow_text, shadows)),
                                              version_gate.SHADOW_FIX)
@@ -98,13 +103,17 @@ def library_check(shadows: list[dict[str, str]]) -> tuple[dict[str, Any], dict[s
         gate = version_gate.check_versions(allow_untested=False, requirements=False)  # floors: dependencies_check
     except exits.SkillError as err:
         message = str(err)
-        fix = message.rpartition(": ")[2] or message
-        status = "missing" if err.exit_code == exits.EXIT_DEPENDENCY else "fail"
-        return {"error": message}, _check("library", status, message.rpartition(": ")[0] or message, fix)
+        detail, _, fix = message.rpartition(": ")
+        status = "missing" if " is not installed" in message else "unsupported"
+        return {"error": message}, _check("library", status, detail or message, fix or message)
     versions, tested = gate["versions"], gate["tested"]
     detail = (f"palm-rlhf-pytorch {versions['palm-rlhf-pytorch']} in {tested['supported']} "
               f"(tested {tested['palm-rlhf-pytorch']}), torch {versions['torch']} in "
-              f"{tested['torch_supported']} (tested {tested['torch']})")
+              f"{tested['torch_supported']} (verified: {', '.join(tested['torch_verified'])})")
+    if gate["warnings"]:
+        return gate, _check("library", "warn", "; ".join(gate["warnings"]),
+                            "it may work: run tiny-rlhf-smoke --trainer all; for the tested setup, "
+                            f"pip install torch=={tested['torch']}")
     return gate, _check("library", "ok", detail)
 
 
@@ -416,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = options.OneLineParser(
         prog="palm-rlhf-skill doctor", epilog=EPILOG,
         description="Check that this environment can run the palm-rlhf-pytorch trainers: Python,\n"
-                    "palm-rlhf-pytorch and its dependencies against the tested range, torch's build\n"
+                    "palm-rlhf-pytorch, torch and their dependencies against the supported range, torch's build\n"
                     "and devices, Accelerate's view, TQDM_DISABLE, free memory and disk.")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     args = parser.parse_args(argv)

@@ -439,7 +439,7 @@ def build_parser() -> options.OneLineParser:
                "  palm-rlhf-skill bench --rollouts --dims 128x2,256x4 --profile\n\n"
                "exit codes: 0 ok (every child passed, every measured budget passed); 1 a child's "
                "check or a budget failed; 2 usage or environment error; 3 palm-rlhf-pytorch or "
-               "torch missing or outside the tested range; 75 inconclusive: a wall-time budget (or a "
+               "torch missing or outside the supported range; 75 inconclusive: a wall-time budget (or a "
                "plan's wall error) over its limit on a machine too busy to judge it (load average at "
                "the CPU count, or repeats that disagree): rerun when it is quieter")
     parser.add_argument("--trainer", action="append", choices=[*SINGLE_TRAINERS, "all"], metavar="NAME",

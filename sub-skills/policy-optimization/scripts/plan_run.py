@@ -108,7 +108,7 @@ def build_parser() -> options.OneLineParser:
                f"  palm-rlhf-skill plan --config {UPSTREAM_EXAMPLE}   # the upstream README's run\n\n"
                "exit codes: 0 the run fits and learns (--execute: it completed); 1 it does not fit, never "
                "learns, is too slow (--max-days) or fails; 2 usage or config error; 3 palm-rlhf-pytorch, torch or a TOML reader "
-               "missing or outside the tested range")
+               "missing or outside the supported range")
     parser.add_argument("--config", required=True, metavar="FILE", help="the run's TOML (or .json) configuration, at most 1 MiB")
     parser.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE",
                         help="override one value, e.g. train.update_timesteps=64 (VALUE read as JSON; null unsets "
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.sampler is not None:
         resolved["sampler"] = args.sampler
     device_kwargs, device = placement.resolve_device(args.device)
-    progress = streams.Progress("plan-run", args.progress or not args.json)
+    progress = streams.Progress(runner.program_name(), args.progress or not args.json)  # the name its errors give
     threads = placement.torch_threads(args.cpu_threads) if args.cpu_threads else contextlib.nullcontext(torch.get_num_threads())
     with workspace.private_workdir(), threads as count:
         report = (planner.execute if args.execute else planner.plan)(args, resolved, device_kwargs, device,

@@ -10,12 +10,15 @@ Usage:
     train_run.py --config run.toml --run-dir runs/first --nproc 2   # 2 DDP processes (torchrun)
 
 Progress on stderr (a bar over rounds with an ETA), the summary on stdout (``--json``: one object).
-Files in the run directory: metrics.jsonl, checkpoints/, config.json, policy.pt, summary.json, and train.lock
-while a process trains it (a second train there exits 2).
+Files in the run directory: metrics.jsonl, checkpoints/, run_config.json, policy.pt, summary.json, and
+train.lock while a process trains it (a second train there exits 2); what each holds, and what a
+missing, damaged or foreign one does: references/run-directory.md. Resuming a run directory runs
+the programs its config names (the reward program, the tokenizer): resume only runs you trust.
 Config keys: references/workflows.md#plan-a-run; the run kit: references/training-run.md.
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -31,7 +34,7 @@ from skill_runtime import exits, options, reporting, runner, streams, version_ga
 EXIT_EPILOG = ("exit codes: 0 the run finished (or paused at --until); 1 a --stop-on rule fired or the library "
                "raised in a round; 2 usage, config, reward program or run-directory error (disk full, or another "
                "train running in DIR); "
-               "3 palm-rlhf-pytorch, torch or a --log-with tracker missing or outside the tested range; "
+               "3 palm-rlhf-pytorch, torch or a --log-with tracker missing or outside the supported range; "
                "130/143 SIGINT/SIGTERM (after the round in progress and a checkpoint)")
 
 
@@ -49,12 +52,17 @@ def build_parser() -> options.OneLineParser:
                "  palm-rlhf-skill train --resume runs/first\n"
                "  palm-rlhf-skill train --config run.toml --run-dir runs/first --force --stop-on all\n"
                "  palm-rlhf-skill train --config run.toml --run-dir runs/first --log-with tensorboard\n"
-               "  palm-rlhf-skill watch runs/first\n\n" + EXIT_EPILOG)
+               "  palm-rlhf-skill watch runs/first\n\n"
+               "--resume runs the code the run directory's config names (its reward program and tokenizer, as "
+               "Python files): resume only a run directory you trust.\n\n" + EXIT_EPILOG)
     parser.add_argument("--config", metavar="FILE", help="the run's TOML (or .json) config, plan's schema with "
                         "[run] rounds (references/workflows.md#plan-a-run); - reads it from standard input")
     parser.add_argument("--run-dir", metavar="DIR", help="where the run writes its files (created if missing)")
-    parser.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint "
-                        "(--config, when given, must be the run's own)")
+    parser.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint, "
+                        "exactly (--config, when given, must be the run's own); runs the programs DIR's config names")
+    parser.add_argument("--allow-inexact-resume", action="store_true",
+                        help="resume from a checkpoint whose random states are damaged, missing or another run's "
+                             "(refused without it): the rounds from there differ from an uninterrupted run")
     parser.add_argument("--force", action="store_true", help="--run-dir holds another run: remove its run files "
                         "(metrics.jsonl, checkpoints/, ...) and start over")
     parser.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE",
@@ -69,7 +77,7 @@ def build_parser() -> options.OneLineParser:
     parser.add_argument("--device", default="auto", type=options.device_spec,
                         help="auto (CUDA when available, else CPU), cpu, cuda or cuda:N (default: auto)")
     parser.add_argument("--cpu-threads", type=options.bounded_int(1), metavar="N",
-                        help="torch intra-op threads (default: torch's default)")
+                        help="torch intra-op threads (default: torch's default; --resume: the run's own)")
     parser.add_argument("--nproc", type=options.bounded_int(1, launch.MAX_NPROC), metavar="N",
                         help="train on N local processes (torchrun, DDP; the CPU or one GPU each): every rank "
                              "runs the rounds, rank 0 writes the files (training-run.md#several-processes)")
@@ -89,14 +97,38 @@ def check_arguments(args) -> None:
         raise exits.SkillError("--force starts over and --resume continues: choose one")
     if args.resume and args.set:
         raise exits.SkillError("--set applies to a new run: a resumed run keeps its config")
+    if args.allow_inexact_resume and not args.resume:
+        raise exits.SkillError("--allow-inexact-resume applies to --resume DIR")
     from policy_optimization import run_config  # torch-free
     if args.nproc and args.config and run_config.from_stdin(args.config):
         raise exits.SkillError(f"--config {args.config} (standard input) is read by one process: with --nproc, "
                                "pass the config's file")
 
 
+KEPT = ("cpu_threads",)  # options a --resume starts with again when not given (run_config.json "options")
+
+
+def resumed_options(parser, args, argv: list[str]):
+    """``args`` of a ``--resume`` with the options of KEPT that the command line leaves out taken
+    from the run's run_config.json (as the run was started with them), parsed again by ``parser``
+    (each value checked as typed then); ``args`` unchanged for a new run."""
+    from policy_optimization.run import rundir
+    if not args.resume:
+        return args
+    try:
+        found = rundir.RunDir((Path.cwd() / args.resume).resolve()).read_config()
+    except exits.SkillError:
+        return args  # loop.prepare names the damage
+    stored = (found or ({}, None))[0].get("options", {})
+    extra = [item for key in KEPT if getattr(args, key) is None and stored.get(key) is not None
+             for item in (f"--{key.replace('_', '-')}", str(stored[key]))]
+    return parser.parse_args([*argv, *extra]) if extra else args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    args = resumed_options(parser, parser.parse_args(argv), argv)
     check_arguments(args)
     from policy_optimization import launch, run_config
     from policy_optimization.run import loop, watchdog
@@ -111,13 +143,16 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as err:
             raise exits.SkillError(f"--stop-on: {err}") from None
     env = version_gate.check_versions(args.allow_untested)
+    keep = {key: str(getattr(args, key)) for key in KEPT if getattr(args, key) is not None}
+    flags = "".join(f" --{key.replace('_', '-')} {value}" for key, value in keep.items())
     if args.nproc:
-        return run_nproc(args, sys.argv[1:] if argv is None else argv, env)
+        return run_nproc(args, argv, env, flags)
     rank_stream = launch.rank_progress_stream(world) if world is not None else None
     progress = streams.Progress(loop.PROG, (not args.json or args.progress) and (world is None or world.is_main),
                                 rank_stream)
     run_options = loop.Options(log_with=args.log_with, stop_on=stop_on, until=args.until, progress=progress.enabled,
-                               say=loop.stderr_lines(progress.stream if rank_stream else sys.stderr), env=env)
+                               say=loop.stderr_lines(progress.stream if rank_stream else sys.stderr), env=env,
+                               allow_inexact=args.allow_inexact_resume, keep=keep, resume_flags=flags)
     caller = Path.cwd()
     config = None if not args.config else args.config if run_config.from_stdin(args.config) else \
         str((caller / args.config).resolve())  # standard input is read once, by loop.prepare
@@ -126,11 +161,17 @@ def main(argv: list[str] | None = None) -> int:
     from skill_runtime import placement
     threads = placement.torch_threads(args.cpu_threads) if args.cpu_threads else _same_threads()
     prepared = loop.prepare(config, run_dir, bool(args.resume), args.force, args.set, run_options)
-    finished = prepared.run.read_summary() if prepared.resume else None
-    if finished and finished.get("status") == "finished" and \
+    finished = None
+    if prepared.resume:
+        from policy_optimization.run import summary as run_summary
+        try:
+            finished = run_summary.read(prepared.run, prepared.loaded.get("run_id"))
+        except exits.SkillError as err:  # rewritten as this resume ends
+            run_options.say(f"ignored: {err}")
+    if finished and finished.get("status") == "finished" and os.path.lexists(prepared.run.policy) and \
             finished["rounds_done"] >= prepared.resolved["round"]["rounds"]:
         # every round is done (a config with more [run] rounds extends the run instead): nothing to
-        # build, the run's summary again
+        # build, the run's summary again (without its policy.pt: built, to write it again)
         prepared.release()
         progress.note(f"{run_dir} finished all {finished['rounds_done']} rounds: nothing to resume")
         finished["versions"], finished["warnings"] = env["versions"], env["warnings"]
@@ -151,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     return runner.emit(summary, args.json, plain_summary, code)
 
 
-def run_nproc(args, argv: list[str], env: dict) -> int:
+def run_nproc(args, argv: list[str], env: dict, flags: str = "") -> int:
     """``--nproc N``: this command as N ranks on this machine (``launch.launch_script``, torchrun),
     each with ``--json``; rank 0's summary is this run's report and exit code (rank 0 locks the run
     directory; a run that another process holds is refused here first). Ctrl-C or SIGTERM
@@ -180,7 +221,7 @@ def run_nproc(args, argv: list[str], env: dict) -> int:
                                f"{done.returncode}): {launch.workers_errors(done.stdout + done.stderr)}",
                                exits.EXIT_CHECK_FAILED)
     summary["processes"] = args.nproc
-    summary["verdict"], summary["next"] = run_summary.verdict(summary)  # the next step as this process was started
+    summary["verdict"], summary["next"] = run_summary.verdict(summary, flags)  # the next step as this process was started
     summary["versions"], summary["warnings"] = env["versions"], env["warnings"]
     return runner.emit(summary, args.json, plain_summary, status_code(summary))
 
@@ -213,7 +254,7 @@ def plain_summary(summary: dict) -> str:
     lines += [f"{key}: {path}" for key, path in summary["files"].items() if path]
     lines += [f"warning: {w}" for w in summary.get("warnings", [])]
     lines.append(f"{summary['verdict']}; next: {summary['next']}")
-    return "\n".join(lines)
+    return "\n".join(reporting.terminal_text(line) for line in lines)  # a stored summary's strings escaped
 
 
 if __name__ == "__main__":

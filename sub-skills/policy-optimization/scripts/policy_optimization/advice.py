@@ -90,8 +90,12 @@ def budget_text(found: dict[str, Any]) -> str:
 
 def name_the_memory_fit(warnings: list[dict[str, Any]], units: budget.Units, available: int) -> None:
     """Prefix the memory_exceeds_device warning's fix with the update_timesteps that fits
-    ``available`` bytes (``budget.memory_update``), or the max_seq_len that fits with 1."""
+    ``available`` bytes (``budget.memory_update``), or the max_seq_len that fits with 1. ``units``
+    and ``available``: those of the pool that does not fit (``budget_units``' pool), so the value
+    named is one that fits that pool; never the configured value, which does not."""
     update, alternatives = budget.memory_update(units, available)
+    if update is not None and update >= units.update:  # this pool's figures say it fits: nothing to name
+        return
     if update is not None:
         text = f"update_timesteps {update:,} or lower fits the memory available (derived)"
     elif alternatives:

@@ -36,9 +36,10 @@ class Built:
 
 
 def read_lines(path: str, key: str) -> list[str]:
-    """The non-empty lines of ``path`` (UTF-8). Raises SkillError(2) naming ``key``."""
+    """The non-empty lines of ``path`` (UTF-8; a byte-order mark at its start, as some editors
+    write, is not part of the first line). Raises SkillError(2) naming ``key``."""
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        lines = Path(path).read_text(encoding="utf-8-sig").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise exits.SkillError(f"config {key}: cannot read it: {exits.one_line(exc)}") from None
     kept = [line for line in lines if line.strip()]
@@ -57,6 +58,8 @@ def tokenize_file(resolved: dict[str, Any], path: str, key: str):
             ids = tokenizer(lines)
     except exits.SkillError:
         raise
+    except SystemExit as exc:  # the user's tokenizer must not end the run (with its code, and no report)
+        raise exits.SkillError(f"config {key}: the tokenizer called sys.exit({exc.code!r})") from None
     except Exception as exc:  # noqa: BLE001 - the user's tokenizer: one line
         raise exits.SkillError(f"config {key}: the tokenizer raised {exits.one_line(exc)}") from None
     return programs.checked_ids(ids, f"config {key}", resolved["palm"]["num_tokens"])

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from skill_runtime import reporting
+from skill_runtime import reporting, runner
 from policy_optimization import advice
 
 MIB = 2**20
@@ -60,12 +60,12 @@ def summary(report: dict[str, Any]) -> str:
     """Human report: counts, parameters, memory, time, warnings, then the verdict and a next step."""
     if "learn_calls" in report and "counts" not in report:  # --execute
         s = report["seconds"]
-        return (f"plan-run --execute: {report['trainer']} on {report['device']}: {report['status'].upper()}"
+        return (f"{runner.program_name()} --execute: {report['trainer']} on {report['device']}: {report['status'].upper()}"
                 + (f" ({report['error']})" if report["error"] else "")
                 + f"; {report['learn_calls']} learn() calls; {s['total']} s wall (train {s['train']} s); "
                   f"peak RSS {report['peak_rss_mib']} MiB")
     c, p, probe = report["counts"], report["parameters"], report["probe"]
-    lines = [f"plan-run: {report['trainer']} ({report['class_name']}) on {report['device']}; probe "
+    lines = [f"{runner.program_name()}: {report['trainer']} ({report['class_name']}) on {report['device']}; probe "
              f"{probe['elapsed_s']} s of {probe['budget_s']:g} s ({probe['regime'] or 'not run'})" + load_text(probe),
              "counts [computed]: " + (f"{c['rounds']:,} rounds, " if "run" in report.get("config", {}) else "")
              + f"{c['rollouts']:,} rollouts; {c['learn_calls']:,} learn() calls of "
@@ -91,8 +91,8 @@ def summary(report: dict[str, Any]) -> str:
         why = (report["time"].get("missing") or {})
         unmeasured = {"rollout_transient": why.get("rollouts"), "learn_activations": why.get("learn")}
         parts = ", ".join(f"{k.replace('_', ' ')} {mib(v['value'])}"
-                          + (f" ({unmeasured.get(k) or 'not measured'})" if v["value"] is None else "")
-                          + f" [{v['basis']}]" for k, v in memory.items()
+                          + (f" ({unmeasured.get(k) or 'not measured'})" if v["value"] is None else f" [{v['basis']}]")
+                          for k, v in memory.items()
                           if isinstance(v, dict) and "basis" in v and k != "base_bytes")
         lines.append(f"memory (MiB): process before the rollouts {mib(memory['base_bytes']['value']['host'])} "
                      f"[measured], {parts}")
@@ -102,7 +102,8 @@ def summary(report: dict[str, Any]) -> str:
     why = t.get("missing") or {}
     lines.append("time: " + ", ".join(f"{k} " + (f"- ({why.get(k, 'not measured')})" if v is None
                                                  else reporting.seconds_text(v)) for k, v in shown.items())
-                 + " (startup and construct measured; the rest " + ("derived" if probe["regime"] else "not measured")
+                 + f" ({'startup and construct' if t.get('construct') is not None else 'startup'} measured; the rest "
+                 + ("derived" if probe["regime"] not in (None, "skipped") else "not measured")
                  + "); one rollout " + (reporting.seconds_text(unit["rollout_s"]) if "rollout_s" in unit else "-")
                  + ", learn() per experience " + (f"{unit['learn_item_s']:.4f} s" if "learn_item_s" in unit else "-")
                  + f" [{probe['regime'] or 'not measured'}]")

@@ -52,20 +52,23 @@ def plan(args, resolved: dict[str, Any], device_kwargs: dict[str, Any], device, 
     probe_report = probed["report"]
     memory = None if per_rollout is None else prediction.predict_memory(
         counts, per_rollout, stored["buffer"], base, params, probed["transients"], minibatch)
-    peak = memory["pools"][pool] if memory else weights_need
-    fits = peak <= available[pool] and (memory is None or memory["pools"]["host"] <= available["host"])
+    if memory:
+        pools = memory["pools"]
+    else:  # not built: the weights and prompt ids, and what learn()'s optimizer steps add (as predict_memory)
+        pools = {pool: weights_need + (params["optimizer_state_bytes"] + params["gradient_bytes"]
+                                       if counts["learn_calls"] else 0)}
+    failing = prediction.failing_pool(pools, available, pool)
+    shown = failing or pool  # the pool the verdict names: the one that does not fit, else the run's device's
+    peak, fits = pools[shown], failing is None
     wall = prediction.predict_time(counts, probed["measured"], epochs, evaluations(resolved))
-    held = memory["parts"]["held_before_learn"]["value"] if memory else None
-    memory_text = (f"predicted peak {peak / 2**30:,.1f} GiB exceeds the {available[pool] / 2**30:,.1f} GiB "
-                   f"available on {device}" + (f"; the experiences held before each learn() alone take "
-                                               f"{held / 2**30:,.1f} GiB" if held else
-                                               "; the weights and prompt ids alone do not fit")
-                   + advice.defaults_note(resolved["defaults_applied"], ("update_timesteps", "max_seq_len")))
+    memory_text, memory_fix = prediction.memory_words(memory, pools, shown, pool, available, params, device,
+                                                      resolved["defaults_applied"], bool(counts["learn_calls"]))
     optimizer = params["optimizers"][0] if params["optimizers"] else None
-    warnings = prediction.build_warnings(name, resolved, counts, group_size, optimizer, fits, memory_text)
+    warnings = prediction.build_warnings(name, resolved, counts, group_size, optimizer, fits, memory_text, memory_fix)
     units = advice.budget_units(resolved, counts, probed, params, base, pool)
     if memory and not fits:
-        advice.name_the_memory_fit(warnings, units, available[pool])
+        advice.name_the_memory_fit(warnings, units if shown == pool else
+                                   advice.budget_units(resolved, counts, probed, params, base, shown), available[shown])
     warnings += [w for w in (advice.prompts_fill_max_seq_len(probed.get("prompt_lens"),
                                                              resolved["effective"]["train"]["max_seq_len"]),
                              advice.threads_warning(probed["report"].get("threads_check"),
@@ -80,8 +83,9 @@ def plan(args, resolved: dict[str, Any], device_kwargs: dict[str, Any], device, 
                          "fix": "change the setting the error names (tiny-rlhf-smoke on this trainer shows a "
                                 "working configuration)", "doc": f"{prediction.DOCS}#symptom-index"})
     status, line = prediction.verdict(fits, counts, warnings, wall, peak, bool(memory and memory["complete"]),
-                                      available[pool], args.max_days,
-                                      cpu_day=any(w["code"] == "long_on_cpu" for w in warnings))
+                                      available[shown], args.max_days,
+                                      cpu_day=any(w["code"] == "long_on_cpu" for w in warnings),
+                                      where=prediction.POOL_WORDS[shown] if pool == "device" else "")
     reasons = ([memory_text] if not fits else []) + [w["message"] for w in warnings if w["blocks_learning"]]
     if status == "too_slow":
         reasons.append(f"predicted {reporting.seconds_text(wall['total_s'])} wall, over --max-days {args.max_days:g}: "
@@ -90,12 +94,12 @@ def plan(args, resolved: dict[str, Any], device_kwargs: dict[str, Any], device, 
     if status == "fits":
         reasons.append(f"{counts['learn_calls']} learn() calls of {counts['items_per_learn']} experiences, "
                        f"{counts['optimizer_steps']} optimizer steps; peak {peak / MIB:,.0f} of "
-                       f"{available[pool] / MIB:,.0f} MiB available")
+                       f"{available[shown] / MIB:,.0f} MiB available")
     return {
         "status": status, "verdict": line, "reasons": reasons,
         "predicted": {"wall_s": round(wall["total_s"], 2), "wall": reporting.seconds_text(wall["total_s"]),
                       "wall_lower_bound": wall["lower_bound"], "peak_mib": round(peak / MIB, 1),
-                      "available_mib": round(available[pool] / MIB, 1), "memory_pool": pool, "fits": fits,
+                      "available_mib": round(available[shown] / MIB, 1), "memory_pool": shown, "fits": fits,
                       "basis": probe_report["regime"]},
         "trainer": name, "class_name": f"{spec.module}.{spec.class_name}", "device": str(device),
         "counts": {**counts, "group_size": group_size, "basis": "computed"},

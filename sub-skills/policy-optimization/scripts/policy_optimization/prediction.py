@@ -69,9 +69,9 @@ def predict_memory(counts: dict[str, int], per_rollout: int, buffer: bool, base:
     rollout = probe.get("rollout_bytes")
     parts = {"held_before_learn": figure(held, "computed"), "learn_copy": figure(stacked, "computed"),
              "optimizer_and_gradients": figure(optimizer if learned else 0, "computed"),
-             "rollout_transient": figure(rollout, "measured"),
+             "rollout_transient": figure(rollout, "measured" if rollout is not None else None),
              "learn_activations": figure(activations if learned else 0,
-                                         "derived" if learned and activations is not None else "computed")}
+                                         "computed" if not learned else "derived" if activations is not None else None)}
     cuda = "device" in base
     on_device = optimizer if learned else 0
     rollout_phase = (0 if cuda else on_device) + max(0, held - per_rollout) + (rollout or 0)
@@ -107,6 +107,47 @@ def predict_time(counts: dict[str, int], measured: dict[str, Any], epochs: int, 
     total = sum(v for v in parts.values() if v is not None)
     lower = any(v is None for v in parts.values()) or bool(measured.get("lower_bound"))
     return {"total_s": total, "lower_bound": lower, "parts_s": parts}
+
+
+POOL_WORDS = {"device": " on the GPU", "host": " of host RAM"}  # where a pool's memory is, on a CUDA run
+
+
+def failing_pool(pools: dict[str, int], available: dict[str, int], pool: str) -> str | None:
+    """The memory pool whose predicted peak exceeds what it has: the run's device's (``pool``)
+    first, then the host's (on CUDA the stored experiences live there); None when both fit."""
+    return next((p for p in dict.fromkeys((pool, "host")) if p in pools and pools[p] > available[p]), None)
+
+
+def memory_words(memory: dict[str, Any] | None, pools: dict[str, int], shown: str, pool: str,
+                 available: dict[str, int], params: dict[str, Any], device, defaults_applied: list[dict[str, Any]],
+                 learns: bool) -> tuple[str, str]:
+    """(message, fix) of the memory_exceeds_device warning for the pool ``shown`` (the one that does
+    not fit) with that pool's own figures: on CUDA the experiences live in host RAM and the
+    weights, optimizer and activations on the GPU (``predict_memory``), so a host pool that fails
+    is named as host RAM, beside the GPU's peak. ``memory`` None: not built at the real size, the
+    weights (and, when learn() runs, the optimizer state and gradients) alone exceed the pool:
+    the fix is smaller sizes, not fewer experiences."""
+    from policy_optimization import advice
+    gib = lambda n: f"{n / 2**30:,.1f} GiB"  # noqa: E731
+    where = POOL_WORDS[shown] if pool == "device" else f" on {device}"
+    head = f"predicted peak {gib(pools[shown])} exceeds the {gib(available[shown])} available{where}"
+    if memory is None:
+        optimizer = params["optimizer_state_bytes"] + params["gradient_bytes"]
+        copies = ", ".join(name for name, part in params["components"].items() if part["bytes"] >= 2**20) or "the PaLM"
+        return (f"{head}: the weights ({gib(params['weights_bytes'])}: {copies}) and prompt ids alone do not fit"
+                + (f", and learn() adds {gib(optimizer)} of optimizer state and gradients" if learns else ""),
+                "smaller [palm] sizes (dim, depth, num_tokens; each model the trainer holds copies them), "
+                "or a device with more memory")
+    held = memory["parts"]["held_before_learn"]["value"]
+    text = head + (f"; the experiences held before each learn() alone take {gib(held)}" if held else "") \
+        + advice.defaults_note(defaults_applied, ("update_timesteps", "max_seq_len"))
+    if shown == "host" and pool == "device":
+        text += f" (the trainers keep them in host RAM; the GPU's peak, {gib(pools['device'])} of " \
+                f"{gib(available['device'])}, fits)" if pools["device"] <= available["device"] else " (in host RAM)"
+        return text, ("lower update_timesteps (the experiences held before each learn() grow with it), max_seq_len "
+                      "or the group size; or a machine with more RAM")
+    return text, ("lower update_timesteps (the experiences held before each learn() grow with it), max_seq_len, "
+                  "the group size or minibatch_size; or use a device with more memory")
 
 
 def group_warning(name: str, effective: dict[str, Any], group_size: int) -> dict[str, Any] | None:
@@ -151,9 +192,11 @@ def learn_raises(name: str, resolved: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def build_warnings(name: str, resolved: dict[str, Any], counts: dict[str, int], group_size: int,
-                   optimizer: str | None, memory_fits: bool | None, memory_text: str) -> list[dict[str, Any]]:
+                   optimizer: str | None, memory_fits: bool | None, memory_text: str,
+                   memory_fix: str = "") -> list[dict[str, Any]]:
     """Every setting that makes the run fail, learn nothing, or that the library ignores, with its
-    fix. ``blocks_learning`` marks those after which nothing useful is learned."""
+    fix. ``blocks_learning`` marks those after which nothing useful is learned. ``memory_text`` and
+    ``memory_fix``: the memory_exceeds_device warning's (``memory_words``)."""
     eff, train = resolved["effective"]["trainer"], resolved["effective"]["train"]
     out: list[dict[str, Any]] = []
     rollouts, update, rnd = counts["rollouts"], train["update_timesteps"], resolved.get("round")
@@ -178,9 +221,7 @@ def build_warnings(name: str, resolved: dict[str, Any], counts: dict[str, int], 
                     "doc": f"{DOCS}#update-timesteps-default"})
     if memory_fits is False:
         out.append({"code": "memory_exceeds_device", "blocks_learning": False, "message": memory_text,
-                    "fix": "lower update_timesteps (the experiences held before each learn() grow with it), "
-                           "max_seq_len, the group size or minibatch_size; or use a device with more memory",
-                    "doc": f"{DOCS}#group-size-per-rollout"})
+                    "fix": memory_fix, "doc": f"{DOCS}#group-size-per-rollout"})
     if name == "ppo" and counts["learn_calls"] and eff.get("critic_pooled_values", True):
         one = "every minibatch" if eff["minibatch_size"] == 1 else (
             "the last minibatch of each epoch" if counts["last_minibatch_items"] == 1 else None)
@@ -218,7 +259,7 @@ def build_warnings(name: str, resolved: dict[str, Any], counts: dict[str, int], 
 
 def verdict(fits: bool, counts: dict[str, int], warnings: list[dict[str, Any]], wall: dict[str, Any],
             peak_bytes: int, peak_complete: bool, available_bytes: int, max_days: float = math.inf,
-            cpu_day: bool = False) -> tuple[str, str]:
+            cpu_day: bool = False, where: str = "") -> tuple[str, str]:
     """(status, one line): does_not_fit, never_learns, too_slow (the predicted wall time, or its
     lower bound, exceeds ``max_days`` days: --max-days), or fits (``cpu_day``: "but over a day on
     a CPU", the warning long_on_cpu); the line names the first reason and the predicted wall time
@@ -226,7 +267,7 @@ def verdict(fits: bool, counts: dict[str, int], warnings: list[dict[str, Any]], 
     blocking = [w for w in warnings if w["blocks_learning"]]
     time_text = ("at least " if wall["lower_bound"] else "") + reporting.seconds_text(wall["total_s"])
     peak_text = ("" if peak_complete else "at least ") + human_bytes(peak_bytes)
-    tail = f"predicted {time_text} wall, {peak_text} peak ({human_bytes(available_bytes)} available)"
+    tail = f"predicted {time_text} wall, {peak_text} peak ({human_bytes(available_bytes)} available{where})"
     if fits is False:
         status, head = "does_not_fit", "does not fit"
     elif blocking:

@@ -110,6 +110,9 @@ def check_scores(scores, batch: int, name: str):
     if tensor.is_complex() or not (tensor.is_floating_point() or tensor.dtype in (
             torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool)):
         raise RewardProgramError(f"reward program {name} returned dtype {tensor.dtype}, expected real numbers")
+    if tensor.device.type == "meta":
+        raise RewardProgramError(f"reward program {name} returned a tensor on the meta device (a shape without "
+                                 "values), expected real numbers")
     if tuple(tensor.shape) != (batch,):
         raise RewardProgramError(f"reward program {name} returned shape {tuple(tensor.shape)}, expected ({batch},)")
     return tensor.float()
@@ -118,12 +121,16 @@ def check_scores(scores, batch: int, name: str):
 def call_program(function: Callable, name: str, *args):
     """``function(*args)``, its prints on stderr (``streams.program_output``); anything it raises
     becomes RewardProgramError naming the program, so a run reports the user's program, not the
-    library, as the cause."""
+    library, as the cause: ``sys.exit()`` too (SystemExit), which would otherwise end the run
+    with the program's code and no report (``exit(0)``: exit 0 and no policy)."""
     try:
         with streams.program_output():
             return function(*args)
     except RewardProgramError:
         raise
+    except SystemExit as exc:
+        raise RewardProgramError(f"reward program {name} called sys.exit({exc.code!r}): a reward program returns "
+                                 "its scores, it must not end the process") from None
     except Exception as exc:  # noqa: BLE001 - the user's program: reported by name
         raise RewardProgramError(f"reward program {name} raised {exits.one_line(exc)}") from exc
 
@@ -142,8 +149,13 @@ class IdsScore:
 class TextScore:
     """``score(x, response_mask)`` for ``RuleReward`` from a [reward] text_program: each sequence
     decoded into its prompt (the ids before the first response token) and its response (the ids
-    ``response_mask`` marks), then ``function(prompt, response) -> float`` per sequence. ``decode``
-    takes a list of ints. Raises RewardProgramError when the function returns no real number."""
+    ``response_mask`` marks: every sampled id after the prompt, through the first ``eos_token``
+    when the run sets one, the eos included; ``RuleReward.forward``), then ``function(prompt,
+    response) -> float`` per sequence. ``decode`` (the tokenizer's) takes a list of ints and gets
+    the sampled ids as they are, the pad id 0 too when the policy sampled it; the skill's byte
+    tokenizer drops 0 and ids above 256 and turns bytes that are not UTF-8 into U+FFFD, control
+    bytes kept (``byte_tokenizer.ByteTokenizer.decode``). Raises RewardProgramError when the
+    function or the decode raises, or the function returns no real number."""
 
     def __init__(self, function: Callable, name: str, decode: Callable) -> None:
         self.function, self.name, self.decode = function, name, decode
@@ -152,8 +164,9 @@ class TextScore:
         values = []
         for row, response in zip(x.tolist(), response_mask.tolist()):
             first = response.index(True) if True in response else len(row)
-            prompt = self.decode(row[:first])
-            reply = self.decode([i for i, keep in zip(row, response) if keep])
+            decode = f"{self.name} (the tokenizer's decode)"
+            prompt = call_program(self.decode, decode, row[:first])
+            reply = call_program(self.decode, decode, [i for i, keep in zip(row, response) if keep])
             value = call_program(self.function, self.name, prompt, reply)
             try:
                 number = float(value)

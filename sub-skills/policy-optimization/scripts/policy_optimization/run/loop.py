@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -26,10 +27,9 @@ from typing import Any, Callable
 from policy_optimization import builder, evaluation, run_config, trainers
 from policy_optimization.run import checkpoint, export, metrics, rundir, trackers, watchdog
 from policy_optimization.run import summary as run_summary
-from skill_runtime import exits, placement, runner, streams, workspace
+from skill_runtime import exits, placement, reporting, runner, streams, workspace
 
 PROG = "palm-rlhf-skill train"
-CONFIG_FILE = "config.json"  # the run's config as loaded (absolute paths) and the digests of its files
 EVAL_SEED_OFFSET = 7919      # held-out sampling seed = [run] seed + this: the same noise at every evaluation
 
 
@@ -39,23 +39,30 @@ class Options:
     end the run (exit 1); ``until`` the last round this call runs (None: ``[run] rounds``; a later
     ``resume`` continues); ``progress`` bars and lines on stderr; ``say`` where one-line notes go;
     ``env`` what ``version_gate.check_versions`` returned to the command (its ``versions`` and
-    ``warnings`` go into summary.json; None: neither key)."""
+    ``warnings`` go into summary.json; None: neither key); ``allow_inexact`` resume from a
+    checkpoint whose random states cannot be restored (``--allow-inexact-resume``); ``keep`` the
+    command-line options a ``--resume`` starts with again (``{"cpu_threads": "1"}``, stored in
+    run_config.json) and ``resume_flags`` the same as flags for the next step's command."""
     log_with: str | None = None
     stop_on: frozenset[str] = frozenset()
     until: int | None = None
     progress: bool = True
     say: Callable[[str], None] = field(default_factory=lambda: stderr_lines(sys.stderr))
     env: dict[str, Any] | None = None
+    allow_inexact: bool = False
+    keep: dict[str, Any] = field(default_factory=dict)
+    resume_flags: str = ""
 
 
 def stderr_lines(stream) -> Callable[[str], None]:
     """``say`` for ``Options``: one line ``palm-rlhf-skill train: ...`` on ``stream``, bound now, so
     a line said while the library's output is captured (a signal during a round) still reaches the
-    terminal; best effort (``streams.BestEffortStream``)."""
+    terminal; best effort (``streams.BestEffortStream``); escaped (``reporting.terminal_text``: a
+    line may name a file of the run directory)."""
     bound = streams.BestEffortStream(stream)
 
     def say(line: str) -> None:
-        bound.write(f"{PROG}: {line}\n")
+        bound.write(f"{PROG}: {reporting.terminal_text(line)}\n")
         bound.flush()
     return say
 
@@ -107,6 +114,8 @@ class Run:
     policy_palm: Any = None                                  # the policy's PaLM and LoRA scope, unwrapped once
     scope: str | None = None
     lock: rundir.RunLock | None = None                       # the run directory's, held until finish()
+    run_id: str | None = None                                # run_config.json's (None: a run of an older version)
+    notes: list[str] = field(default_factory=list)           # warnings for summary.json (an inexact resume, ...)
 
     @property
     def name(self) -> str:
@@ -161,22 +170,90 @@ class Run:
         name, trainer = resolved["name"], built.trainer
         self = cls(run, prepared.loaded["config"], resolved, built, device, options, rows=[], start=0,
                    facts=run_facts(resolved, built), groups=trainers.trainable_groups(name, trainer),
-                   policy_palm=trainers.actor_palm(name, trainer), scope=trainers.actor_scope(name, trainer))
+                   policy_palm=trainers.actor_palm(name, trainer), scope=trainers.actor_scope(name, trainer),
+                   run_id=prepared.loaded.get("run_id"))
+        self.check_prompt_lengths()
         checkpoint.prime_rotary_to(self.trainer, self.rotary_cap())
         latest = checkpoint.latest(run) if prepared.resume else None
+        state = None
         if latest is not None:
-            state = checkpoint.load(self.trainer, latest)
+            state, note = checkpoint.load(self.trainer, latest, self.run_id, name, self.rotary_cap(),
+                                          options.allow_inexact)
             self.start, self.last_checkpoint = state["round"], latest
+            if note:
+                self.notes.append(note)
+                options.say(note)
         self.trainer.accelerate.wait_for_everyone()  # every rank has read the run directory (prepare) first
         if self.main:
-            if not prepared.resume or not (run.path / CONFIG_FILE).is_file():
-                rundir.write_atomic(run.path / CONFIG_FILE, json.dumps(prepared.loaded, indent=1))
-            self.rows = rundir.keep_rows_through(run, self.start) if prepared.resume else []
+            if prepared.resume:  # the rows through the checkpoint (checked, or restored from it); later ones are rerun
+                self.rows = self.resumed_rows(state)
+            try:
+                if prepared.resume:
+                    rundir.write_rows(run, self.rows)
+                rundir.write_atomic(run.config, json.dumps(prepared.loaded, indent=1))
+            except OSError as err:
+                raise exits.SkillError(f"writing {run.path} failed ({exits.one_line(err)}): free space there, "
+                                       "then start again" + (" (--resume)" if prepared.resume else "")) from None
         if options.log_with and self.main:
             trackers.start(self.trainer, run.path.name, self.config, self.start + 1)
         if not self.rows and self.main:
+            if self.built.eval_prompt_ids is not None and options.progress:  # a reward that hangs shows here
+                options.say(f"round 0: scoring the {int(self.built.eval_prompt_ids.shape[0])} held-out prompts "
+                            f"({resolved['eval']['samples']} samples each) before training")
             self.write_row(self.baseline_row())
         return self
+
+    def resumed_rows(self, state: dict[str, Any] | None) -> list[dict[str, Any]]:
+        """The metrics rows 0..start of a resume. Without a checkpoint: none (row 0 is scored
+        again, the same number). From a checkpoint: metrics.jsonl's rows up to the checkpoint
+        before it, which must be those it saw (``checkpoint.rows_digest``), then the checkpoint's
+        own rows, which replace the file's (one line says so when they differed: a row cut by a
+        crash, a damaged line, a row of another run). A checkpoint of an older version carries no
+        rows: the file's, checked. Raises SkillError(2) when rows the checkpoint cannot restore are
+        missing, damaged or another run's."""
+        if state is None:
+            return []
+        start, metrics_file = state["round"], self.run.metrics
+        found, damage = rundir.parse_rows(rundir.read_file(metrics_file), metrics_file, metrics.parse_row)
+        if "rows" not in state:
+            if damage:
+                raise exits.SkillError(f"{damage}: the file was edited or damaged; restore it, or start over with --force")
+            return [r for r in found if r["round"] <= start]
+        try:
+            own = [metrics.parse_row(r) if isinstance(r, dict) else metrics.parse_row({"round": r}) for r in state["rows"]]
+        except ValueError as err:
+            own = [{"round": f"bad ({err})"}]
+        before = start - len(own)
+        if [r["round"] for r in own] != list(range(before + 1, start + 1)):
+            raise exits.SkillError(f"{self.last_checkpoint / checkpoint.STATE_FILE}: its rows are not rounds "
+                                   f"{before + 1}-{start}: damaged or edited; {checkpoint.previous_hint(self.last_checkpoint)}")
+        prefix = [r for r in found if r["round"] <= before]
+        if [r["round"] for r in prefix] != list(range(before + 1)) or \
+                checkpoint.rows_digest(prefix) != state.get("rows_before"):
+            why = damage or f"{metrics_file}: rows 0-{before} are missing, edited or another run's"
+            raise exits.SkillError(f"{why}: they are not the rows the checkpoint of round {start} saw, and only rows "
+                                   f"{before + 1}-{start} are in it: restore the run's own metrics.jsonl, or start over "
+                                   "with --force")
+        if [r for r in found if before < r["round"] <= start] != own:
+            self.options.say(f"{metrics_file}: rows {before + 1}-{start} restored from the checkpoint of round {start} "
+                             f"({'the file ended before round ' + str(start) if not damage else damage})")
+        return prefix + own
+
+    def check_prompt_lengths(self) -> None:
+        """Refuse (SkillError 2) a max_seq_len that leaves a training or held-out prompt no room
+        for a response: the library samples ``max(1, max_seq_len - n)`` tokens after an n-id prompt
+        (``advice.prompts_fill_max_seq_len``), so the run would learn from one-token responses."""
+        from collections import Counter
+
+        from policy_optimization import advice
+        pad = int(self.trainer.pad_value)
+        lengths = Counter((self.built.prompt_ids != pad).sum(-1).tolist())
+        if self.built.eval_prompt_ids is not None:
+            lengths += Counter((self.built.eval_prompt_ids != pad).sum(-1).tolist())
+        full = advice.prompts_fill_max_seq_len(dict(lengths), self.train_kwargs()["max_seq_len"])
+        if full:
+            raise exits.SkillError(f"config [train] max_seq_len: {full['message']} (training and held-out prompts): "
+                                   f"set {full['fix']}")
 
     def rotary_cap(self) -> int:
         """The longest sequence any forward of this run sees: the padded prompt width (TPO's
@@ -281,16 +358,25 @@ class Run:
                 trackers.log(self.trainer, row)
 
     def save(self, round_: int) -> Path:
-        """A checkpoint of the run after ``round_``. Raises SkillError(2) when the disk refuses it
-        (full, read-only): the previous checkpoint stays the latest."""
+        """A checkpoint of the run after ``round_``, carrying its rows since the last checkpoint
+        (and the digest of those before: ``resumed_rows``). Raises SkillError(2) when the disk
+        refuses it (full, read-only: OSError, safetensors' SafetensorError, torch's RuntimeError;
+        ``exits.write_failed``), SkillError(1) for another failure: the previous checkpoint stays
+        the latest either way."""
+        previous = checkpoint.round_of(self.last_checkpoint) if self.last_checkpoint else -1
+        state = {"trainer": self.name, "run_id": self.run_id,
+                 "rows_before": checkpoint.rows_digest([r for r in self.rows if r["round"] <= previous]),
+                 "rows": [r for r in self.rows if r["round"] > previous]}
         try:
-            self.last_checkpoint = checkpoint.save(self.trainer, self.run, round_, {"trainer": self.name})
-        except OSError as err:
-            kept = f"the checkpoint of round {checkpoint.NAME.fullmatch(self.last_checkpoint.name).group(1).lstrip('0')} is kept" \
-                if self.last_checkpoint else "no earlier checkpoint"
-            raise exits.SkillError(f"checkpoint after round {round_} failed ({exits.one_line(err)}): free space in "
-                                   f"{self.run.checkpoints}, then resume ({kept}; metrics.jsonl holds every "
-                                   "finished round)") from None
+            self.last_checkpoint = checkpoint.save(self.trainer, self.run, round_, state)
+        except Exception as err:  # noqa: BLE001 - sorted: a disk that refuses the write, or anything else
+            kept = f"the checkpoint of round {previous} is kept" if previous >= 0 else "no earlier checkpoint"
+            if exits.write_failed(err):
+                raise exits.SkillError(f"checkpoint after round {round_} failed ({exits.one_line(err)}): free space in "
+                                       f"{self.run.checkpoints}, then resume ({kept}; metrics.jsonl holds every "
+                                       "finished round)") from None
+            raise exits.SkillError(f"checkpoint after round {round_} failed ({exits.one_line(err)}; {kept})",
+                                   exits.EXIT_CHECK_FAILED) from None
         return self.last_checkpoint
 
     # --- the rounds ---------------------------------------------------------------------------
@@ -324,19 +410,32 @@ class Run:
     def finish(self, status: str, reason: str | None) -> dict[str, Any]:
         """Export the policy (a finished run), write summary.json and close the trackers (main
         process); returns the summary."""
-        files = {"metrics": str(self.run.metrics), "config": str(self.run.path / CONFIG_FILE),
+        files = {"metrics": str(self.run.metrics), "config": str(self.run.config),
                  "checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None}
+        failed = None
         if status == "finished" and self.main:
-            files["policy"] = str(export.export_policy(self.name, self.trainer, self.run.policy))
+            try:
+                files["policy"] = str(export.export_policy(self.name, self.trainer, self.run.policy))
+            except Exception as err:  # noqa: BLE001 - a full disk (torch's RuntimeError), or anything else
+                status, reason = "failed", f"writing {self.run.policy} failed ({exits.one_line(err)})"
+                failed = exits.SkillError(f"{reason}: free space there, then resume (every round is checkpointed)",
+                                          exits.EXIT_USAGE if exits.write_failed(err) else exits.EXIT_CHECK_FAILED)
         if self.options.log_with:
             files["trackers"] = str(self.run.trackers)
             if self.main:
                 trackers.end(self.trainer)
         summary = run_summary.summarize(self, status, reason, files)
-        if self.main:
-            rundir.write_atomic(self.run.summary, json.dumps(summary, indent=1, allow_nan=True))
-        if self.lock is not None:
-            self.lock.release()
+        try:
+            if self.main:
+                rundir.write_atomic(self.run.summary, json.dumps(summary, indent=1, allow_nan=True))
+        except OSError as err:
+            failed = failed or exits.SkillError(f"writing {self.run.summary} failed ({exits.one_line(err)}): free "
+                                                "space there, then resume (every round is checkpointed)")
+        finally:
+            if self.lock is not None:
+                self.lock.release()
+        if failed:
+            raise failed
         return summary
 
 
@@ -387,16 +486,22 @@ def writes_files() -> bool:
 def prepare(config_path: str | None, run_dir: str | Path, resume: bool, force: bool,
             overrides: list[str] | None, options: Options) -> Prepared:
     """Everything that can be refused before a model exists: the run directory
-    (``rundir.prepare``), the config (``config_path``, or on ``resume`` without it the one the run
-    stored), a changed config on ``resume``, the tracker package, and every key against the
-    installed library (``run_config.check_against_library``, which imports torch). Raises
-    SkillError: 2 for a bad config or directory, or a changed config on resume; 3 for a tracker
-    package that is missing; 2 when another process holds the directory's lock."""
+    (``rundir.prepare``; the writer then removes what a killed run left there:
+    ``checkpoint.remove_leftovers``, ``rundir.remove_temporaries``), the config (``config_path``,
+    or on ``resume`` without it the one the run stored), a changed config on ``resume``, the tracker
+    package, and every key against the installed library (``run_config.check_against_library``,
+    which imports torch). Raises SkillError: 2 for a bad config or directory, or a changed config
+    on resume; 3 for a tracker package that is missing; 2 when another process holds the
+    directory's lock."""
     created, writer, run, lock = rundir.first_missing(Path(run_dir)), writes_files(), None, None
     try:
         run, lock = rundir.prepare(run_dir, resume, force, writer)
         if writer and lock is None:
             options.say(f"no lock on {run.path}: this Python has no fcntl (Windows): run one train per directory")
+        if writer:
+            gone = checkpoint.remove_leftovers(run) + rundir.remove_temporaries(run)
+            if gone:
+                options.say(f"removed what an interrupted run left in {run.path}: {', '.join(gone)}")
         prepared = _prepare(config_path, run, run_dir, resume, overrides, options)
     except BaseException:  # refused before a model exists: leave no directory of ours behind
         rundir.remove_empty(Path(run_dir), created) if run is None else rundir.discard(run, created, lock)
@@ -408,14 +513,26 @@ def prepare(config_path: str | None, run_dir: str | Path, resume: bool, force: b
 def _prepare(config_path: str | None, run: rundir.RunDir, run_dir: str | Path, resume: bool,
              overrides: list[str] | None, options: Options) -> Prepared:
     """``prepare`` once the run directory exists."""
-    stored_file = run.path / CONFIG_FILE
-    stored = json.loads(stored_file.read_text(encoding="utf-8")) if resume and stored_file.is_file() else None
+    found = run.read_config(resume)  # raises when it is not a run config: a file of yours of that name is never replaced
+    stored = found[0] if found and resume else None
     if config_path is None and stored is None:
-        raise exits.SkillError(f"--resume {run_dir}: no {CONFIG_FILE} there to resume from: give --config FILE")
-    config = run_config.load(config_path, overrides) if config_path else stored["config"]
+        raise exits.SkillError(f"--resume {run_dir}: no {rundir.CONFIG} there to resume from: give --config FILE")
+    if config_path:
+        config = run_config.load(config_path, overrides)
+    else:
+        config = stored["config"]
+        try:
+            run_config.check_structure(config)
+        except exits.SkillError as err:
+            raise exits.SkillError(f"{found[1]}: {err}: damaged or edited; resume with --config FILE (the run's own)") \
+                from None
     if "run" not in config:
         raise exits.SkillError("config [run] rounds: missing: train runs the config in rounds ([run] rounds = N)")
-    loaded = {"config": config, "files": file_digests(config)}
+    loaded = {"config": config, "files": file_digests(config),
+              "run_id": stored.get("run_id") if stored is not None else uuid.uuid4().hex,
+              "options": {**(stored or {}).get("options", {}), **options.keep}}
+    if loaded["run_id"] is None:  # a run of an older version: its checkpoints carry no id
+        del loaded["run_id"]
     if stored is not None:
         changed = changed_keys(stored, loaded)
         if changed:

@@ -35,6 +35,11 @@ ROW_KEYS = ("round", "rollouts", "group_size", "learn_calls", "wall_s", "tokens_
             "one_token_response_fraction", "kl_rollout", "kl_base", "entropy", "losses", "grad_norm",
             "optimizer_steps", "trainable_change_norm", "non_finite_weights", "lr", "held_out_reward",
             "rules")
+# The JSON type of each key that is not a number or null (every other key of ROW_KEYS is one):
+# what ``parse_row`` checks in a row read back from a file.
+ROW_TYPES = {"round": "round", "rollouts": "count", "group_size": "count", "learn_calls": "count",
+             "losses": "losses", "optimizer_steps": "counts", "trainable_change_norm": "numbers",
+             "non_finite_weights": "flag", "rules": "names"}
 PROBE_SEQUENCES = 2  # sequences of the round's last rollout that the entropy and kl_base forwards see
 
 
@@ -140,6 +145,42 @@ def observe(name: str, trainer) -> Iterator[Observation]:
         params = [p for group in actor.param_groups for p in group["params"]]
         stack.callback(actor.register_step_pre_hook(lambda *_: seen.grad_norms.append(_grad_norm(params))).remove)
         yield seen
+
+
+def _number(value: Any) -> bool:
+    return type(value) in (int, float)
+
+
+_CHECKS = {
+    "round": lambda v: type(v) is int and v >= 0,
+    "count": lambda v: v is None or (type(v) is int and v >= 0),
+    "number": lambda v: v is None or _number(v),
+    "losses": lambda v: v is None or (isinstance(v, dict) and all(
+        isinstance(k, str) and isinstance(x, list) and all(map(_number, x)) for k, x in v.items())),
+    "counts": lambda v: v is None or (isinstance(v, dict) and all(
+        isinstance(k, str) and type(x) is int for k, x in v.items())),
+    "numbers": lambda v: v is None or (isinstance(v, dict) and all(isinstance(k, str) and _number(x) for k, x in v.items())),
+    "flag": lambda v: v is None or type(v) is bool,
+    "names": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+}
+
+
+def parse_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A metrics row read back from a file (``rundir.parse_rows``), checked: each key of ROW_KEYS
+    it has holds its type (``ROW_TYPES``, else a number or null); a key it lacks (a row of an older
+    version) becomes null, ``rules`` an empty list. Keys it has beyond ROW_KEYS are kept as they
+    are. Returns the row with every key of ROW_KEYS. Raises ValueError naming the first bad key."""
+    for key in ROW_KEYS:
+        if key in row and not _CHECKS[ROW_TYPES.get(key, "number")](row[key]):
+            raise ValueError(f"has {key} {json_text(row[key])}, not a {ROW_TYPES.get(key, 'number')} (or null)")
+    return {**{key: [] if key == "rules" else None for key in ROW_KEYS}, **row}
+
+
+def json_text(value: Any, limit: int = 40) -> str:
+    """``value`` as JSON, cut to ``limit`` characters (a bad value, quoted in a message)."""
+    import json
+    text = json.dumps(value, allow_nan=True, default=str)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def snapshot_trainable(groups: dict[str, list]) -> dict[str, list]:

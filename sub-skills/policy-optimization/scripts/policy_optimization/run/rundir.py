@@ -1,25 +1,32 @@
 """The run directory: its files, and writing them so that a crash or a kill never leaves a half file.
 
-``DIR/metrics.jsonl``  one JSON object per round (metrics.ROW_KEYS), appended and flushed per round
-``DIR/checkpoints/``   ``round-NNNNNN/`` folders (checkpoint.py), each complete or absent
-``DIR/trackers/``      the trackers' own files (tensorboard events, wandb offline runs, ...)
-``DIR/policy.pt``      the trained policy, a standalone PaLM state dict (export.py)
-``DIR/summary.json``   the run's summary, written at its end
-``DIR/train.lock``     while a ``train`` process writes the run: its exclusive lock (``RunLock``)
-Torch-free.
+``DIR/metrics.jsonl``    one JSON object per round (metrics.ROW_KEYS), appended and flushed per round
+``DIR/checkpoints/``     ``round-NNNNNN/`` folders (checkpoint.py), each complete or absent
+``DIR/trackers/``        the trackers' own files (tensorboard events, wandb offline runs, ...)
+``DIR/policy.pt``        the trained policy, a standalone PaLM state dict (export.py)
+``DIR/summary.json``     the run's summary, written at its end
+``DIR/run_config.json``  the run's config as loaded, the digests of the files it names, the run's id
+                         and the options to resume with (``config.json`` before: still read)
+``DIR/train.lock``       while a ``train`` process writes the run: its exclusive lock (``RunLock``)
+
+Anything in a run directory may come from elsewhere (copied, restored, received): every file is
+opened without following a symbolic link and must be a plain file (``read_file``), and what it
+holds is checked before it is used. Torch-free.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import shutil
 import socket
+import stat
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from skill_runtime import exits
 
@@ -31,6 +38,57 @@ except ImportError:  # pragma: no cover - exercised by monkeypatching fcntl to N
 METRICS, CHECKPOINTS, TRACKERS, POLICY, SUMMARY = "metrics.jsonl", "checkpoints", "trackers", "policy.pt", "summary.json"
 RUN_FILES = (METRICS, CHECKPOINTS, TRACKERS, POLICY, SUMMARY)  # what --force removes, nothing else
 LOCK = "train.lock"
+CONFIG, OLD_CONFIG = "run_config.json", "config.json"  # the run's config; its name before (a user's clashed)
+NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+MAX_JSON_BYTES = 64 * 2**20  # a run's JSON files (summary, config, run state) are KiB to a few MiB
+
+
+def read_file(path: Path, limit: int | None = None) -> bytes | None:
+    """The bytes of ``path``, a plain file of the run directory, or None when it is missing. Opened
+    without following a symbolic link and without blocking (a named pipe). Raises SkillError(2)
+    naming it when it is a link, not a plain file, unreadable, or larger than ``limit`` bytes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | NO_FOLLOW | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise exits.SkillError(f"{path}: {not_plain(path, err)}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise exits.SkillError(f"{path}: {not_plain(path)}")
+        if limit is not None and info.st_size > limit:
+            raise exits.SkillError(f"{path}: {info.st_size:,} bytes, more than a run's file of this kind holds "
+                                   f"({limit:,}): not this run's; move it away")
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError as err:
+        raise exits.SkillError(f"{path}: cannot read it ({exits.one_line(err)})") from None
+    finally:
+        os.close(fd)
+
+
+def not_plain(path: Path, err: OSError | None = None) -> str:
+    """Why ``path`` is refused: a symbolic link or another kind of file than a plain one, with the fix."""
+    if err is not None and err.errno != errno.ELOOP:
+        return f"cannot open it ({exits.one_line(err)})"
+    kind = "a symbolic link" if path.is_symlink() else "not a plain file"
+    return (f"{kind}: a run directory's files are plain files that train writes (a copied or received "
+            "directory?): remove it")
+
+
+def read_json(path: Path) -> Any:
+    """``path`` parsed as JSON (``read_file``), or None when missing. Raises SkillError(2) naming it
+    when it is not JSON (damaged or edited)."""
+    data = read_file(path, MAX_JSON_BYTES)
+    if data is None:
+        return None
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as err:
+        raise exits.SkillError(f"{path}: not JSON ({exits.one_line(err)}): damaged or edited") from None
 
 
 @dataclass(frozen=True)
@@ -57,18 +115,55 @@ class RunDir:
     def summary(self) -> Path:
         return self.path / SUMMARY
 
+    @property
+    def config(self) -> Path:
+        return self.path / CONFIG
+
     def read_summary(self) -> dict[str, Any] | None:
-        """The run's summary.json (written as the run ends: ``status`` finished, paused, stopped,
-        interrupted or failed), or None while there is none yet (a running run) or it is unreadable."""
-        try:
-            summary = json.loads(self.summary.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-        return summary if isinstance(summary, dict) else None
+        """The run's summary.json as JSON (written as the run ends), or None while there is none
+        yet (a running run). Raises SkillError(2) when it is a link, not a plain file or not JSON;
+        ``summary.read`` checks what it holds."""
+        return read_json(self.summary)
+
+    def read_config(self, resume: bool = True) -> tuple[dict[str, Any], Path] | None:
+        """The stored run config (``CONFIG``; with ``resume`` also the older ``OLD_CONFIG``, a file
+        a new run never touches) and its path, or None when none is there: ``{config: {section: {key: value}}, files: {key: sha256}}`` and, from
+        this version on, ``run_id`` (a string) and ``options`` (``{flag: value}`` to resume with).
+        Raises SkillError(2) naming the file when it is not one (damaged, edited, or a file of
+        yours with that name)."""
+        for path in (self.config, self.path / OLD_CONFIG)[:2 if resume else 1]:
+            stored = read_json(path)
+            if stored is None:
+                continue
+            problem = config_problem(stored)
+            if problem:
+                raise exits.SkillError(f"{path}: not a run config of palm-rlhf-skill train ({problem}): damaged, "
+                                       "edited, or not this run's: restore it, or move it away and start over")
+            return stored, path
+        return None
 
     def holds_a_run(self) -> list[str]:
-        """The run files already here (metrics.jsonl, checkpoints/, ...): another run's."""
-        return [name for name in RUN_FILES if (self.path / name).exists()]
+        """The run files already here (metrics.jsonl, checkpoints/, ...): another run's. A symbolic
+        link of one of those names counts, whether or not it points anywhere."""
+        return [name for name in RUN_FILES if os.path.lexists(self.path / name)]
+
+    def links(self) -> list[str]:
+        """The run files (``RUN_FILES``, ``CONFIG``) that are symbolic links: never train's own."""
+        return [name for name in (*RUN_FILES, CONFIG) if (self.path / name).is_symlink()]
+
+
+def config_problem(stored: Any) -> str | None:
+    """What is wrong with a stored run config (``RunDir.read_config``), or None."""
+    if not isinstance(stored, dict):
+        return f"a JSON {type(stored).__name__}, not an object"
+    if not isinstance(stored.get("config"), dict) or not all(isinstance(t, dict) for t in stored["config"].values()):
+        return "its config is not a table of tables"
+    files = stored.get("files")
+    if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+        return "its files are not file digests"
+    if not isinstance(stored.get("run_id", ""), str) or not isinstance(stored.get("options", {}), dict):
+        return "its run_id or options are not a string and an object"
+    return None
 
 
 def first_missing(path: Path) -> Path | None:
@@ -103,9 +198,11 @@ class RunLock:
     """The exclusive lock of the one process that writes a run directory: ``fcntl.flock(LOCK_EX |
     LOCK_NB)`` on ``DIR/train.lock``, which holds the holder's pid, host and start time. The OS
     drops the lock when the process ends, however it ends (a crash, SIGKILL): never a stale lock,
-    at most a stale file, which the next holder locks and rewrites. ``release`` removes the file,
-    then unlocks. Where Python has no ``fcntl`` (Windows) ``acquire`` returns None: no lock, and
-    nothing refuses a second ``train`` on the same directory there."""
+    at most a stale file, which the next holder locks and rewrites. The file is opened inside DIR
+    without following a symbolic link, and written only once it is locked and found to be a plain
+    file with no other name (a link to a file of yours, symbolic or hard, is refused untouched).
+    ``release`` removes the file, then unlocks. Where Python has no ``fcntl`` (Windows) ``acquire``
+    returns None: no lock, and nothing refuses a second ``train`` on the same directory there."""
 
     def __init__(self, path: Path, fd: int) -> None:
         self.path, self.fd, self.pid = path, fd, os.getpid()
@@ -113,15 +210,22 @@ class RunLock:
     @classmethod
     def acquire(cls, run: "RunDir", flag: str) -> "RunLock | None":
         """Lock ``run`` for this process (None without fcntl). Raises SkillError(2) when another
-        process holds it, naming ``flag`` (``--resume DIR``), the directory and the holder, or
-        when the lock file cannot be created."""
+        process holds it, naming ``flag`` (``--resume DIR``), the directory and the holder; when the
+        lock file cannot be created; or when ``train.lock`` is a link or not a plain file."""
         if fcntl is None:
             return None
         path = run.path / LOCK
         for _ in range(5):  # a holder that released (removed the file) between our open and our lock: again
             try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+                folder = os.open(run.path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | NO_FOLLOW)
+                try:
+                    fd = os.open(LOCK, os.O_RDWR | os.O_CREAT | NO_FOLLOW | getattr(os, "O_NONBLOCK", 0), 0o666,
+                                 dir_fd=folder)
+                finally:
+                    os.close(folder)
             except OSError as err:
+                if err.errno == errno.ELOOP:
+                    raise exits.SkillError(f"{flag}: its lock {path}: {not_plain(path, err)}") from None
                 raise exits.SkillError(f"{flag}: cannot create its lock {path} ({exits.one_line(err)})") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -132,26 +236,56 @@ class RunLock:
                                            "local disk") from None
                 raise exits.SkillError(f"{flag}: another train is running in {run.path} ({holder(path)}): wait for it "
                                        "to end or stop it, then resume; watch reads it meanwhile") from None
+            held = os.fstat(fd)
             try:
-                same = os.path.samestat(os.fstat(fd), os.stat(path))
+                same = os.path.samestat(held, os.stat(path, follow_symlinks=False))
             except FileNotFoundError:
                 same = False
-            if same:
-                os.ftruncate(fd, 0)
-                os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}, since "
-                             f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}\n".encode())
-                return cls(path, fd)
-            os.close(fd)
+            if not same:
+                os.close(fd)
+                continue
+            if not stat.S_ISREG(held.st_mode) or held.st_nlink != 1:
+                os.close(fd)
+                kind = "not a plain file" if not stat.S_ISREG(held.st_mode) else \
+                    f"a file with {held.st_nlink} names (a hard link to a file elsewhere?)"
+                raise exits.SkillError(f"{flag}: its lock {path} is {kind}: train creates its own; remove it")
+            os.ftruncate(fd, 0)
+            os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}, since "
+                         f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}\n".encode())
+            return cls(path, fd)
         raise exits.SkillError(f"{flag}: could not lock {path}: another process keeps replacing it")
 
     @staticmethod
     def probe(run: "RunDir", flag: str) -> None:
         """Raise as ``acquire`` would when another process holds ``run``'s lock; creates nothing,
         keeps nothing (``train --nproc``'s launcher, before it starts the ranks)."""
-        path = run.path / LOCK
-        if fcntl is None or not path.is_file():
+        if fcntl is None or not os.path.lexists(run.path / LOCK):
             return
         RunLock.acquire(run, flag).release()
+
+    @staticmethod
+    def held(run: "RunDir") -> bool | None:
+        """Whether a process holds ``run``'s lock right now (``watch``: is the run alive?), asked
+        without taking it for more than an instant (a shared lock, tried and dropped) and without
+        creating or writing anything; None where Python has no fcntl (unknown). A ``train.lock``
+        that is missing, a link or not a plain file is held by no train."""
+        if fcntl is None:
+            return None
+        try:
+            fd = os.open(run.path / LOCK, os.O_RDONLY | NO_FOLLOW | getattr(os, "O_NONBLOCK", 0))
+        except OSError:
+            return False
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return False
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError as err:
+                return True if err.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK) else None
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return False
+        finally:
+            os.close(fd)
 
     def release(self) -> None:
         """Remove the lock file and unlock (this process only: a forked child keeps its hands off)."""
@@ -169,10 +303,11 @@ class RunLock:
 
 
 def holder(path: Path) -> str:
-    """Who holds the lock at ``path``, as its holder wrote it (``pid N on HOST, since ...``)."""
+    """Who holds the lock at ``path``, as its holder wrote it (``pid N on HOST, since ...``; at most
+    200 characters of it, read without following a link)."""
     try:
-        text = path.read_text(encoding="utf-8", errors="replace").strip()
-    except OSError:
+        text = (read_file(path, 4096) or b"").decode("utf-8", errors="replace").strip()[:200]
+    except exits.SkillError:
         text = ""
     return f"{text}; lock {path}" if text else f"a process that has just started; lock {path}"
 
@@ -185,8 +320,8 @@ def prepare(path: str | Path, resume: bool, force: bool, writer: bool = True) ->
     ``force``'s removal; any other rank does neither (the lock is None).
     Raises SkillError(2): the path is a file or cannot be created or written; another process
     holds its lock; it holds another run's files and neither ``resume`` nor ``force`` is given;
-    ``resume`` finds no run there. ``force`` removes the files of ``RUN_FILES`` it finds (never
-    anything else) and starts over."""
+    ``resume`` finds no run there; a run file is a symbolic link (``force`` removes the link).
+    ``force`` removes the files of ``RUN_FILES`` it finds (never anything else) and starts over."""
     run = RunDir(Path(path).expanduser().resolve())
     if run.path.exists() and not run.path.is_dir():
         raise exits.SkillError(f"--run-dir {path}: is a file, not a directory: name a directory for the run")
@@ -216,10 +351,33 @@ def check_run_files(run: RunDir, path: str | Path, resume: bool, force: bool, wr
     if found and not resume and not force:
         raise exits.SkillError(f"--run-dir {path}: holds another run ({', '.join(found)}): --resume continues it, "
                                "--force starts over (removes those files only), or choose another directory")
+    linked = run.links()
+    if linked and not (force and not resume):
+        raise exits.SkillError(f"{'--resume' if resume else '--run-dir'} {path}: {', '.join(linked)}: a symbolic "
+                               f"link, never a file train writes (a copied or received directory?): remove it"
+                               + ("" if resume else ", or --force"))
     if force and not resume and writer:
         for name in found:
             target = run.path / name
-            shutil.rmtree(target, ignore_errors=True) if target.is_dir() else target.unlink(missing_ok=True)
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target, ignore_errors=True)
+            else:  # a file, or a link (removed, never what it points to)
+                target.unlink(missing_ok=True)
+        if run.config.is_symlink():
+            run.config.unlink()
+
+
+def remove_temporaries(run: RunDir) -> list[str]:
+    """Remove what a killed writer left in ``run`` (the writer's, under the lock): the temporary
+    files of ``write_atomic`` and ``export`` (``.NAME.XXXX`` of a run file), ``prepare``'s write
+    test; never a folder, never another file. Returns the names removed."""
+    prefixes = tuple(f".{name}." for name in (METRICS, SUMMARY, POLICY, CONFIG, OLD_CONFIG)) + (".write-test-",)
+    gone = []
+    for entry in run.path.iterdir():
+        if entry.name.startswith(prefixes) and (entry.is_symlink() or not entry.is_dir()):
+            unlink_quietly(entry)
+            gone.append(entry.name)
+    return sorted(gone)
 
 
 def discard(run: RunDir, created: Path | None, lock: RunLock | None) -> None:
@@ -235,44 +393,90 @@ def discard(run: RunDir, created: Path | None, lock: RunLock | None) -> None:
     remove_empty(run.path, created)
 
 
+def row_line(row: dict[str, Any]) -> bytes:
+    """A metrics row as the line metrics.jsonl holds (JSON, NaN allowed, newline-terminated)."""
+    return (json.dumps(row, allow_nan=True) + "\n").encode("utf-8")
+
+
 def append_row(run: RunDir, row: dict[str, Any]) -> None:
-    """Append one metrics row as a JSON line and flush it: a reader (``watch``) sees it as soon as
-    the round ends, and a kill of the process afterwards cannot lose it (the checkpoints, not the
-    rows, are fsynced: a machine that loses power may lose the rows after the last checkpoint,
-    which a resume recomputes anyway)."""
-    with open(run.metrics, "a", encoding="utf-8") as stream:
-        stream.write(json.dumps(row, allow_nan=True) + "\n")
+    """Append one metrics row as a JSON line: a reader (``watch``) sees it as soon as the round
+    ends, and a kill of the process afterwards cannot lose it. Opened without following a link;
+    a write the disk refuses leaves no partial line (the file is cut back to its old size). Rows are
+    not fsynced: a checkpoint carries the rows it covers (``checkpoint.save``), so a machine that
+    loses power loses at most rows after the last checkpoint, which a resume recomputes.
+    Raises OSError when the disk refuses the row, SkillError(2) when metrics.jsonl is not a plain file."""
+    fd = os.open(run.metrics, os.O_WRONLY | os.O_APPEND | os.O_CREAT | NO_FOLLOW, 0o666)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise exits.SkillError(f"{run.metrics}: {not_plain(run.metrics)}")
+        data = row_line(row)
+        try:
+            while data:
+                data = data[os.write(fd, data):]
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, info.st_size)
+            raise
+    finally:
+        os.close(fd)
 
 
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    """The rows of a metrics file, in order. A last line without its newline (the writer was
-    killed mid-write) is left out; a corrupt line elsewhere raises SkillError(2) naming it."""
-    if not path.is_file():
-        return []
-    text = path.read_text(encoding="utf-8")
-    lines = text.split("\n")
-    complete, partial = lines[:-1], lines[-1]
-    rows = []
-    for number, line in enumerate(complete, 1):
+def parse_rows(data: bytes | None, path: Path,
+               parse: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> tuple[list[dict[str, Any]], str | None]:
+    """The rows of a metrics file's bytes (``data``, None: no file) in order, up to the first line
+    that is not a metrics row, and what is wrong with that line (None when every line is one). A
+    row is a JSON object whose ``round`` is an integer from 0, above the round before it, and that
+    ``parse`` (``metrics.parse_row``: the values' types; it returns the row with every key) accepts.
+    A last line without its newline (the writer was killed mid-write) is left out silently."""
+    if not data:
+        return [], None
+    lines = data.split(b"\n")[:-1]  # the part after the last newline: a row that never finished writing
+    rows: list[dict[str, Any]] = []
+    for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            raise exits.SkillError(f"{path}: line {number} is not a metrics row ({err.msg}): the file was edited "
-                                   "or damaged") from None
-    del partial  # written without its newline: the round it belongs to never finished writing
+            row = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as err:
+            return rows, f"{path}: line {number} is not JSON ({exits.one_line(err)})"
+        problem = None
+        if not isinstance(row, dict):
+            problem = f"is a JSON {type(row).__name__}, not a metrics row (an object)"
+        elif type(row.get("round")) is not int or row["round"] < 0:
+            problem = f"has round {row.get('round')!r}, not a round number (an integer from 0)"
+        elif rows and row["round"] <= rows[-1]["round"]:
+            problem = f"has round {row['round']} after round {rows[-1]['round']} (rows out of order)"
+        elif parse is not None:
+            try:
+                row = parse(row)
+            except ValueError as err:
+                problem = str(err)
+        if problem:
+            return rows, f"{path}: line {number} {problem}"
+        rows.append(row)
+    return rows, None
+
+
+def read_rows(path: Path, parse: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Every row of a metrics file (``parse_rows``; read as ``read_file`` reads). Raises
+    SkillError(2) naming the first line that is not a metrics row, or a file that is a link."""
+    rows, problem = parse_rows(read_file(path), path, parse)
+    if problem:
+        raise exits.SkillError(f"{problem}: the file was edited or damaged; the run's own rows are in its checkpoints "
+                               "(train --resume restores those)")
     return rows
 
 
-def write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str | bytes) -> None:
     """Write ``text`` to ``path`` through a temporary file in the same directory and a rename:
-    readers see the old file or the new one, never a half-written one."""
+    readers see the old file or the new one, never a half-written one (a link at ``path`` is
+    replaced, never followed)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes it 0600; a run's files are plain files
-        with os.fdopen(fd, "w", encoding="utf-8") as stream:
-            stream.write(text)
+        with os.fdopen(fd, "wb") as stream:
+            stream.write(text.encode("utf-8") if isinstance(text, str) else text)
             stream.flush()
             os.fsync(stream.fileno())
         os.replace(tmp, path)
@@ -296,9 +500,7 @@ def unlink_quietly(path: str | Path) -> None:
         pass
 
 
-def keep_rows_through(run: RunDir, last_round: int) -> list[dict[str, Any]]:
-    """Rewrite metrics.jsonl with only the rows of rounds 0..``last_round`` (atomically) and return
-    them: on resume, rows written after the last checkpoint are replaced by the rerun, not doubled."""
-    rows = [row for row in read_rows(run.metrics) if row["round"] <= last_round]
-    write_atomic(run.metrics, "".join(json.dumps(row, allow_nan=True) + "\n" for row in rows))
-    return rows
+def write_rows(run: RunDir, rows: list[dict[str, Any]]) -> None:
+    """Rewrite metrics.jsonl with exactly ``rows`` (atomically): on resume, the rows through the
+    checkpoint; rows written after it are replaced by the rerun, not doubled."""
+    write_atomic(run.metrics, b"".join(row_line(row) for row in rows))

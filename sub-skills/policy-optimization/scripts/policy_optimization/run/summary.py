@@ -7,7 +7,15 @@ from pathlib import Path
 from typing import Any
 
 from policy_optimization import trainers
-from skill_runtime import reporting, streams
+from policy_optimization.run import rundir
+from skill_runtime import exits, reporting, streams
+
+STATUSES = ("finished", "paused", "stopped", "interrupted", "failed")
+_NUMBER = (int, float)
+# what a stored summary.json must hold for watch and a resume to read it (references/reports.md#train-summary)
+SHAPE = {"status": str, "reason": (str, type(None)), "trainer": str, "class_name": str, "device": str,
+         "rounds_done": int, "rounds_planned": int, "rollouts": int, "learn_calls": int, "held_out": dict,
+         "reward": dict, "rules_fired": dict, "files": dict, "wall_s": _NUMBER, "verdict": str, "next": str}
 
 
 def report_round(progress: streams.Progress, bar, row: dict[str, Any], last: int, started_s: float, start: int) -> None:
@@ -47,14 +55,61 @@ def summarize(run, status: str, reason: str | None, files: dict[str, Any]) -> di
                           "last": trained[-1]["reward_mean"] if trained else None},
                "rules_fired": fired, "files": files,
                "wall_s": round(time.perf_counter() - run.started_s, 2)}
-    summary["verdict"], summary["next"] = verdict(summary)
+    summary["verdict"], summary["next"] = verdict(summary, run.options.resume_flags)
+    summary["run_id"] = run.run_id
     if run.options.env is not None:  # the versions the run trained with, kept beside its policy
         summary["versions"], summary["warnings"] = run.options.env["versions"], run.options.env["warnings"]
+    if run.notes:  # an inexact resume (--allow-inexact-resume) is said where the run's result is
+        summary["warnings"] = [*summary.get("warnings", []), *run.notes]
     return summary
 
 
-def verdict(summary: dict[str, Any]) -> tuple[str, str]:
-    """The verdict line and the next step of a summary."""
+def problem(summary: Any) -> str | None:
+    """What makes ``summary`` (summary.json as read) not a summary ``verdict`` and the reports can
+    use, or None: a key of SHAPE missing or of another type, an unknown status, held-out figures,
+    rules or files of other shapes."""
+    if not isinstance(summary, dict):
+        return f"a JSON {type(summary).__name__}, not an object"
+    for key, kind in SHAPE.items():
+        value = summary.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            return f"{key} {value!r:.40} is not a {getattr(kind, '__name__', 'number')}"
+    held = summary["held_out"]
+    if summary["status"] not in STATUSES:
+        return f"status {summary['status']!r:.40} is none of {', '.join(STATUSES)}"
+    if not all(held.get(k) is None or type(held.get(k)) in _NUMBER for k in ("before", "after")) or \
+            not isinstance(held.get("rounds"), list) or not all(type(r) is int for r in held["rounds"]):
+        return "held_out is not {before, after, rounds}"
+    if not all(isinstance(k, str) and isinstance(v, list) and all(type(r) is int for r in v)
+               for k, v in summary["rules_fired"].items()):
+        return "rules_fired is not rule ids to rounds"
+    if not all(isinstance(v, (str, type(None))) for v in summary["files"].values()) or "metrics" not in summary["files"]:
+        return "files is not names to paths"
+    if not isinstance(summary.get("warnings", []), list) or not isinstance(summary.get("run_id", ""), (str, type(None))):
+        return "warnings or run_id of another type"
+    return None
+
+
+def read(run: rundir.RunDir, run_id: str | None = None) -> dict[str, Any] | None:
+    """The run's summary.json, checked (``problem``), or None while there is none (a running run).
+    ``run_id``: this run's (the stored config's); a summary of another id is another run's.
+    Raises SkillError(2) naming the file when it is a link, damaged, edited or another run's."""
+    summary = run.read_summary()
+    if summary is None:
+        return None
+    wrong = problem(summary)
+    if wrong is None and run_id and summary.get("run_id") and summary["run_id"] != run_id:
+        wrong = f"run id {summary['run_id']}, this run's is {run_id}: another run's"
+    if wrong:
+        raise exits.SkillError(f"{run.summary}: not this run's summary ({wrong}): damaged, edited or copied; "
+                               f"train --resume {run.path} writes it again")
+    return summary
+
+
+def verdict(summary: dict[str, Any], resume_flags: str = "", curves: bool = True) -> tuple[str, str]:
+    """The verdict line and the next step of a summary; ``resume_flags`` (`` --cpu-threads 1``) go
+    into the resume command it suggests, as the run was started with them; ``curves`` False: the
+    curves are drawn already (``watch --plot``), so a finished run's next step does not offer them."""
     status, held = summary["status"], summary["held_out"]
     if held["after"] is not None:
         change = f"held-out reward {held['before']:.4g} -> {held['after']:.4g}"
@@ -67,11 +122,11 @@ def verdict(summary: dict[str, Any]) -> tuple[str, str]:
     if status == "finished":
         rose = held["after"] is not None and held["after"] > held["before"]
         word = "FINISHED" if rose or held["after"] is None else "FINISHED, NOT LEARNING"
-        nxt = (f"load {summary['files'].get('policy')} with PaLM(**[palm]).load(path); "
-               f"curves: {reporting.command('palm-rlhf-skill watch', run_dir + ' --plot curves.png')}")
+        nxt = f"load {summary['files'].get('policy')} with PaLM(**[palm]).load(path)" + (
+            f"; curves: {reporting.command('palm-rlhf-skill watch', run_dir + ' --plot curves.png')}" if curves else "")
         if not rose and held["after"] is not None:
             nxt = "read sub-skills/policy-optimization/references/training-run.md#held-out-flat"
         return f"{word}: {summary['rounds_done']} rounds, {change}; {rules}", nxt
-    resume = reporting.command("palm-rlhf-skill train", f"--resume {run_dir}")
+    resume = reporting.command("palm-rlhf-skill train", f"--resume {run_dir}{resume_flags}")
     word = {"paused": "PAUSED", "stopped": "STOPPED", "interrupted": "INTERRUPTED", "failed": "FAILED"}[status]
     return f"{word} after round {summary['rounds_done']} ({summary['reason']}): {change}; {rules}", resume

@@ -7,10 +7,12 @@ Torch-free: it reads JSON only, so it answers in well under a second while the r
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any
 
-from policy_optimization.run import rundir
+from policy_optimization.run import metrics, rundir
+from policy_optimization.run import summary as run_summary
 from skill_runtime import exits, reporting
 
 TABLE = (("round", "round", "{:d}"), ("rollouts", "rollouts", "{:d}"), ("reward", "reward_mean", "{:.3f}"),
@@ -19,33 +21,47 @@ TABLE = (("round", "round", "{:d}"), ("rollouts", "rollouts", "{:d}"), ("reward"
          ("length", "response_length_mean", "{:.1f}"), ("s", "wall_s", "{:.1f}"), ("rules", "rules", "{}"))
 CURVES = (("reward", "reward_mean"), ("held-out", "held_out_reward"), ("kl_base", "kl_base"),
           ("kl_rollout", "kl_rollout"), ("length", "response_length_mean"))
-PLOT_INSTALL = "pip install 'palm-rlhf-skill[plot]'"
+PLOT_INSTALL = "pip install 'palm-rlhf-skill[plot]' (from a checkout of the repository: pip install '.[plot]')"
 
 
 def view(path: str | Path, last: int = 10) -> dict[str, Any]:
     """What ``watch`` shows, as JSON-ready data: the run's rows (round 0: the held-out reward
-    before training), the ``last`` ones, each curve's values per round, the rules fired (id ->
-    rounds), the summary when the run has ended (``summary.json``), and ``state``: ``finished``,
-    ``stopped`` (ended early: a rule's --stop-on, a signal, an error) or ``running`` (no summary
-    yet). Raises SkillError(2) when ``path`` holds no run, or a train that has not written its
-    first row yet."""
+    before training; each checked, ``metrics.parse_row``), the ``last`` ones, each curve's values
+    per round, the rules fired (id -> rounds), the summary when the run has ended (``summary.json``,
+    checked: ``summary.read``), and ``state``: ``finished``, ``stopped`` (ended early: a rule's
+    --stop-on, a signal, an error), ``running`` (no summary, and a train holds DIR/train.lock:
+    ``RunLock.held``, asked without taking it) or ``killed`` (no summary and no train holds the
+    lock: killed, or its machine stopped). Raises SkillError(2) when ``path`` holds no run, a
+    train that has not written its first row yet (or died before it), or a file that is damaged,
+    a link, or another run's."""
     run = rundir.RunDir(Path(path).expanduser().resolve())
-    if not run.metrics.is_file() and (run.path / rundir.LOCK).is_file():
+    alive = rundir.RunLock.held(run)
+    if not os.path.lexists(run.metrics) and os.path.lexists(run.path / rundir.LOCK):
+        if alive is False:
+            raise exits.SkillError(f"{path}: a train started there and ended before its first row ({rundir.LOCK} that "
+                                   f"no process holds, no {rundir.METRICS}): start it again")
         raise exits.SkillError(f"{path}: a train is starting there ({rundir.LOCK}, no {rundir.METRICS} before its "
                                "first held-out evaluation or round): watch it again in a few seconds")
-    if not run.metrics.is_file():
+    if not os.path.lexists(run.metrics):
         raise exits.SkillError(f"{path}: no {rundir.METRICS} there: not a run directory (palm-rlhf-skill train "
                                "--config FILE --run-dir DIR writes one)")
-    rows = rundir.read_rows(run.metrics)
-    summary = run.read_summary()
+    rows = rundir.read_rows(run.metrics, metrics.parse_row)
+    try:
+        stored = run.read_config()
+    except exits.SkillError:  # watch shows the rows without it; train --resume names the damage
+        stored = None
+    summary = run_summary.read(run, (stored or ({}, None))[0].get("run_id"))
     fired: dict[str, list[int]] = {}
     for row in rows:
-        for rule in row.get("rules") or []:
+        for rule in row["rules"]:
             fired.setdefault(rule, []).append(row["round"])
-    state = "running" if summary is None else ("finished" if summary.get("status") == "finished" else "stopped")
+    if summary is not None:
+        state = "finished" if summary["status"] == "finished" else "stopped"
+    else:
+        state = "killed" if alive is False else "running"
     return {"run_dir": str(run.path), "state": state, "rounds": max((r["round"] for r in rows), default=0),
             "rows": rows, "last_rows": rows[-last:], "rules_fired": fired,
-            "curves": {label: [[r["round"], r.get(key)] for r in rows if r.get(key) is not None] for label, key in CURVES},
+            "curves": {label: [[r["round"], r[key]] for r in rows if r[key] is not None] for label, key in CURVES},
             "summary": summary}
 
 
@@ -70,7 +86,10 @@ def text(data: dict[str, Any]) -> str:
     """The plain report: the last rows, a sparkline per curve (first -> last value), the rules fired
     with their doc section, and the verdict with the next step last."""
     from policy_optimization.run import watchdog
-    lines = [f"run {data['run_dir']}: {data['state']}, {data['rounds']} rounds"] + table(data["last_rows"])
+    shown, total = len(data["last_rows"]), len(data["rows"])
+    rows = f"rows {data['last_rows'][0]['round']}-{data['rounds']}" if shown else "no rows"
+    more = f", the last {shown} of {total} (--last N shows more)" if shown < total else ""
+    lines = [f"run {data['run_dir']}: {data['state']}, {data['rounds']} rounds; {rows}{more}"] + table(data["last_rows"])
     for label, points in data["curves"].items():
         if points:
             values = [v for _, v in points]
@@ -80,8 +99,10 @@ def text(data: dict[str, Any]) -> str:
         known = watchdog.BY_ID.get(rule)
         where = f"; read {known.section}" if known else ""
         lines.append(f"rule {rule}: rounds {_ranges(rounds)}{where}")
+    if data.get("plot"):
+        lines.append(f"plot: {data['plot']}")
     lines.append(verdict(data))
-    return "\n".join(lines)
+    return "\n".join(reporting.terminal_text(line) for line in lines)  # every string from DIR escaped
 
 
 def _ranges(rounds: list[int]) -> str:
@@ -100,12 +121,16 @@ def verdict(data: dict[str, Any]) -> str:
     held = data["curves"]["held-out"]
     change = f"; held-out {held[0][1]:.4g} -> {held[-1][1]:.4g}" if len(held) >= 2 else ""
     rules = f"; rules fired: {', '.join(data['rules_fired'])}" if data["rules_fired"] else "; no rule fired"
+    plotted = bool(data.get("plot"))
     if data["state"] == "running":
-        nxt = f"watch it again, or plot it: {reporting.command('palm-rlhf-skill watch', data['run_dir'] + ' --plot curves.png')}"
+        nxt = "watch it again" + ("" if plotted else ", or plot it") + ": " + \
+            reporting.command("palm-rlhf-skill watch", data["run_dir"] + ("" if plotted else " --plot curves.png"))
     elif data["state"] == "stopped":
         nxt = f"fix what stopped it, then {reporting.command('palm-rlhf-skill train', '--resume ' + data['run_dir'])}"
+    elif data["state"] == "killed":
+        nxt = f"no train holds it: {reporting.command('palm-rlhf-skill train', '--resume ' + data['run_dir'])}"
     else:  # finished: the next step train gave it (summary.verdict: the flat-held-out section when it did not learn)
-        nxt = (data["summary"] or {}).get("next") or f"load {Path(data['run_dir']) / rundir.POLICY} with PaLM(**[palm]).load(path)"
+        nxt = run_summary.verdict(data["summary"], curves=False)[1] if plotted else data["summary"]["next"]
     return f"watch: {data['state'].upper()} after round {data['rounds']}{change}{rules}; next: {nxt}"
 
 
