@@ -136,6 +136,7 @@ HELPER_SCRIPTS = {
     "palm-rlhf-skill plan": "sub-skills/policy-optimization/scripts/plan_run.py",
     "palm-rlhf-skill train": "sub-skills/policy-optimization/scripts/train_run.py",
     "palm-rlhf-skill watch": "sub-skills/policy-optimization/scripts/watch_run.py",
+    "palm-rlhf-skill evaluate": "sub-skills/policy-optimization/scripts/evaluate_run.py",
 }
 
 

@@ -32,6 +32,8 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "train": ("script", "palm-rlhf-skill train",
               "run a config in rounds: metrics.jsonl, a live watchdog, checkpoints, exact --resume, policy.pt"),
     "watch": ("script", "palm-rlhf-skill watch", "show a live or finished run: its last rows, curves and rules fired"),
+    "evaluate": ("script", "palm-rlhf-skill evaluate",
+                 "score a run's policy and its initial weights on held-out prompts: reward, gold metric, samples"),
 }
 
 

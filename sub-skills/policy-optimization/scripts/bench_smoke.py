@@ -154,6 +154,7 @@ def spread(values: list[float]) -> dict[str, Any]:
 
 
 load_average = measuring.load_average  # one reader of the load average for the bench and the plan
+busy_reason, weak_reason = measuring.busy_reason, measuring.weak_reason  # one noise judgement: bench and --train-overhead
 
 def estimate_s(cases: list[Case], repeat: int, floor_s: float | None) -> float:
     """Predicted wall seconds of ``repeat`` rounds of ``cases``: per smoke case its own estimate
@@ -237,33 +238,6 @@ def summarize(cases: list[Case], runs: dict[str, list[dict]]) -> dict[str, dict[
             entry["trainable_numel"] = (reports[0].get("parameters") or {}).get("trainable_numel")
         out[case.key] = entry
     return out
-
-
-def busy_reason(load: dict[str, Any] | None, ratio: dict[str, float], cpu_ratio: dict[str, float] | None,
-                limit: float) -> str | None:
-    """Why a wall-time ratio over ``limit`` cannot be judged on this run, or None when it can:
-    the 1-minute load average reached the CPU count (``load``: ``{max, cpus}``), so the processes
-    waited for a CPU; or some paired ratios were within the limit (the repeats disagree); or the
-    CPU-time ratio is within the limit (the extra wall time was waiting, not work)."""
-    if load and load.get("max") is not None and load["max"] >= load["cpus"]:
-        return f"load average up to {load['max']} on {load['cpus']} CPUs"
-    if ratio["min"] <= limit:
-        return f"the paired ratios spread {ratio['min']:.2f}-{ratio['max']:.2f} across the limit"
-    if cpu_ratio is not None and cpu_ratio["median"] <= limit:
-        return f"its CPU-time ratio {cpu_ratio['median']:.2f}x is within the limit: it waited, it did not work more"
-    return None
-
-
-def weak_reason(load: dict[str, Any] | None, repeat: int | None) -> str | None:
-    """Why a pass is weak evidence, or None: the 1-minute load average reached the CPU count (the
-    figures waited for a CPU, so a pass may hide a regression the noise covered), or one repeat
-    (no spread to judge it by)."""
-    reasons = []
-    if load and load.get("max") is not None and load["max"] >= load["cpus"]:
-        reasons.append(f"load average up to {load['max']} on {load['cpus']} CPUs")
-    if repeat == 1:
-        reasons.append("one repeat (--repeat 1)")
-    return "; ".join(reasons) or None
 
 
 def check_budgets(summary: dict[str, dict[str, Any]], load: dict[str, Any] | None = None,
@@ -459,7 +433,8 @@ def build_parser() -> options.OneLineParser:
     parser.add_argument("--train-overhead", action="store_true",
                         help="what the run kit adds to a round of palm-rlhf-skill train: metrics and watchdog "
                              "(budget 5%%) and a checkpoint (budget 20%%), at the learning check's size and the "
-                             "accuracy configs' (--repeat: pairs per config)")
+                             "accuracy configs' (--repeat: pairs per config; default 15, 7, 7), judged as the "
+                             "budgets above (inconclusive on a busy machine), with the round's parts timed")
     parser.add_argument("--rollouts", action="store_true",
                         help="tokens per second of the library's PaLM.generate and of the cached sampler "
                              "(scripts/cached_sampler.py), interleaved, over batches 1, 8, 64 and prompt + new "

@@ -76,8 +76,9 @@ def build_parser() -> options.OneLineParser:
                              + ", ".join(watchdog.RULE_IDS))
     parser.add_argument("--device", default="auto", type=options.device_spec,
                         help="auto (CUDA when available, else CPU), cpu, cuda or cuda:N (default: auto)")
-    parser.add_argument("--cpu-threads", type=options.bounded_int(1), metavar="N",
-                        help="torch intra-op threads (default: torch's default; --resume: the run's own)")
+    parser.add_argument("--cpu-threads", type=cpu_threads, metavar="auto|N",
+                        help="torch intra-op threads; auto times round 1 at 1 thread and at torch's default and "
+                             "keeps the faster (CPU, one process) (default: auto; --resume: the run's own)")
     parser.add_argument("--nproc", type=options.bounded_int(1, launch.MAX_NPROC), metavar="N",
                         help="train on N local processes (torchrun, DDP; the CPU or one GPU each): every rank "
                              "runs the rounds, rank 0 writes the files (training-run.md#several-processes)")
@@ -85,6 +86,16 @@ def build_parser() -> options.OneLineParser:
     options.add_progress_option(parser)
     options.add_allow_untested_option(parser)
     return parser
+
+
+def cpu_threads(text: str) -> str | int:
+    """``--cpu-threads``: ``auto`` or a count of at least 1 (``threads.parse``)."""
+    import argparse
+    from policy_optimization.run import threads  # torch-free
+    try:
+        return threads.parse(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto or a whole number of at least 1, got {text!r}") from None
 
 
 def check_arguments(args) -> None:
@@ -131,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     args = resumed_options(parser, parser.parse_args(argv), argv)
     check_arguments(args)
     from policy_optimization import launch, run_config
-    from policy_optimization.run import loop, watchdog
+    from policy_optimization.run import loop, threads, watchdog
     world = launch.launcher_world(program="this run")  # one rank of torchrun / accelerate launch / srun?
     if args.nproc and world is not None:
         raise exits.SkillError(f"--nproc starts the processes itself, but a launcher already started this one as "
@@ -152,14 +163,18 @@ def main(argv: list[str] | None = None) -> int:
                                 rank_stream)
     run_options = loop.Options(log_with=args.log_with, stop_on=stop_on, until=args.until, progress=progress.enabled,
                                say=loop.stderr_lines(progress.stream if rank_stream else sys.stderr), env=env,
-                               allow_inexact=args.allow_inexact_resume, keep=keep, resume_flags=flags)
+                               allow_inexact=args.allow_inexact_resume, keep=keep, resume_flags=flags,
+                               cpu_threads=args.cpu_threads or threads.AUTO)
     caller = Path.cwd()
     config = None if not args.config else args.config if run_config.from_stdin(args.config) else \
         str((caller / args.config).resolve())  # standard input is read once, by loop.prepare
     run_dir = (caller / (args.resume or args.run_dir)).resolve()
+    import contextlib
+
     import torch  # noqa: F401  (the run's imports)
     from skill_runtime import placement
-    threads = placement.torch_threads(args.cpu_threads) if args.cpu_threads else _same_threads()
+    given = isinstance(args.cpu_threads, int)  # auto: the run chooses (loop.Run.rounds, threads.py)
+    threads = placement.torch_threads(args.cpu_threads) if given else contextlib.nullcontext()
     prepared = loop.prepare(config, run_dir, bool(args.resume), args.force, args.set, run_options)
     finished = None
     if prepared.resume:
@@ -232,12 +247,6 @@ def status_code(summary: dict) -> int:
         return exits.EXIT_TERMINATED if "SIGTERM" in (summary.get("reason") or "") else exits.EXIT_INTERRUPTED
     return {"finished": exits.EXIT_OK, "paused": exits.EXIT_OK, "stopped": exits.EXIT_CHECK_FAILED,
             "failed": exits.EXIT_CHECK_FAILED}[summary["status"]]
-
-
-def _same_threads():
-    import contextlib
-    import torch
-    return contextlib.nullcontext(torch.get_num_threads())
 
 
 def plain_summary(summary: dict) -> str:

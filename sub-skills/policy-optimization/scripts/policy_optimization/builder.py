@@ -167,6 +167,29 @@ def multi_process_cpu(device) -> bool:
     return device.type == "cpu" and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
 
 
+COVERAGE_RECORD = "summary.json"  # train-reward's record beside its checkpoint: "unseen_ids"
+
+
+def reward_coverage(resolved: dict[str, Any]) -> list[int] | None:
+    """The ids the [reward] checkpoint's reward model never saw in training: ``unseen_ids`` of the
+    ``summary.json`` beside the checkpoint file (what ``train-reward`` writes), or None without a
+    checkpoint, a record or that key. Raises SkillError(2) when the record is there but is not
+    JSON or its ``unseen_ids`` is not a list of integers."""
+    import json
+    checkpoint = resolved["reward"].get("checkpoint")
+    record = Path(checkpoint).parent / COVERAGE_RECORD if checkpoint else None
+    if record is None or not record.is_file():
+        return None
+    try:
+        ids = json.loads(record.read_text(encoding="utf-8")).get("unseen_ids")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError) as exc:
+        raise exits.SkillError(f"config [reward] checkpoint: {record}: unreadable ({exits.one_line(exc)}): the "
+                               "reward model's record (train-reward writes it)") from None
+    if ids is not None and not (isinstance(ids, list) and all(type(i) is int for i in ids)):
+        raise exits.SkillError(f"config [reward] checkpoint: {record}: unseen_ids is not a list of integer ids")
+    return ids
+
+
 def build_reward_model(resolved: dict[str, Any], palm, device, meta: bool):
     """The run's reward model on ``device``: a RuleReward of [reward] program or text_program
     (``programs.rule_reward``, with its DDP anchor parameter only under multi-process CPU), else

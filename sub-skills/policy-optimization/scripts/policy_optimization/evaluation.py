@@ -1,13 +1,42 @@
-"""The held-out reward of a policy: the measure of the learning check (``tiny-rlhf-smoke --learn``)
-and of a real run (``palm-rlhf-skill train``'s ``[eval]``), one function for both."""
+"""The held-out reward of a policy: the measure of the learning check (``tiny-rlhf-smoke --learn``),
+of a real run (``palm-rlhf-skill train``'s ``[eval]``) and of ``palm-rlhf-skill evaluate``, one
+function for all three (``held_out``), with the per-prompt breakdown and an optional gold metric
+scored on the same samples."""
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass, field
 from typing import Any
 
 
-def held_out_reward(palm, scope: str | None, reward_model, prompts, samples: int, max_seq_len: int, seed: int,
-                    temperature: float = 1.0, eos_token: int | None = None, pad_value: int = 0) -> float:
-    """Mean reward of ``palm`` sampled on held-out ``prompts``, each ``samples`` times, exactly as a
+@dataclass
+class HeldOut:
+    """One held-out evaluation. Means weigh every prompt and sample the same; ``per_prompt`` is
+    one mean per prompt in the order given (the file's); stds are population stds over every
+    sample; the gold figures are None without a gold metric. ``samples``: the first ``keep``
+    sequences' ``{prompt, response}`` (lists of int ids, the response up to its eos), ``reward``
+    and ``gold``, the first sample of each prompt first."""
+    reward_mean: float
+    reward_std: float
+    per_prompt: list[float]
+    gold_mean: float | None = None
+    gold_std: float | None = None
+    gold_per_prompt: list[float] | None = None
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _summary(values: list[list[float]]) -> tuple[float, float, list[float]]:
+    """(mean, population std, per-prompt means) of one score per sample, grouped per prompt."""
+    flat = [v for group in values for v in group]
+    mean = sum(flat) / len(flat)
+    std = math.sqrt(sum((v - mean) ** 2 for v in flat) / len(flat))
+    return mean, std, [sum(group) / len(group) for group in values]
+
+
+def held_out(palm, scope: str | None, reward_model, prompts, samples: int, max_seq_len: int, seed: int,
+             temperature: float = 1.0, eos_token: int | None = None, pad_value: int = 0, metric=None,
+             keep: int = 0) -> HeldOut:
+    """The reward of ``palm`` sampled on held-out ``prompts``, each ``samples`` times, exactly as a
     rollout samples: ``PaLM.generate(max_seq_len, prompt=..., finetune_scope=scope)`` with its
     default top-k filter (palm_rlhf_pytorch/palm.py ``generate``), ``temperature`` and
     ``eos_token``; ``scope`` is the policy's LoRA scope (``trainers.actor_scope``; None trains and
@@ -15,26 +44,29 @@ def held_out_reward(palm, scope: str | None, reward_model, prompts, samples: int
     appearance, so a set of equal-length prompts is one ``generate`` call.
 
     ``prompts``: (p, n) int64 ids right-padded with ``pad_value`` (stripped, as the trainers strip
-    it before a rollout), or a list of 1-D int64 tensors. The reward model gets the trainers'
-    arguments: ``prompt_mask`` (b, n) bool, and with ``eos_token`` a ``mask`` (b, n) bool, False
-    after each row's first eos (palm_rlhf_pytorch/grpo.py ``Actor.generate``). Sampling runs
-    inside ``torch.random.fork_rng`` with the generator seeded by ``seed``: training's random
-    stream is untouched, and the same noise is drawn before and after training. Returns a float:
-    the mean over every prompt and sample (each prompt weighs the same).
+    it before a rollout), or a list of 1-D int64 tensors. The reward model, and ``metric`` (the
+    gold metric: a module called the same way, e.g. a ``RuleReward``; None: no gold figures), get
+    the trainers' arguments: ``prompt_mask`` (b, n) bool, and with ``eos_token`` a ``mask`` (b, n)
+    bool, False after each row's first eos (palm_rlhf_pytorch/grpo.py ``Actor.generate``).
+    Sampling runs inside ``torch.random.fork_rng`` with the generator seeded by ``seed``:
+    training's random stream is untouched, and the same noise is drawn before and after training.
+    ``keep``: how many decoded sequences to return in ``samples`` (0: none). Returns a HeldOut.
     """
     import torch
     import torch.nn.functional as F
 
     rows = [row[row != pad_value] for row in prompts]
-    by_length: dict[int, list[Any]] = {}
-    for row in rows:
-        by_length.setdefault(int(row.shape[0]), []).append(row)
+    by_length: dict[int, list[int]] = {}
+    for i, row in enumerate(rows):
+        by_length.setdefault(int(row.shape[0]), []).append(i)
     device = next(iter(palm.parameters())).device
-    total, count = 0.0, 0
+    rewards: list[list[float]] = [[] for _ in rows]
+    gold: list[list[float]] = [[] for _ in rows]
+    kept: list[tuple[int, int, dict[str, Any]]] = []  # (sample index, prompt index, sample)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
         for group in by_length.values():
-            batch = torch.stack(group).to(device).repeat_interleave(samples, dim=0)
+            batch = torch.stack([rows[i] for i in group]).to(device).repeat_interleave(samples, dim=0)
             response = palm.generate(max_seq_len, prompt=batch, finetune_scope=scope,
                                      temperature=temperature, eos_token=eos_token)
             sequence = torch.cat((batch, response), dim=1)
@@ -44,7 +76,30 @@ def held_out_reward(palm, scope: str | None, reward_model, prompts, samples: int
                 mask = (sequence == eos_token).cumsum(dim=-1) == 0
                 kwargs["mask"] = F.pad(mask, (1, -1), value=True)  # the eos itself counts
             with torch.no_grad():
-                rewards = reward_model(sequence, prompt_mask=prompt_mask, **kwargs)
-            total += float(rewards.float().sum())
-            count += int(rewards.numel())
-    return total / count
+                scores = reward_model(sequence, prompt_mask=prompt_mask, **kwargs).float().reshape(-1).tolist()
+                golds = None if metric is None else metric(sequence, prompt_mask=prompt_mask, **kwargs).float().reshape(-1).tolist()
+            for j, score in enumerate(scores):
+                i = group[j // samples]
+                rewards[i].append(score)
+                if golds is not None:
+                    gold[i].append(golds[j])
+                if keep:
+                    valid = kwargs["mask"][j, batch.shape[1]:] if kwargs else torch.ones_like(response[j], dtype=torch.bool)
+                    kept.append((j % samples, i, {"prompt": rows[i].tolist(), "response": response[j][valid].tolist(),
+                                                  "reward": score, "gold": None if golds is None else golds[j]}))
+    mean, std, per_prompt = _summary(rewards)
+    out = HeldOut(mean, std, per_prompt, samples=[s for _, _, s in sorted(kept, key=lambda k: k[:2])[:keep]])
+    if metric is not None:
+        out.gold_mean, out.gold_std, out.gold_per_prompt = _summary(gold)
+    return out
+
+
+def of_run(resolved: dict[str, Any], palm, scope: str | None, reward_model, prompt_ids, seed: int, metric=None,
+           pad_value: int = 0, keep: int = 0) -> HeldOut:
+    """``held_out`` as a run config samples: [eval] samples per prompt, [train] max_seq_len,
+    temperature and eos_token (the library's defaults filled in); what ``train``'s evaluations,
+    ``plan --execute`` and ``evaluate`` call, so the three score alike."""
+    train = resolved["effective"]["train"]
+    return held_out(palm, scope, reward_model, prompt_ids, resolved["eval"]["samples"], train["max_seq_len"], seed,
+                    temperature=train.get("temperature", 1.0), eos_token=train.get("eos_token"),
+                    pad_value=pad_value, metric=metric, keep=keep)

@@ -81,12 +81,12 @@ def learn_trainer_kwargs(spec: trainers.TrainerSpec, setting: LearnSetting) -> d
 
 
 def held_out(name: str, trainer, reward_model, prompts, seed: int) -> float:
-    """The learning check's held-out reward: ``evaluation.held_out_reward`` of the trainer's policy
+    """The learning check's held-out reward: ``evaluation.held_out``'s mean of the trainer's policy
     (its LoRA scope) on ``prompts`` (p, LEARN_PROMPT_LEN), LEARN_EVAL_SAMPLES samples each, as long
     as a rollout (LEARN_PROMPT_LEN + LEARN_NEW_TOKENS)."""
-    return evaluation.held_out_reward(trainers.actor_palm(name, trainer), trainers.actor_scope(name, trainer),
-                                      reward_model, prompts, LEARN_EVAL_SAMPLES,
-                                      LEARN_PROMPT_LEN + LEARN_NEW_TOKENS, seed)
+    return evaluation.held_out(trainers.actor_palm(name, trainer), trainers.actor_scope(name, trainer),
+                               reward_model, prompts, LEARN_EVAL_SAMPLES,
+                               LEARN_PROMPT_LEN + LEARN_NEW_TOKENS, seed).reward_mean
 
 
 def learn_seed(name: str, seed: int, control: str | None, device_kwargs: dict, device,

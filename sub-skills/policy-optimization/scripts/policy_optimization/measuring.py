@@ -115,6 +115,33 @@ def load_average() -> float | None:
     return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
 
 
+def busy_reason(load: dict[str, Any] | None, ratio: dict[str, float], cpu_ratio: dict[str, float] | None,
+                limit: float) -> str | None:
+    """Why a wall-time ratio over ``limit`` cannot be judged on this run, or None when it can:
+    the 1-minute load average reached the CPU count (``load``: ``{max, cpus}``), so the processes
+    waited for a CPU; or some paired ratios were within the limit (the repeats disagree); or the
+    CPU-time ratio is within the limit (the extra wall time was waiting, not work)."""
+    if load and load.get("max") is not None and load["max"] >= load["cpus"]:
+        return f"load average up to {load['max']} on {load['cpus']} CPUs"
+    if ratio["min"] <= limit:
+        return f"the paired ratios spread {ratio['min']:.2f}-{ratio['max']:.2f} across the limit"
+    if cpu_ratio is not None and cpu_ratio["median"] <= limit:
+        return f"its CPU-time ratio {cpu_ratio['median']:.2f}x is within the limit: it waited, it did not work more"
+    return None
+
+
+def weak_reason(load: dict[str, Any] | None, repeat: int | None) -> str | None:
+    """Why a pass is weak evidence, or None: the 1-minute load average reached the CPU count (the
+    figures waited for a CPU, so a pass may hide a regression the noise covered), or one repeat
+    (no spread to judge it by)."""
+    reasons = []
+    if load and load.get("max") is not None and load["max"] >= load["cpus"]:
+        reasons.append(f"load average up to {load['max']} on {load['cpus']} CPUs")
+    if repeat == 1:
+        reasons.append("one repeat (--repeat 1)")
+    return "; ".join(reasons) or None
+
+
 def process_seconds() -> float:
     """Seconds since this process started (psutil: the kernel's start time, 10 ms resolution)."""
     import psutil

@@ -148,15 +148,13 @@ def evaluations(resolved: dict[str, Any]) -> int:
 
 
 def held_out(resolved: dict[str, Any], built, seed: int) -> float:
-    """The [eval] score of the policy now: ``evaluation.held_out_reward`` on the held-out prompts,
-    ``samples`` each, sampled as a rollout samples (max_seq_len, temperature, eos_token of [train])."""
+    """The [eval] score of the policy now: the mean of ``evaluation.of_run`` on the held-out
+    prompts, sampled as a rollout samples (max_seq_len, temperature, eos_token of [train])."""
     from policy_optimization import evaluation
-    name, trainer, train = resolved["name"], built.trainer, resolved["effective"]["train"]
-    return evaluation.held_out_reward(
-        trainers.actor_palm(name, trainer), trainers.actor_scope(name, trainer),
-        trainers.unwrap(trainer, trainer.reward_model), built.eval_prompt_ids, resolved["eval"]["samples"],
-        train["max_seq_len"], seed, temperature=train["temperature"], eos_token=train["eos_token"],
-        pad_value=trainer.pad_value)
+    name, trainer = resolved["name"], built.trainer
+    return evaluation.of_run(resolved, trainers.actor_palm(name, trainer), trainers.actor_scope(name, trainer),
+                             trainers.unwrap(trainer, trainer.reward_model), built.eval_prompt_ids, seed,
+                             pad_value=trainer.pad_value).reward_mean
 
 
 def execute(args, resolved: dict[str, Any], device_kwargs: dict[str, Any], device, startup_s: float,

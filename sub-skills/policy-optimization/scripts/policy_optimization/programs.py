@@ -19,7 +19,11 @@ CONTRACTS = {
     ("prompts", "tokenizer"): (1, "tokenizer(prompts: list[str]) -> (n, len) int64 ids padded with 0"),
     ("reward", "program"): (2, "function(x (b, n) int64, response_mask (b, n) bool) -> (b,)"),
     ("reward", "text_program"): (2, "function(prompt: str, response: str) -> float"),
+    ("eval", "metric"): (2, "function(x (b, n) int64, response_mask (b, n) bool) -> (b,)"),
+    ("eval", "text_metric"): (2, "function(prompt: str, response: str) -> float"),
 }
+# the score programs of a section: (the ids form's key, the text form's key); [eval]'s is the gold metric
+SCORE_KEYS = {"reward": ("program", "text_program"), "eval": ("metric", "text_metric")}
 
 
 class RewardProgramError(ValueError):
@@ -171,26 +175,27 @@ class TextScore:
             try:
                 number = float(value)
             except (TypeError, ValueError):
-                raise RewardProgramError(f"reward text_program {self.name} returned {type(value).__name__} "
+                raise RewardProgramError(f"text program {self.name} returned {type(value).__name__} "
                                          f"{value!r:.40}, expected a number") from None
             values.append(number)
         return check_scores(values, x.shape[0], self.name)
 
 
-def rule_reward(resolved: dict[str, Any], anchor: bool):
+def rule_reward(resolved: dict[str, Any], anchor: bool, section: str = "reward"):
     """The ``RuleReward`` (reward-modeling/scripts/rule_reward.py) of [reward] program or
-    text_program, or None when [reward] names neither. With ``anchor`` it carries one parameter
-    nothing uses (``ddp_anchor``, a 0-d float32): under multi-process CPU Accelerate wraps every
-    model in DDP, which refuses a module without one
-    (references/troubleshooting.md#rule-reward-multi-cpu)."""
+    text_program (``section`` "eval": the gold metric, [eval] metric or text_metric), or None when
+    the section names neither. With ``anchor`` it carries one parameter nothing uses
+    (``ddp_anchor``, a 0-d float32): under multi-process CPU Accelerate wraps every model in DDP,
+    which refuses a module without one (references/troubleshooting.md#rule-reward-multi-cpu)."""
     import torch
     from rule_reward import RuleReward  # imports torch and the library
 
-    reward = resolved["reward"]
-    if "program" in reward:
-        score = IdsScore(resolved["programs"]["reward.program"], label(reward["program"]))
-    elif "text_program" in reward:
-        score = TextScore(resolved["programs"]["reward.text_program"], label(reward["text_program"]),
+    ids_key, text_key = SCORE_KEYS[section]
+    table = resolved[section] or {}
+    if ids_key in table:
+        score = IdsScore(resolved["programs"][f"{section}.{ids_key}"], label(table[ids_key]))
+    elif text_key in table:
+        score = TextScore(resolved["programs"][f"{section}.{text_key}"], label(table[text_key]),
                           tokenizer(resolved).decode)
     else:
         return None

@@ -32,7 +32,7 @@ OWN_KEYS: dict[str, dict[str, type]] = {
     "palm": {"checkpoint": str},
     "prompts": {"count": int, "length": int, "file": str, "tokenizer": str},
     "reward": {"program": str, "text_program": str, "checkpoint": str},
-    "eval": {"prompts_file": str, "every": int, "samples": int},
+    "eval": {"prompts_file": str, "every": int, "samples": int, "metric": str, "text_metric": str},
     "run": {"rounds": int, "checkpoint_every": int, "seed": int, "sampler": str},
 }
 LIBRARY_SECTIONS = ("palm", "reward_model", "trainer", "train")  # checked against signatures
@@ -42,9 +42,11 @@ OWN_DEFAULTS = {("eval", "every"): 1, ("eval", "samples"): 1, ("run", "seed"): 0
 CHOICES = {("run", "sampler"): cached_sampler.SAMPLERS}  # keys that take one of a few names
 # keys naming a file, relative to the config file; "file.py:callable" keeps its callable part
 PATH_KEYS = (("palm", "checkpoint"), ("prompts", "file"), ("prompts", "tokenizer"), ("reward", "program"),
-             ("reward", "text_program"), ("reward", "checkpoint"), ("eval", "prompts_file"))
+             ("reward", "text_program"), ("reward", "checkpoint"), ("eval", "prompts_file"), ("eval", "metric"),
+             ("eval", "text_metric"))
 SIZE_KEYS = ("heads", "dim_head", "ff_mult")  # PaLM arguments that size the model beside dim and depth
-PROGRAM_KEYS = (("prompts", "tokenizer"), ("reward", "program"), ("reward", "text_program"))
+PROGRAM_KEYS = (("prompts", "tokenizer"), ("reward", "program"), ("reward", "text_program"), ("eval", "metric"),
+                ("eval", "text_metric"))
 REWARD_SOURCES = ("program", "text_program", "checkpoint")
 # constructor arguments the skill supplies itself, with where the config sets them instead
 SUPPLIED = {"palm": "[palm]", "reward_model": "[reward_model] or [reward]", "prompts": "[prompts]",
@@ -264,6 +266,8 @@ def check_rounds(config: dict[str, Any]) -> None:
             raise exits.SkillError("config [eval]: needs [run] (held-out prompts are scored every `every` rounds)")
         if "prompts_file" not in evaluation:
             raise exits.SkillError("config [eval] prompts_file: missing (the held-out prompts, one per line)")
+        if "metric" in evaluation and "text_metric" in evaluation:
+            raise exits.SkillError("config [eval]: metric and text_metric: give one gold metric (ids or text)")
 
 
 # --- against the installed library (imports torch) ----------------------------------------------------
@@ -365,10 +369,11 @@ def check_against_library(config: dict[str, Any]) -> dict[str, Any]:
             programs.must_be_file(f"config [{section}] {key}", config[section][key])
     resolved["programs"] = {f"{section}.{key}": programs.load_program(section, key, config[section][key])
                             for section, key in PROGRAM_KEYS if key in config.get(section, {})}
-    if "reward.text_program" in resolved["programs"]:
+    for section, key in (("reward", "text_program"), ("eval", "text_metric")):
         tokenizer = resolved["programs"].get("prompts.tokenizer")
-        if tokenizer is not None and not callable(getattr(tokenizer, "decode", None)):
-            raise exits.SkillError(f"config [reward] text_program: needs a tokenizer that decodes; "
+        if f"{section}.{key}" in resolved["programs"] and tokenizer is not None \
+                and not callable(getattr(tokenizer, "decode", None)):
+            raise exits.SkillError(f"config [{section}] {key}: needs a tokenizer that decodes; "
                                    f"[prompts] tokenizer {config['prompts']['tokenizer']} has no decode(ids) -> str")
     resolved["round"] = round_counts(resolved)
     resolved["defaults_applied"] = defaults_applied(config, resolved)

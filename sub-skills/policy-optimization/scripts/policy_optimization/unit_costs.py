@@ -111,7 +111,7 @@ def mean_rollout_sampling(points: list[tuple[int, float]], prompt_lens: Counter,
 
 def eval_seconds(points: list[tuple[int, float]], batch: int, eval_ids, samples: int, max_seq_len: int,
                  pad: int, prefill: list[tuple[int, float]] | None = None) -> float:
-    """Seconds of one [eval] scoring, derived: ``evaluation.held_out_reward`` samples each set of
+    """Seconds of one [eval] scoring, derived: ``evaluation.held_out`` samples each set of
     equal-length held-out prompts as one ``generate`` call of (prompts x ``samples``) sequences to
     ``max_seq_len``; each step's time is the probe's at ``batch`` sequences (``points``; the cached
     sampler's ``prefill`` too), scaled by the ratio of the batches (a step's cost grows about

@@ -28,6 +28,44 @@ def score(x, response_mask):                       # (b, n) int64, (b, n) bool -
 '''
 
 
+BANG = """
+import torch
+
+def score(x, response_mask):                       # each response byte's closeness to '!', averaged
+    close = 1.0 - (x - (ord("!") + 1)).abs().float() / 256
+    return (close * response_mask).sum(dim=1) / response_mask.sum(dim=1).clamp(min=1).float()
+"""
+OPPOSITE_R = ASCII + """
+
+_ascii = score
+
+def score(x, response_mask):                       # prompts starting with 'r' want the other half of the bytes
+    ascii = _ascii(x, response_mask)
+    return torch.where(x[:, 0] == ord("r") + 1, 1.0 - ascii, ascii)
+"""
+NEAR_PROMPT = """
+import torch
+
+def score(x, response_mask):                       # each response byte's closeness to the prompt's first byte
+    close = 1.0 - (x - x[:, :1]).abs().float() / 256
+    return (close * response_mask).sum(dim=1) / response_mask.sum(dim=1).clamp(min=1).float()
+"""
+LETTERS = """
+import torch
+
+def score(x, response_mask):                       # the gold metric: the share of response bytes that are letters
+    byte = x - 1
+    letters = ((byte >= 65) & (byte <= 90)) | ((byte >= 97) & (byte <= 122))
+    return (letters & response_mask).sum(dim=1).float() / response_mask.sum(dim=1).clamp(min=1).float()
+"""
+PROXY = LETTERS.replace("def score(", "def _letters(") + """
+
+def score(x, response_mask):                       # a proxy: ASCII bytes, letters paid half
+    ascii = ((x <= 128) & response_mask).sum(dim=1).float() / response_mask.sum(dim=1).clamp(min=1).float()
+    return ascii - 0.5 * _letters(x, response_mask)
+"""
+
+
 @dataclass(frozen=True)
 class Case:
     name: str
@@ -39,6 +77,8 @@ class Case:
     prompts: tuple[str, ...] = PROMPTS
     rounds: int = 8
     within: int = 3                         # it must fire by this round
+    metric: str | None = None               # the gold metric's source ([eval] metric = "gold.py:score")
+    setup: str | None = None                # a file the case needs, made by ``write``: SETUPS key
 
 
 def base_config(trainer: str, rounds: int) -> dict:
@@ -76,6 +116,12 @@ def write(case: Case, folder: Path, seed: int = 0, rounds: int | None = None) ->
     (folder / "reward.py").write_text(textwrap.dedent(case.reward), encoding="utf-8")
     config = base_config(case.trainer, rounds or case.rounds)
     config["run"]["seed"] = seed
+    if case.metric is not None:
+        (folder / "gold.py").write_text(textwrap.dedent(case.metric), encoding="utf-8")
+        config["eval"]["metric"] = "gold.py:score"
+    if case.setup is not None:
+        for section, keys in SETUPS[case.setup](folder).items():  # a [reward] table replaces the program
+            config[section] = keys if section == "reward" else {**config.get(section, {}), **keys}
     for section, keys in case.overrides.items():
         table = config.setdefault(section, {})
         for key, v in keys.items():
@@ -89,9 +135,11 @@ HEALTHY = Case("healthy", "grpo", None, "the toy task as it should run")
 # PPO has no healthy toy here: at these sizes it does not learn within 8 rounds (measured; its learning
 # check runs on a 16-token vocabulary: workflows.md#learning-check), and held_out_flat says so.
 HEALTHY_OTHERS = (Case("healthy tpo", "tpo", None, "the toy task as it should run"),
-                  Case("healthy flowrl", "flowrl", None, "the toy task as it should run, 8 rollouts per round, lr 3e-3, 12 training prompts",
+                  # 24 prompts: on 12, FlowRL overfits them by round 8 on 1 seed of 10 (held_out_falling, measured)
+                  Case("healthy flowrl", "flowrl", None, "the toy task as it should run, 8 rollouts per round, lr 3e-3, 24 training prompts",
                        overrides={"train": {"update_timesteps": 8}, "trainer": {"actor_lr": 3e-3}},
-                       prompts=PROMPTS + ("wx", "yza", "bc", "def", "gh", "ijk")))
+                       prompts=PROMPTS + ("wx", "yza", "bc", "def", "gh", "ijk", "lm", "nop", "qr", "stu", "vw", "xyz",
+                                          "ac", "bdf", "eg", "hik", "ln", "moq")))
 BROKEN = (
     Case("constant reward", "grpo", "equal_rewards", "every completion of a prompt scores the same",
          reward="import torch\n\ndef score(x, response_mask):\n    return torch.full((x.shape[0],), 0.5)\n"),
@@ -122,5 +170,99 @@ BROKEN = (
                          "    KEPT.append(torch.ones(12_000_000))  # 46 MiB kept per rollout\n"
                          "    return _score(x, response_mask)\n",
          within=4),  # growth in 3 rounds in a row after round 1, whose growth is the run's own warm-up
+    Case("a reward one byte maxes out, lr 0.3", "grpo", "repeated_token",
+         "a reward for '!' (each byte scored by its closeness to '!'): the policy writes '!!!!'",
+         overrides={"trainer": {"actor_lr": 0.3}}, reward=BANG, within=8),
+    Case("a reward one byte maxes out, lr 0.5", "grpo", "entropy_collapse",
+         "the same reward at a higher learning rate: the policy's distribution collapses",
+         overrides={"trainer": {"actor_lr": 0.5}}, reward=BANG, within=8),
+    Case("entropy bonus beta_s 10 on a confident policy", "grpo", "entropy_blowup",
+         "an entropy bonus 1000x the default on a low-entropy PaLM: it turns into noise",
+         overrides={"trainer": {"actor_lr": 3e-2, "beta_s": 10.0}}, setup="confident_palm", within=8),
+    Case("one held-out prompt wants the opposite", "grpo", "held_out_prompt_collapse",
+         "a held-out prompt whose reward is the opposite of the training prompts': it collapses, the mean rises",
+         reward=OPPOSITE_R, within=8),
+    Case("lr 0.3", "grpo", "held_out_drop", "a learning rate past the stable range: the held-out reward drops",
+         overrides={"trainer": {"actor_lr": 0.3}}, within=4),
+    Case("a reward model that pays for unseen ids", "grpo", "unseen_reward_ids",
+         "a reward model trained on 37 byte values that scores the other ids like its preferred ones",
+         reward=ASCII, setup="gamed_reward_model", within=3),
+    Case("a proxy reward against a gold metric", "grpo", "proxy_gold_divergence",
+         "a proxy that pays less for the letters the gold metric wants: reward up, gold down",
+         reward=PROXY, metric=LETTERS, within=8),
+    Case("one training prompt", "grpo", "train_held_out_gap",
+         "a prompt-dependent reward trained on one prompt: it fits that prompt, not the held-out ones",
+         reward=NEAR_PROMPT, prompts=("\u00e9\u00e9",), within=8),
 )
 CASES = (HEALTHY, *HEALTHY_OTHERS, *BROKEN)
+
+# the seen ids of the gamed reward model: digits, lowercase letters and space (37 byte values, the issue's)
+SEEN = "0123456789abcdefghijklmnopqrstuvwxyz "
+
+
+def confident_palm(folder: Path) -> dict:
+    """A low-entropy PaLM (``probe_kit.TINY_PALM``, seed 0, its tied embedding scaled 30x: the
+    next-token entropy falls from about 5.5 to 0.001 nats) in ``folder/confident.pt``: a
+    pretrained policy's confidence without pretraining. Returns the config keys that use it."""
+    import torch
+    from palm_rlhf_pytorch import PaLM
+    torch.manual_seed(0)
+    palm = PaLM(**probe_kit.TINY_PALM)
+    with torch.no_grad():
+        palm.token_emb.weight.mul_(30.0)
+    torch.save(palm.state_dict(), folder / "confident.pt")
+    return {"palm": {"checkpoint": "confident.pt"}}
+
+
+def gamed_reward_model(folder: Path, tie: str = "best") -> dict:
+    """A reward model as ``train-reward`` leaves one, in ``folder/rm/``: ``rm.pt`` (a RewardModel of
+    ``probe_kit.TINY_PALM``, LoRA as the default), ``rm_config.json`` and ``summary.json`` with
+    ``unseen_ids``. It is trained (Bradley-Terry, 60 steps) to prefer digits to letters on pairs
+    that use only the 37 byte values of SEEN; then the 220 other ids get the embedding of its best
+    digit (``tie`` "best"), as the issue measured (they scored like the preferred ones), or the
+    mean of the seen ids' embeddings ("mean": the remedy, which the rule must leave alone).
+    Returns the config keys."""
+    import json
+    import torch
+    import torch.nn.functional as F
+    from palm_rlhf_pytorch import PaLM, RewardModel
+    torch.manual_seed(0)
+    rm = RewardModel(PaLM(**probe_kit.TINY_PALM))
+    ids = lambda text: [b + 1 for b in text.encode()]  # the byte tokenizer: id = byte + 1
+    generator = torch.Generator().manual_seed(0)
+
+    def batch(alphabet: str, n: int, length: int):
+        pool = torch.tensor(ids(alphabet))
+        return pool[torch.randint(len(pool), (n, length), generator=generator)]
+
+    optimizer = torch.optim.Adam(rm.finetune_parameters(), lr=3e-3)
+    prompt_mask = torch.arange(11) < 3
+    for _ in range(60):
+        prompts = batch("abcdefghijklmnopqrstuvwxyz", 16, 3)
+        chosen = torch.cat((prompts, batch("0123456789", 16, 8)), dim=1)
+        rejected = torch.cat((prompts, batch("abcdefghijklmnopqrstuvwxyz ", 16, 8)), dim=1)
+        margin = rm(chosen, prompt_mask=prompt_mask.expand(16, -1)) - rm(rejected, prompt_mask=prompt_mask.expand(16, -1))
+        loss = -F.logsigmoid(margin).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    rm.eval()
+    seen = sorted(set(ids(SEEN)))
+    unseen = [i for i in range(probe_kit.TINY_PALM["num_tokens"]) if i not in seen]
+    with torch.no_grad():
+        digits = torch.tensor(ids("0123456789"))
+        scores = rm(torch.cat((torch.full((10, 3), ids("a")[0]), digits[:, None].expand(10, 8)), dim=1),
+                    prompt_mask=prompt_mask.expand(10, -1))
+        best = int(digits[scores.argmax()])
+        weight = rm.palm.token_emb.weight
+        weight[unseen] = (weight[best] if tie == "best" else weight[seen].mean(dim=0)).clone()
+    out = folder / "rm"
+    out.mkdir(exist_ok=True)
+    torch.save(rm.state_dict(), out / "rm.pt")
+    (out / "rm_config.json").write_text(json.dumps({"palm": dict(probe_kit.TINY_PALM), "reward_model": {}}))
+    (out / "summary.json").write_text(json.dumps({"unseen_ids": unseen}))
+    return {"reward": {"checkpoint": "rm/rm.pt"}}
+
+
+SETUPS = {"confident_palm": confident_palm, "gamed_reward_model": gamed_reward_model,
+          "covered_reward_model": lambda folder: gamed_reward_model(folder, tie="mean")}

@@ -4,9 +4,9 @@ A round is one call of the trainer's own ``train(num_episodes=1, max_timesteps=M
 update_timesteps=U, ...)`` (``run_config.train_kwargs``): M rollouts and, with the default M = U,
 exactly one ``learn()``, as the bounded-run recipe does (workflows.md#bounded-train). Between
 rounds the run writes one metrics row (``metrics``), runs the watchdog (``watchdog``), scores the
-held-out prompts every ``[eval] every`` rounds (``evaluation.held_out_reward``), logs to the
-trackers (``trackers``) and checkpoints every ``[run] checkpoint_every`` rounds
-(``checkpoint``). At the end it exports the policy (``export``) and writes ``summary.json``.
+held-out prompts every ``[eval] every`` rounds (``evaluation.of_run``: per prompt, and the gold
+metric), logs to the trackers (``trackers``) and checkpoints every ``[run] checkpoint_every``
+rounds (``checkpoint``). ``--cpu-threads auto`` times round 1 at two thread counts (``threads``). At the end it exports the policy (``export``) and writes ``summary.json``.
 
 The command line (``train_run.py``, ``palm-rlhf-skill train``) is a thin layer over ``train``.
 """
@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from policy_optimization import builder, evaluation, run_config, trainers
-from policy_optimization.run import checkpoint, export, metrics, rundir, trackers, watchdog
+from policy_optimization import builder, evaluation, programs, run_config, trainers
+from policy_optimization.run import checkpoint, export, metrics, rundir, threads, trackers, watchdog
 from policy_optimization.run import summary as run_summary
 from skill_runtime import exits, placement, reporting, runner, streams, workspace
 
@@ -42,7 +42,9 @@ class Options:
     ``warnings`` go into summary.json; None: neither key); ``allow_inexact`` resume from a
     checkpoint whose random states cannot be restored (``--allow-inexact-resume``); ``keep`` the
     command-line options a ``--resume`` starts with again (``{"cpu_threads": "1"}``, stored in
-    run_config.json) and ``resume_flags`` the same as flags for the next step's command."""
+    run_config.json) and ``resume_flags`` the same as flags for the next step's command;
+    ``cpu_threads`` ``"auto"`` (time round 1 at one thread and torch's default, keep the faster:
+    ``threads``), a count, or None (torch's as it is)."""
     log_with: str | None = None
     stop_on: frozenset[str] = frozenset()
     until: int | None = None
@@ -52,6 +54,7 @@ class Options:
     allow_inexact: bool = False
     keep: dict[str, Any] = field(default_factory=dict)
     resume_flags: str = ""
+    cpu_threads: str | int | None = None
 
 
 def stderr_lines(stream) -> Callable[[str], None]:
@@ -116,6 +119,9 @@ class Run:
     lock: rundir.RunLock | None = None                       # the run directory's, held until finish()
     run_id: str | None = None                                # run_config.json's (None: a run of an older version)
     notes: list[str] = field(default_factory=list)           # warnings for summary.json (an inexact resume, ...)
+    unseen: Any = None      # (num_tokens,) bool: ids the reward model never trained on (metrics.unseen_mask), or None
+    gold: Any = None        # the [eval] gold metric (a RuleReward), or None
+    threads: dict[str, Any] = field(default_factory=dict)  # threads.start's record; a resume's: its checkpoint's
 
     @property
     def name(self) -> str:
@@ -168,10 +174,14 @@ class Run:
         import ddp_fixes
         ddp_fixes.apply_ddp_fixes(built.trainer)  # a no-op in one process (distributed.md#what-each-trainer-needs)
         name, trainer = resolved["name"], built.trainer
+        coverage = prepared.coverage
+        gold = programs.rule_reward(resolved, anchor=False, section="eval")
         self = cls(run, prepared.loaded["config"], resolved, built, device, options, rows=[], start=0,
-                   facts=run_facts(resolved, built), groups=trainers.trainable_groups(name, trainer),
+                   facts=run_facts(resolved, built, coverage is not None), groups=trainers.trainable_groups(name, trainer),
                    policy_palm=trainers.actor_palm(name, trainer), scope=trainers.actor_scope(name, trainer),
-                   run_id=prepared.loaded.get("run_id"))
+                   run_id=prepared.loaded.get("run_id"),
+                   unseen=None if coverage is None else metrics.unseen_mask(coverage, resolved["palm"]["num_tokens"]),
+                   gold=None if gold is None else gold.to(device))
         self.check_prompt_lengths()
         checkpoint.prime_rotary_to(self.trainer, self.rotary_cap())
         latest = checkpoint.latest(run) if prepared.resume else None
@@ -180,6 +190,7 @@ class Run:
             state, note = checkpoint.load(self.trainer, latest, self.run_id, name, self.rotary_cap(),
                                           options.allow_inexact)
             self.start, self.last_checkpoint = state["round"], latest
+            self.threads = state.get("cpu_threads") or {}
             if note:
                 self.notes.append(note)
                 options.say(note)
@@ -256,12 +267,8 @@ class Run:
                                    f"set {full['fix']}")
 
     def rotary_cap(self) -> int:
-        """The longest sequence any forward of this run sees: the padded prompt width (TPO's
-        buffer rows: prompt width + max_seq_len) or a held-out prompt, plus max_seq_len."""
-        widths = [int(self.built.prompt_ids.shape[-1])]
-        if self.built.eval_prompt_ids is not None:
-            widths.append(int(self.built.eval_prompt_ids.shape[-1]))
-        return max(widths) + self.train_kwargs()["max_seq_len"]
+        """This run's ``rotary_cap`` (at [train] max_seq_len)."""
+        return rotary_cap(self.built, self.train_kwargs()["max_seq_len"])
 
     def train_kwargs(self) -> dict[str, Any]:
         """One round's ``train()`` arguments with the library's defaults filled in."""
@@ -270,20 +277,17 @@ class Run:
                 **run_config.train_kwargs(self.resolved)}
 
     # --- one round ----------------------------------------------------------------------------
-    def held_out(self) -> float | None:
-        """The held-out reward now (``evaluation.held_out_reward``), or None without [eval]; the
-        main process only."""
+    def held_out(self) -> evaluation.HeldOut | None:
+        """The held-out evaluation now (``evaluation.of_run``: reward, per prompt, the gold metric),
+        or None without [eval]; the main process only."""
         if self.built.eval_prompt_ids is None or not self.main:
             return None
-        kwargs = self.train_kwargs()
         try:  # as a round: the library's output captured, the user's prints on stderr (program_output)
             with streams.capture_library_output():
-                return evaluation.held_out_reward(
-                    self.policy_palm, self.scope,
+                return evaluation.of_run(
+                    self.resolved, self.policy_palm, self.scope,
                     trainers.unwrap(self.trainer, self.trainer.reward_model), self.built.eval_prompt_ids,
-                    self.resolved["eval"]["samples"], kwargs["max_seq_len"],
-                    self.resolved["run"]["seed"] + EVAL_SEED_OFFSET,
-                    temperature=kwargs.get("temperature", 1.0), eos_token=kwargs.get("eos_token"),
+                    self.resolved["run"]["seed"] + EVAL_SEED_OFFSET, metric=self.gold,
                     pad_value=int(self.trainer.pad_value))
         except Exception as exc:  # noqa: BLE001 - sorted: the user's program, or the library
             raise round_error(f"the held-out evaluation after round {self.rows[-1]['round'] if self.rows else 0}",
@@ -292,7 +296,7 @@ class Run:
     def baseline_row(self) -> dict[str, Any]:
         """Row 0: the held-out reward before training, every other figure null."""
         row = dict.fromkeys(metrics.ROW_KEYS)
-        row.update(round=0, held_out_reward=self.held_out(), rules=[])
+        row.update(metrics.held_out_figures(self.held_out()), round=0, rules=[])
         return row
 
     def evaluates(self, round_: int) -> bool:
@@ -308,7 +312,7 @@ class Run:
         t0 = time.perf_counter()
         seen = None
         try:
-            with metrics.observe(name, trainer) as seen, streams.capture_library_output() as captured:
+            with metrics.observe(name, trainer, self.unseen) as seen, streams.capture_library_output() as captured:
                 trainer.train(**self.train_kwargs())
         except Exception as exc:  # noqa: BLE001 - sorted: the user's program, or the library
             raise round_error(f"round {round_}", exc, seen.rewards if seen else None) from None
@@ -319,8 +323,10 @@ class Run:
         held = self.held_out() if self.evaluates(round_) else None
         memory = {"peak_mib": round(meter.peak() / 2**20, 1), "rss_mib": round(meter.rss() / 2**20, 1)}
         lr = trainers.optimizers(name, trainer)["actor"].param_groups[0]["lr"]
+        gain = metrics.unseen_gain(trainers.unwrap(trainer, trainer.reward_model), seen, self.unseen,
+                                   self.resolved["run"]["seed"] + round_) if self.main else None
         row = metrics.build_row(round_, seen, self.facts.grouped, wall, captured.stdout, memory, probe, norms,
-                                non_finite, lr, held)
+                                non_finite, lr, held, self.unseen, gain)
         fired = watchdog.evaluate(row, self.rows, self.facts) if self.main else []
         row["rules"] = self.from_main([rule.id for rule, _ in fired])  # every rank stops on the same rules
         if self.main:
@@ -364,7 +370,7 @@ class Run:
         ``exits.write_failed``), SkillError(1) for another failure: the previous checkpoint stays
         the latest either way."""
         previous = checkpoint.round_of(self.last_checkpoint) if self.last_checkpoint else -1
-        state = {"trainer": self.name, "run_id": self.run_id,
+        state = {"trainer": self.name, "run_id": self.run_id, "cpu_threads": self.threads,
                  "rows_before": checkpoint.rows_digest([r for r in self.rows if r["round"] <= previous]),
                  "rows": [r for r in self.rows if r["round"] > previous]}
         try:
@@ -388,12 +394,26 @@ class Run:
         (TPO's ``train()`` writes ``./tpo_memmap_replay_buffer``), never the caller's."""
         last = min(self.options.until or self.rounds_planned, self.rounds_planned)
         every = self.resolved["run"]["checkpoint_every"]
+        import torch
+        before_threads = torch.get_num_threads()
+        self.threads = threads.start(self.options.cpu_threads, self.threads, self.device.type == "cpu",
+                                     self.trainer.accelerate.num_processes, fresh=self.start == 0)
+        try:
+            return self._rounds(progress, last, every)
+        finally:
+            torch.set_num_threads(before_threads)
+
+    def _rounds(self, progress: streams.Progress, last: int, every: int) -> tuple[str, str | None]:
+        """``rounds`` once the thread count is set."""
         began = time.perf_counter()
         with workspace.private_workdir(), deferred_signals(self) as signals, progress.stage(
                 f"{self.name}: rounds {self.start + 1}-{last}", total=max(0, last - self.start), unit="rounds",
                 eta=True) as bar:
             for round_ in range(self.start + 1, last + 1):
-                row = self.one_round(round_)
+                if self.threads.get("trial"):
+                    row = threads.trial(self, lambda: self.one_round(round_), self.options.say)
+                else:
+                    row = self.one_round(round_)
                 self.write_row(row)
                 run_summary.report_round(progress, bar, row, last, began, self.start)
                 stop = sorted(set(row["rules"]) & self.options.stop_on)
@@ -450,6 +470,7 @@ class Prepared:
     options: Options
     lock: rundir.RunLock | None = None  # the writer's (rundir.prepare); None on another rank or without fcntl
     created: Path | None = None         # the topmost directory this invocation created (rundir.first_missing)
+    coverage: list[int] | None = None   # the reward model's unseen ids (builder.reward_coverage)
     placed: dict[str, Any] = field(default_factory=dict)  # device spec -> placement.resolve_device's answer
 
     def place(self, device_spec: str) -> tuple[dict[str, Any], Any]:
@@ -472,6 +493,15 @@ class Prepared:
     def refused(self) -> None:
         """The start is refused: unlock, and remove what this invocation created (``rundir.discard``)."""
         rundir.discard(self.run, self.created, self.lock)
+
+
+def rotary_cap(built: builder.Built, max_seq_len: int) -> int:
+    """The longest sequence any forward of a run sees: the padded prompt width (TPO's buffer rows:
+    prompt width + max_seq_len) or a held-out prompt, plus ``max_seq_len``."""
+    widths = [int(built.prompt_ids.shape[-1])]
+    if built.eval_prompt_ids is not None:
+        widths.append(int(built.eval_prompt_ids.shape[-1]))
+    return max(widths) + max_seq_len
 
 
 def writes_files() -> bool:
@@ -542,7 +572,7 @@ def _prepare(config_path: str | None, run: rundir.RunDir, run_dir: str | Path, r
         trackers.check_available(options.log_with)
     resolved = run_config.check_against_library(config)
     builder.check_prompt_files(resolved)
-    return Prepared(run, loaded, resolved, resume, options)
+    return Prepared(run, loaded, resolved, resume, options, coverage=builder.reward_coverage(resolved))
 
 
 def gathered(trainer, seen: metrics.Observation) -> metrics.Observation:
@@ -552,15 +582,13 @@ def gathered(trainer, seen: metrics.Observation) -> metrics.Observation:
     if trainer.accelerate.num_processes == 1:
         return seen
     from accelerate.utils import gather_object
-    parts = gather_object([{"rewards": seen.rewards, "response_lengths": seen.response_lengths,
-                            "sampled_tokens": seen.sampled_tokens, "advantages": seen.advantages}])
+    shared = ("rewards", "response_lengths", "sampled_tokens", "advantages", "tokens", "bigrams")
+    parts = gather_object([{key: getattr(seen, key) for key in shared}])
     merged = metrics.Observation(steps=seen.steps, grad_norms=seen.grad_norms, kl_terms=seen.kl_terms,
                                  learn_calls=seen.learn_calls, last_rollout=seen.last_rollout)
     for part in parts:
-        merged.rewards += part["rewards"]
-        merged.response_lengths += part["response_lengths"]
-        merged.sampled_tokens += part["sampled_tokens"]
-        merged.advantages += part["advantages"]
+        for key in shared:
+            setattr(merged, key, getattr(merged, key) + part[key])
     return merged
 
 
@@ -605,8 +633,9 @@ def round_error(where: str, exc: BaseException, rewards: list[list[float]] | Non
                             exits.EXIT_CHECK_FAILED)
 
 
-def run_facts(resolved: dict[str, Any], built: builder.Built) -> watchdog.RunFacts:
-    """What the watchdog's rules need to know about this run."""
+def run_facts(resolved: dict[str, Any], built: builder.Built, coverage: bool = False) -> watchdog.RunFacts:
+    """What the watchdog's rules need to know about this run; ``coverage``: the reward model's
+    unseen ids are known (``builder.reward_coverage``)."""
     name, effective = resolved["name"], resolved["effective"]["trainer"]
     spec = trainers.TRAINERS[name]
     critic = None
@@ -618,7 +647,8 @@ def run_facts(resolved: dict[str, Any], built: builder.Built) -> watchdog.RunFac
                              update_timesteps=resolved["round"]["update_timesteps"], critic_range=critic,
                              processes=built.trainer.accelerate.num_processes,
                              eval_samples=0 if built.eval_prompt_ids is None else
-                             resolved["eval"]["samples"] * int(built.eval_prompt_ids.shape[0]))
+                             resolved["eval"]["samples"] * int(built.eval_prompt_ids.shape[0]),
+                             num_tokens=resolved["palm"]["num_tokens"], coverage=coverage)
 
 
 class deferred_signals:

@@ -32,15 +32,20 @@ from skill_runtime import streams
 ROW_KEYS = ("round", "rollouts", "group_size", "learn_calls", "wall_s", "tokens_per_s", "peak_mib", "rss_mib",
             "reward_mean", "reward_std", "reward_min", "reward_max", "zero_std_group_fraction",
             "advantage_zero_fraction", "advantage_abs_max", "response_length_mean",
-            "one_token_response_fraction", "kl_rollout", "kl_base", "entropy", "losses", "grad_norm",
+            "one_token_response_fraction", "top_token_share", "distinct_bigram_fraction", "unseen_id_fraction",
+            "unseen_reward_gain", "unseen_reward_gain_se", "kl_rollout", "kl_base", "entropy", "losses", "grad_norm",
             "optimizer_steps", "trainable_change_norm", "non_finite_weights", "lr", "held_out_reward",
-            "rules")
+            "held_out_std", "held_out_per_prompt", "held_out_gold", "held_out_gold_std", "held_out_gold_per_prompt", "rules")
+HELD_OUT_KEYS = ("held_out_reward", "held_out_std", "held_out_per_prompt", "held_out_gold", "held_out_gold_std",
+                 "held_out_gold_per_prompt")  # what one held-out evaluation fills (``held_out_figures``)
 # The JSON type of each key that is not a number or null (every other key of ROW_KEYS is one):
 # what ``parse_row`` checks in a row read back from a file.
 ROW_TYPES = {"round": "round", "rollouts": "count", "group_size": "count", "learn_calls": "count",
              "losses": "losses", "optimizer_steps": "counts", "trainable_change_norm": "numbers",
-             "non_finite_weights": "flag", "rules": "names"}
+             "non_finite_weights": "flag", "rules": "names", "held_out_per_prompt": "list",
+             "held_out_gold_per_prompt": "list"}
 PROBE_SEQUENCES = 2  # sequences of the round's last rollout that the entropy and kl_base forwards see
+UNSEEN_SEQUENCES = 16  # the round's last sequences that unseen_gain scores twice (with a reward model's coverage)
 
 
 @dataclass
@@ -56,6 +61,9 @@ class Observation:
     learn_calls: int = 0
     last_rollout: tuple[Any, Any, Any] | None = None            # (x, prompt_mask, mask) of the last one
     last_memories: list = field(default_factory=list)           # the last stored experiences (PPO, GRPO, FlowRL)
+    tokens: list = field(default_factory=list)                  # per rollout: its response ids, 1-D int64 (host)
+    bigrams: list = field(default_factory=list)                 # per rollout: its response bigrams as a * 2**32 + b
+    recent: list = field(default_factory=list)                  # with ``unseen``: the last UNSEEN_SEQUENCES (x, prompt_mask, mask)
 
 
 def _wrap_module_function(stack: contextlib.ExitStack, module: Any, name: str, record) -> None:
@@ -83,9 +91,10 @@ def _grad_norm(params: list):
 
 
 @contextlib.contextmanager
-def observe(name: str, trainer) -> Iterator[Observation]:
+def observe(name: str, trainer, unseen=None) -> Iterator[Observation]:
     """Hooks that fill an ``Observation`` while the ``with`` block runs the trainer's ``train()``;
-    all removed on exit. ``name`` is the trainer's ``trainers.TRAINERS`` key."""
+    all removed on exit. ``name`` is the trainer's ``trainers.TRAINERS`` key; ``unseen``: a (V,)
+    bool tensor, True on the ids the reward model never trained on (``unseen_mask``), or None."""
     import importlib
 
     import torch
@@ -105,6 +114,13 @@ def observe(name: str, trainer) -> Iterator[Observation]:
             seen.sampled_tokens += x.shape[0] * (x.shape[1] - prompt_len)
             seen.last_rollout = (x.detach(), None if prompt_mask is None else prompt_mask.detach(),
                                  None if mask is None else mask.detach())
+            seen.tokens.append(x[response].cpu())
+            pairs = response[:, 1:] & response[:, :-1]
+            seen.bigrams.append((x[:, :-1][pairs] * 2**32 + x[:, 1:][pairs]).cpu())
+            if unseen is not None:
+                seen.recent.append(seen.last_rollout)
+                while sum(int(r[0].shape[0]) for r in seen.recent[1:]) >= UNSEEN_SEQUENCES:
+                    seen.recent.pop(0)
             if name == "tpo":  # tpo.py train: z_score(rewards) if rewards.std() > 0. else zeros
                 rewards = output.detach().float()
                 spread = rewards.numel() > 1 and rewards.std() > 0.  # the std of one reward is NaN: not > 0
@@ -161,6 +177,7 @@ _CHECKS = {
         isinstance(k, str) and type(x) is int for k, x in v.items())),
     "numbers": lambda v: v is None or (isinstance(v, dict) and all(isinstance(k, str) and _number(x) for k, x in v.items())),
     "flag": lambda v: v is None or type(v) is bool,
+    "list": lambda v: v is None or (isinstance(v, list) and all(map(_number, v))),
     "names": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
 }
 
@@ -261,13 +278,92 @@ def reward_figures(seen: Observation, grouped: bool) -> dict[str, float | None]:
             "zero_std_group_fraction": (sum(equal) / len(equal)) if grouped else None}
 
 
+def unseen_mask(ids: list[int], num_tokens: int):
+    """(num_tokens,) bool, True on ``ids`` (a reward model's ``unseen_ids``; ids beyond the
+    vocabulary are dropped)."""
+    import torch
+    mask = torch.zeros(num_tokens, dtype=torch.bool)
+    kept = [i for i in ids if 0 <= i < num_tokens]
+    mask[kept] = True
+    return mask
+
+
+def token_figures(seen: Observation, unseen=None) -> dict[str, float | None]:
+    """What the round's responses are made of: ``top_token_share``, the share of every response
+    token that is the round's single most frequent id (1.0: one repeated token);
+    ``distinct_bigram_fraction``, distinct bigrams over all bigrams inside the responses (the
+    "distinct-2" of Li et al. 2016, "A diversity-promoting objective"); with ``unseen``
+    (``unseen_mask``) ``unseen_id_fraction``, the share of response tokens the reward model never
+    trained on (else None)."""
+    import torch
+    out: dict[str, float | None] = dict.fromkeys(("top_token_share", "distinct_bigram_fraction", "unseen_id_fraction"))
+    tokens = torch.cat(seen.tokens) if seen.tokens else torch.zeros(0, dtype=torch.long)
+    if tokens.numel():
+        out["top_token_share"] = float(torch.unique(tokens, return_counts=True)[1].max()) / tokens.numel()
+        if unseen is not None:
+            out["unseen_id_fraction"] = float(unseen[tokens.clamp(0, unseen.shape[0] - 1)].float().mean())
+    bigrams = torch.cat(seen.bigrams) if seen.bigrams else torch.zeros(0, dtype=torch.long)
+    if bigrams.numel():
+        out["distinct_bigram_fraction"] = torch.unique(bigrams).numel() / bigrams.numel()
+    return out
+
+
+def unseen_gain(reward_model, seen: Observation, unseen, seed: int) -> dict[str, float | None]:
+    """What the reward model pays for the ids it never trained on, on the round's last
+    UNSEEN_SEQUENCES sequences: each scored as sampled and again with every unseen response id
+    replaced by a seen id drawn uniformly (a private generator seeded by ``seed``; never the pad
+    id 0), in eval mode (no dropout) without gradients. ``unseen_reward_gain``: the mean of the
+    paired differences (reward units; above 0: unseen ids score above an average seen id);
+    ``unseen_reward_gain_se``: its standard error. Both None without ``unseen`` or sequences.
+    The training RNG is untouched."""
+    import torch
+    out = {"unseen_reward_gain": None, "unseen_reward_gain_se": None}
+    if unseen is None or not seen.recent:
+        return out
+    generator = torch.Generator().manual_seed(seed)
+    pool = (~unseen).nonzero().flatten()
+    pool = pool[pool != 0] if bool((pool != 0).any()) else pool
+    was_training = reward_model.training
+    reward_model.eval()
+    gains: list[float] = []
+    try:
+        with torch.no_grad():
+            for x, prompt_mask, mask in seen.recent:
+                response = torch.ones_like(x, dtype=torch.bool) if prompt_mask is None else ~prompt_mask
+                response = response & mask if mask is not None else response
+                swap = unseen.to(x.device)[x.clamp(0, unseen.shape[0] - 1)] & response
+                drawn = pool[torch.randint(len(pool), tuple(x.shape), generator=generator)].to(x.device)
+                before = reward_model(x, prompt_mask=prompt_mask, mask=mask).float().reshape(-1)
+                after = reward_model(torch.where(swap, drawn, x), prompt_mask=prompt_mask, mask=mask).float().reshape(-1)
+                gains += (before - after).cpu().tolist()
+    finally:
+        reward_model.train(was_training)
+    gains = gains[-UNSEEN_SEQUENCES:]
+    mean = sum(gains) / len(gains)
+    spread = math.sqrt(sum((g - mean) ** 2 for g in gains) / max(len(gains) - 1, 1))
+    return {"unseen_reward_gain": mean, "unseen_reward_gain_se": spread / math.sqrt(len(gains))}
+
+
+def held_out_figures(held) -> dict[str, Any]:
+    """The row's HELD_OUT_KEYS from one ``evaluation.HeldOut`` (None: not evaluated, every key null)."""
+    if held is None:
+        return dict.fromkeys(HELD_OUT_KEYS)
+    return {"held_out_reward": held.reward_mean, "held_out_std": held.reward_std, "held_out_per_prompt": held.per_prompt,
+            "held_out_gold": held.gold_mean, "held_out_gold_std": held.gold_std,
+            "held_out_gold_per_prompt": held.gold_per_prompt}
+
+
 def build_row(round_: int, seen: Observation, grouped: bool, wall_s: float, printed: str,
               memory: dict[str, float], probe: dict[str, float | None], norms: dict[str, float],
-              non_finite_weights: bool, lr: float, held_out: float | None) -> dict[str, Any]:
+              non_finite_weights: bool, lr: float, held_out, unseen=None,
+              gain: dict[str, float | None] | None = None) -> dict[str, Any]:
     """The metrics row of one round, keys ``ROW_KEYS`` (``rules`` filled by the watchdog): rewards
-    and groups, advantages, response lengths, the library's KL term (mean over minibatches), the
-    policy probe, printed losses (``streams.parse_losses``), gradient norm (mean over the actor's
-    steps), trainable change norms, seconds (``wall_s``) and MiB (``memory``: peak_mib, rss_mib)."""
+    and groups, advantages, response lengths and tokens (``token_figures``), the library's KL term
+    (mean over minibatches), the policy probe, printed losses (``streams.parse_losses``), gradient
+    norm (mean over the actor's steps), trainable change norms, seconds (``wall_s``), MiB
+    (``memory``: peak_mib, rss_mib) and the held-out evaluation (``held_out``: an
+    ``evaluation.HeldOut``, or None on a round not evaluated), the reward model's coverage
+    (``unseen``: ``unseen_mask``; ``gain``: ``unseen_gain``'s figures)."""
     lengths = seen.response_lengths
     advantages = seen.advantages
     sizes = {len(rollout) for rollout in seen.rewards}
@@ -279,8 +375,9 @@ def build_row(round_: int, seen: Observation, grouped: bool, wall_s: float, prin
            "advantage_abs_max": max((abs(a) for a in advantages), default=None),
            "response_length_mean": _mean([float(n) for n in lengths]),
            "one_token_response_fraction": (sum(n <= 1 for n in lengths) / len(lengths)) if lengths else None,
+           **token_figures(seen, unseen), **(gain or dict.fromkeys(("unseen_reward_gain", "unseen_reward_gain_se"))),
            "kl_rollout": _mean([float(v) for v in seen.kl_terms]), **probe, "losses": streams.parse_losses(printed),
            "grad_norm": _mean([float(v) for v in seen.grad_norms]), "optimizer_steps": dict(seen.steps),
            "trainable_change_norm": norms, "non_finite_weights": non_finite_weights, "lr": lr,
-           "held_out_reward": held_out, "rules": []}
+           **held_out_figures(held_out), "rules": []}
     return {key: row[key] for key in ROW_KEYS}

@@ -40,7 +40,9 @@ def summarize(run, status: str, reason: str | None, files: dict[str, Any]) -> di
     """summary.json: what ran, held-out before -> after, the rules fired, the files, the verdict,
     and (``run.options.env`` given: the command's) the versions and warnings."""
     trained = [r for r in run.rows if r["round"] > 0]
-    held = [(r["round"], r["held_out_reward"]) for r in run.rows if r["held_out_reward"] is not None]
+    evaluated = [r for r in run.rows if r["held_out_reward"] is not None]
+    held = [(r["round"], r["held_out_reward"]) for r in evaluated]
+    ends = (evaluated[0], evaluated[-1]) if len(evaluated) > 1 else (evaluated[0], None) if evaluated else (None, None)
     fired: dict[str, list[int]] = {}
     for r in trained:
         for rule in r["rules"]:
@@ -50,10 +52,14 @@ def summarize(run, status: str, reason: str | None, files: dict[str, Any]) -> di
                "device": str(run.device), "rounds_done": done, "rounds_planned": run.rounds_planned,
                "rollouts": sum(r["rollouts"] or 0 for r in trained), "learn_calls": sum(r["learn_calls"] or 0 for r in trained),
                "held_out": {"before": held[0][1] if held else None, "after": held[-1][1] if len(held) > 1 else None,
-                            "rounds": [h[0] for h in held]},
+                            "rounds": [h[0] for h in held],
+                            **{f"{name}_{end}": None if row is None else row.get(key)
+                               for name, key in (("per_prompt", "held_out_per_prompt"), ("gold", "held_out_gold"))
+                               for end, row in zip(("before", "after"), ends)}},
                "reward": {"first": trained[0]["reward_mean"] if trained else None,
                           "last": trained[-1]["reward_mean"] if trained else None},
                "rules_fired": fired, "files": files,
+               "cpu_threads": {k: v for k, v in run.threads.items() if k != "trial"} or None,
                "wall_s": round(time.perf_counter() - run.started_s, 2)}
     summary["verdict"], summary["next"] = verdict(summary, run.options.resume_flags)
     summary["run_id"] = run.run_id
@@ -113,6 +119,8 @@ def verdict(summary: dict[str, Any], resume_flags: str = "", curves: bool = True
     status, held = summary["status"], summary["held_out"]
     if held["after"] is not None:
         change = f"held-out reward {held['before']:.4g} -> {held['after']:.4g}"
+        if held.get("gold_after") is not None:
+            change += f", gold metric {held['gold_before']:.4g} -> {held['gold_after']:.4g}"
     elif held["before"] is not None:  # --until before the first evaluation after round 0
         change = f"held-out reward {held['before']:.4g} before training, not evaluated since ([eval] every)"
     else:

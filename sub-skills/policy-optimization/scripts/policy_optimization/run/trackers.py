@@ -42,8 +42,9 @@ def accelerate_kwargs(name: str, folder: Path) -> dict[str, Any]:
 
 
 def scalars(row: dict[str, Any]) -> dict[str, float]:
-    """The numbers of a metrics row as flat tracker values: nested dicts become ``key/sub``, a list of
-    printed losses its mean, booleans 0/1; None, text and non-finite values are left out."""
+    """The numbers of a metrics row as flat tracker values: nested dicts become ``key/sub``, a
+    per-prompt list ``key/0``, ``key/1``, ... (file order), a list of printed losses its mean,
+    booleans 0/1; None, text and non-finite values are left out."""
     out: dict[str, float] = {}
 
     def put(key: str, value: Any) -> None:
@@ -51,6 +52,9 @@ def scalars(row: dict[str, Any]) -> dict[str, float]:
             out[key] = float(value)
         elif isinstance(value, (int, float)) and math.isfinite(value):
             out[key] = float(value)
+        elif isinstance(value, list) and key.endswith("_per_prompt"):  # one value per held-out prompt
+            for i, inner in enumerate(value):
+                put(f"{key}/{i}", inner)
         elif isinstance(value, list) and value and all(isinstance(v, (int, float)) for v in value):
             mean = sum(value) / len(value)
             if math.isfinite(mean):
@@ -58,6 +62,7 @@ def scalars(row: dict[str, Any]) -> dict[str, float]:
         elif isinstance(value, dict):
             for sub, inner in value.items():
                 put(f"{key}/{sub}", inner)
+
 
     for key, value in row.items():
         if key not in ("round", "rules"):

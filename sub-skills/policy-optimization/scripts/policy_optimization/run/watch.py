@@ -16,11 +16,13 @@ from policy_optimization.run import summary as run_summary
 from skill_runtime import exits, reporting
 
 TABLE = (("round", "round", "{:d}"), ("rollouts", "rollouts", "{:d}"), ("reward", "reward_mean", "{:.3f}"),
-         ("held-out", "held_out_reward", "{:.3f}"), ("kl_rollout", "kl_rollout", "{:.3g}"),
+         ("held-out", "held_out_reward", "{:.3f}"), ("gold", "held_out_gold", "{:.3f}"),
+         ("kl_rollout", "kl_rollout", "{:.3g}"),
          ("kl_base", "kl_base", "{:.3g}"), ("entropy", "entropy", "{:.2f}"),
          ("length", "response_length_mean", "{:.1f}"), ("s", "wall_s", "{:.1f}"), ("rules", "rules", "{}"))
-CURVES = (("reward", "reward_mean"), ("held-out", "held_out_reward"), ("kl_base", "kl_base"),
-          ("kl_rollout", "kl_rollout"), ("length", "response_length_mean"))
+CURVES = (("reward", "reward_mean"), ("held-out", "held_out_reward"), ("gold", "held_out_gold"),
+          ("kl_base", "kl_base"), ("kl_rollout", "kl_rollout"), ("entropy", "entropy"),
+          ("length", "response_length_mean"))
 PLOT_INSTALL = "pip install 'palm-rlhf-skill[plot]' (from a checkout of the repository: pip install '.[plot]')"
 
 

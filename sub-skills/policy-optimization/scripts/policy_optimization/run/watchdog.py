@@ -30,6 +30,17 @@ MEMORY_WINDOW = 3            # memory_growing: consecutive rounds of growth
 MEMORY_STEP_MIB = 16.0       # ... each by at least this much
 MEMORY_STEP_FRACTION = 0.02  # ... or this fraction of the resident memory, whichever is larger
 ADVANTAGE_LIMIT = 1e3        # advantage_extreme: |advantage| above this (GRPO MaxRL's 1e8)
+ENTROPY_FLOOR = math.log(2)  # entropy_collapse: below this (nats per token: fewer than 2 tokens' worth of choice) ...
+ENTROPY_FALL = 0.1           # ... and below this fraction of the first trained round's entropy
+ENTROPY_NOISE = 0.75         # entropy_blowup: above this fraction of log(num_tokens) (V ** 0.75 ids of choice; uniform: 1.0) ...
+ENTROPY_RISE = 1.0           # ... and this many nats above the first trained round's (e times the choices)
+TOP_TOKEN_SHARE = 0.5        # repeated_token: one id is at least half of every response token of the round ...
+DISTINCT_FLOOR = 0.1         # ... or distinct bigrams are at most this fraction of all (each response repeats others)
+PROMPT_COLLAPSE = 0.4        # held_out_prompt_collapse: one prompt below its best by this fraction of the reward range
+DROP_FRACTION = 0.2          # held_out_drop: one evaluation below the one before by this fraction of the range ...
+DROP_SE = 4.0                # ... and this many standard errors of a held-out mean (a few evaluations per run: 4, not 2)
+UNSEEN_SHARE = 0.1           # unseen_reward_ids: at least this share of response tokens unseen by the reward model ...
+GAP_FRACTION = 0.25          # train_held_out_gap: the training-prompt reward's lead grew by this fraction of the range
 
 
 @dataclass(frozen=True)
@@ -43,6 +54,8 @@ class RunFacts:
     critic_range: tuple[float, float] | None  # PPO: the values its critic can represent
     processes: int = 1                 # ranks: a row's rollouts are every rank's
     eval_samples: int = 0              # sequences one held-out evaluation scores ([eval] samples x prompts)
+    num_tokens: int = 0                # the policy's vocabulary ([palm] num_tokens)
+    coverage: bool = False             # the reward model's unseen ids are known (its train-reward summary.json)
 
 
 @dataclass(frozen=True)
@@ -129,16 +142,30 @@ def _evaluations(rows, row) -> list[float]:
     return [r["held_out_reward"] for r in [*rows, row] if r["held_out_reward"] is not None]
 
 
+def _reward_range(rows, row) -> float:
+    """The rollouts' reward range seen so far (highest minus lowest), 0.0 before any."""
+    seen = [v for r in [*rows, row] if r["round"] > 0 for v in (r["reward_min"], r["reward_max"]) if _finite(v)]
+    return max(seen) - min(seen) if seen else 0.0
+
+
+def _standard_error(rows, row, sequences: int, held_out: bool = False) -> float:
+    """The standard error of a mean of ``sequences`` rewards: the rollouts' mean reward std over
+    the root of ``sequences`` (0.0 before any std or without sequences); with ``held_out``, the
+    larger of that and the same from the held-out evaluations' own std (``held_out_std``)."""
+    def mean(values):
+        return sum(values) / len(values) if values else 0.0
+    spread = mean([r["reward_std"] for r in [*rows, row] if r["round"] > 0 and _finite(r["reward_std"])])
+    if held_out:
+        spread = max(spread, mean([r["held_out_std"] for r in [*rows, row] if _finite(r.get("held_out_std"))]))
+    return spread / math.sqrt(sequences) if sequences else 0.0
+
+
 def _margin(rows, row, facts: RunFacts) -> float:
     """The smallest change of the held-out reward that is not noise: HELD_OUT_MARGIN of the reward
     range seen so far, or NOISE_SE standard errors of a held-out mean (the rollouts' reward std over
     the root of the sequences one evaluation scores), whichever is larger."""
-    trained = [r for r in [*rows, row] if r["round"] > 0]
-    seen = [v for r in trained for v in (r["reward_min"], r["reward_max"]) if _finite(v)]
-    spread = [r["reward_std"] for r in trained if _finite(r["reward_std"])]
-    by_range = HELD_OUT_MARGIN * (max(seen) - min(seen)) if seen else 0.0
-    by_noise = NOISE_SE * (sum(spread) / len(spread)) / math.sqrt(facts.eval_samples) if spread and facts.eval_samples else 0.0
-    return max(by_range, by_noise, 1e-6)
+    return max(HELD_OUT_MARGIN * _reward_range(rows, row), NOISE_SE * _standard_error(rows, row, facts.eval_samples),
+               1e-6)
 
 
 def _held_out_flat(row, rows, facts):
@@ -205,6 +232,130 @@ def _advantage_extreme(row, rows, facts):
     return None
 
 
+def _first_entropy(rows) -> float | None:
+    return next((r["entropy"] for r in rows if r["round"] > 0 and _finite(r.get("entropy"))), None)
+
+
+def _entropy_collapse(row, rows, facts):
+    first = _first_entropy([*rows, row])
+    if _finite(row["entropy"]) and first and row["entropy"] < min(ENTROPY_FLOOR, ENTROPY_FALL * first):
+        return (f"entropy {row['entropy']:.3g} nats per token (first round {first:.3g}): the policy samples about "
+                f"{math.exp(row['entropy']):.2f} tokens' worth of choice")
+    return None
+
+
+def _entropy_blowup(row, rows, facts):
+    first, ceiling = _first_entropy([*rows, row]), math.log(max(facts.num_tokens, 2))
+    if _finite(row["entropy"]) and first is not None and row["entropy"] >= ENTROPY_NOISE * ceiling \
+            and row["entropy"] - first >= ENTROPY_RISE:
+        return (f"entropy {row['entropy']:.3g} nats per token, up from {first:.3g}; uniform noise over "
+                f"{facts.num_tokens} ids is {ceiling:.3g}")
+    return None
+
+
+def _repeated_token(row, rows, facts):
+    top, distinct = row.get("top_token_share"), row.get("distinct_bigram_fraction")
+    if _finite(top) and top >= TOP_TOKEN_SHARE:
+        return f"one id is {top:.0%} of the round's response tokens"
+    if _finite(distinct) and distinct <= DISTINCT_FLOOR:
+        return f"distinct bigrams {distinct:.0%} of the responses' bigrams: the responses repeat each other"
+    return None
+
+
+def _evaluated(rows, row, key: str) -> list[dict[str, Any]]:
+    """The rows, ``row`` last, that hold an evaluation's ``key``."""
+    return [r for r in [*rows, row] if r.get(key) is not None]
+
+
+def _prompt_collapse(row, rows, facts):
+    now = row.get("held_out_per_prompt")
+    if not now or len(now) < 2:
+        return None
+    before = [r["held_out_per_prompt"] for r in _evaluated(rows, row, "held_out_per_prompt")[:-1]
+              if len(r["held_out_per_prompt"]) == len(now)]
+    if not before:
+        return None
+    per_prompt = facts.eval_samples // len(now)
+    values = [v for b in before for v in b] + list(now)
+    spread = max(_reward_range(rows, row), max(values) - min(values))
+    margin = max(PROMPT_COLLAPSE * spread, DROP_SE * _standard_error(rows, row, per_prompt, held_out=True), 1e-6)
+    drops = [(max(b[i] for b in before) - v, i) for i, v in enumerate(now)]
+    fall, i = max(drops)
+    if fall > margin:
+        best = max(b[i] for b in before)
+        return (f"held-out prompt {i + 1} of {len(now)} fell to {now[i]:.4g} from its best {best:.4g} (more than "
+                f"{margin:.2g}); the held-out mean is {row['held_out_reward']:.4g}")
+    return None
+
+
+def _held_out_drop(row, rows, facts):
+    values = _evaluations(rows, row)
+    if row["held_out_reward"] is None or len(values) < 2:
+        return None
+    spread = max(_reward_range(rows, row), max(values) - min(values))
+    margin = max(DROP_FRACTION * spread, DROP_SE * _standard_error(rows, row, facts.eval_samples, held_out=True), 1e-6)
+    if values[-2] - values[-1] > margin:
+        return f"held-out reward {values[-2]:.4g} -> {values[-1]:.4g} in one evaluation (more than {margin:.2g})"
+    return None
+
+
+def _unseen_ids(row, rows, facts):
+    share, gain, se = row.get("unseen_id_fraction"), row.get("unseen_reward_gain"), row.get("unseen_reward_gain_se")
+    if not facts.coverage or not _finite(share) or share < UNSEEN_SHARE or not _finite(gain) or not _finite(se):
+        return None
+    if gain > max(NOISE_SE * se, HELD_OUT_MARGIN * _reward_range(rows, row), 1e-6):
+        return (f"{share:.0%} of the response tokens are ids the reward model never trained on, and they raise its "
+                f"score by {gain:.3g} per sequence (+/- {se:.2g}) over seen ids in their place")
+    return None
+
+
+def _proxy_gold(row, rows, facts):
+    if row.get("held_out_gold") is None:
+        return None
+    points = _evaluated(rows, row, "held_out_gold")
+    best = max(points, key=lambda r: r["held_out_gold"])
+    golds = [v for r in points for v in r["held_out_gold_per_prompt"] or [r["held_out_gold"]]]
+    spread = [r["held_out_gold_std"] for r in points if _finite(r.get("held_out_gold_std"))]
+    gold_margin = max(HELD_OUT_MARGIN * (max(golds) - min(golds)),
+                      NOISE_SE * (sum(spread) / len(spread)) / math.sqrt(max(facts.eval_samples, 1)) if spread else 0.0,
+                      1e-6)
+    fell = best["held_out_gold"] - row["held_out_gold"]
+    rose = row["held_out_reward"] - best["held_out_reward"]
+    if fell > gold_margin and rose > _margin(rows, row, facts):
+        return (f"since round {best['round']} the held-out reward rose {best['held_out_reward']:.4g} -> "
+                f"{row['held_out_reward']:.4g} while the gold metric fell {best['held_out_gold']:.4g} -> "
+                f"{row['held_out_gold']:.4g}")
+    return None
+
+
+def _gap_growth(row, rows) -> float | None:
+    """How much further the training prompts' reward (the round's rollouts) leads the held-out
+    reward at this evaluation than at the start (round 1's rollouts against round 0's held-out
+    reward, both the initial policy's); None without both."""
+    start = next((r for r in rows if r["round"] == 1 and _finite(r["reward_mean"])), None)
+    baseline = next((r["held_out_reward"] for r in rows if r["round"] == 0 and r["held_out_reward"] is not None), None)
+    if row["held_out_reward"] is None or not _finite(row["reward_mean"]) or start is None or baseline is None:
+        return None
+    return (row["reward_mean"] - row["held_out_reward"]) - (start["reward_mean"] - baseline)
+
+
+def _train_gap(row, rows, facts):
+    growth = _gap_growth(row, rows)
+    if growth is None:
+        return None
+    sequences = (row["rollouts"] or 0) * (row["group_size"] or 1)
+    noise = NOISE_SE * math.hypot(_standard_error(rows, row, sequences),
+                                  _standard_error(rows, row, facts.eval_samples, held_out=True))
+    margin = max(GAP_FRACTION * _reward_range(rows, row), noise, 1e-6)
+    earlier = [r for r in rows if r["round"] > 1 and r["held_out_reward"] is not None]
+    before = _gap_growth(earlier[-1], rows[:rows.index(earlier[-1])]) if earlier else None
+    if growth > margin and before is not None and before > margin:  # two evaluations in a row
+        return (f"training-prompt reward {row['reward_mean']:.4g}, held-out {row['held_out_reward']:.4g}: the "
+                f"training prompts' lead grew by {growth:.3g} since the start (more than {margin:.2g}), two "
+                "evaluations in a row")
+    return None
+
+
 RULES = (
     Rule("equal_rewards", f"{TROUBLE}#equal-rewards-group", "every group's rewards are equal: no preference to learn",
          "a reward that differs between completions of one prompt (a finer rule, a larger group, a higher temperature)",
@@ -236,6 +387,26 @@ RULES = (
          "the group argument (grpo_num_times_sample_rewards, ...) at 1 or more", _group_of_one),
     Rule("advantage_extreme", f"{TROUBLE}#grpo-max-rl-mean-zero", "advantages far beyond any reward",
          "GRPO use_max_rl with rewards >= 0, or the default normalisation", _advantage_extreme),
+    Rule("entropy_collapse", f"{RUN_DOC}#collapse", "the policy's entropy collapsed",
+         "read the section: a reward one token can max out, a smaller actor_lr, an entropy bonus", _entropy_collapse,
+         persist=2),
+    Rule("entropy_blowup", f"{RUN_DOC}#collapse", "the policy's entropy rose towards uniform noise",
+         "a smaller actor_lr; a reward that does not pay for rare tokens; resume from an earlier checkpoint",
+         _entropy_blowup, persist=2),
+    Rule("repeated_token", f"{RUN_DOC}#collapse", "the rollouts repeat one token or each other",
+         "read the section: reward the content, not a token the policy can repeat", _repeated_token, persist=2),
+    Rule("held_out_prompt_collapse", f"{RUN_DOC}#held-out-drop", "one held-out prompt collapsed",
+         "read its samples (palm-rlhf-skill evaluate); more varied training prompts; a smaller actor_lr",
+         _prompt_collapse),
+    Rule("held_out_drop", f"{RUN_DOC}#held-out-drop", "the held-out reward dropped in one evaluation",
+         "a smaller actor_lr; resume from the checkpoint before the drop", _held_out_drop),
+    Rule("unseen_reward_ids", f"{RUN_DOC}#reward-hacking", "the reward model pays for ids it never trained on",
+         "read the section: the reward model's token coverage (train-reward), or keep those ids out of the policy",
+         _unseen_ids, persist=2),
+    Rule("proxy_gold_divergence", f"{RUN_DOC}#reward-hacking", "the reward rises while the gold metric falls",
+         "stop at the checkpoint where gold peaked; a better reward, a KL penalty, fewer rounds", _proxy_gold),
+    Rule("train_held_out_gap", f"{RUN_DOC}#held-out-flat", "the training prompts' reward runs away from the held-out",
+         "more and more varied training prompts; fewer rounds", _train_gap),
 )
 RULE_IDS = tuple(rule.id for rule in RULES)
 BY_ID = {rule.id: rule for rule in RULES}
