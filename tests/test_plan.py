@@ -198,6 +198,11 @@ def test_sampling_time_sums_every_step(plan):
     assert unit_costs.steps_time([(10, 1.0), (20, 2.0)], 10, 20) == pytest.approx(16.5)
     assert unit_costs.steps_time([(10, 1.0)], 10, 14) == pytest.approx(5.0)       # one point: flat
     assert unit_costs.steps_time([(10, 1.0), (20, 2.0)], 21, 22) == pytest.approx(2.1 + 2.2)  # last slope
+    # the cached sampler: the prompt's forward once (prefill), then one-position steps after it
+    steps, prefill = [(10, 0.1), (20, 0.2)], [(10, 3.0), (20, 6.0)]
+    assert unit_costs.prompt_sampling(steps, 10, 20) == pytest.approx(unit_costs.steps_time(steps, 10, 20))
+    assert unit_costs.prompt_sampling(steps, 10, 20, prefill) == pytest.approx(3.0 + 1.65 - 0.1)
+    assert unit_costs.prompt_sampling(steps, 15, 15, prefill) == pytest.approx(4.5)  # one token: the prompt's forward
 
 
 def test_time_and_memory_prediction_by_hand(plan):

@@ -207,6 +207,7 @@ def test_reward_sources_combine_as_documented(tmp_path):
     ("[run]\nrounds = 2", "num_episodes = 3", "config [train] num_episodes: not allowed with [run]: [run] rounds sets it"),
     ("[run]\nrounds = 0", "", "config [run] rounds: must be at least 1, got 0"),
     ("[run]\nrounds = 1\nseed = -1", "", "config [run] seed: must be at least 0"),
+    ("[run]\nrounds = 1\nsampler = 'fast'", "", "config [run] sampler: 'fast'; choose one of library, cached"),
     ("[run]\nrounds = 1\n[eval]\nprompts_file = 'p.txt'\nsamples = 1.5", "", "config [eval] samples: expected integer"),
 ])
 def test_run_and_eval_errors(tmp_path, rest, train, says):
@@ -226,6 +227,7 @@ def test_a_round_is_one_train_call_and_its_defaults_are_listed(tmp_path):
     assert applied[("train", "max_timesteps")] == (3, "skill") and ("train", "num_episodes") not in applied
     assert applied[("train", "temperature")] == (1.0, "library") and ("train", "max_seq_len") not in applied
     assert applied[("eval", "samples")] == (1, "skill") and applied[("run", "seed")] == (0, "skill")
+    assert applied[("run", "sampler")] == ("library", "skill") and res["sampler"] == "library"
     assert applied[("palm", "ff_mult")] == (4, "library") and applied[("trainer", "epochs")] == (1, "library")
     counts = planner.run_counts(res, 3)
     assert (counts["rollouts"], counts["learn_calls"], counts["items_per_learn"]) == (12, 4, 9)
@@ -251,6 +253,25 @@ def test_plan_predicts_the_rounds_and_evaluations_execute_runs(tmp_path, empty_d
     assert real["learn_calls"] == 4 and [e["round"] for e in real["eval"]] == [0, 2]
     assert all(0 <= e["reward"] <= 1 for e in real["eval"])
     assert list(empty_dir.iterdir()) == []
+
+
+def test_plan_times_the_sampler_the_run_uses(tmp_path, empty_dir, capsys, monkeypatch):
+    """[run] sampler = "cached": the probe samples through the cache (one-position steps and the
+    prompt's forward timed apart), --sampler replaces it, and --execute trains with it."""
+    path = write_run(tmp_path, train="update_timesteps = 2", rest="[run]\nrounds = 1\nsampler = 'cached'")
+    common = ["--config", str(path), "--json", "--device", "cpu", "--cpu-threads", "1"]
+    reports = {}
+    for flag in ([], ["--sampler", "library"]):
+        code, out, err = main_in_process(plan.main, capsys, monkeypatch, empty_dir, *common, *flag, "--probe-seconds", "5")
+        reports[tuple(flag)] = report = json.loads(out)
+        assert code == 0 and report["status"] == "fits" and report["time"]["rollouts"] > 0, err[-2000:]
+    cached, library = reports[()], reports[("--sampler", "library")]
+    assert cached["sampler"] == cached["probe"]["sampler"] == "cached" and library["sampler"] == "library"
+    steps, prefill = cached["probe"]["sampling_step_s"], cached["probe"]["prefill_s"]
+    assert [n for n, _ in steps] == [n + 1 for n, _ in prefill]  # the step after each timed prompt
+    assert "prefill_s" not in library["probe"]
+    code, out, err = main_in_process(plan.main, capsys, monkeypatch, empty_dir, *common, "--execute")
+    assert code == 0 and json.loads(out)["sampler"] == "cached", err[-2000:]
 
 
 # --- the docs ------------------------------------------------------------------------------------------

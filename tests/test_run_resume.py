@@ -58,6 +58,23 @@ def test_resume_is_bitwise_the_uninterrupted_run(name, tmp_path, monkeypatch):
     assert [r["round"] for r in rundir.read_rows(tmp_path / "split" / "metrics.jsonl")] == [0, 1, 2, 3, 4]
 
 
+@pytest.mark.parametrize("name", ["ppo", "grpo", "tpo", "flowrl"])
+def test_resume_is_bitwise_within_the_cached_sampler(name, tmp_path, monkeypatch):
+    """[run] sampler = "cached" (scripts/cached_sampler.py), rollouts ending at eos at different
+    lengths: resumed, the run ends bitwise where the uninterrupted one does."""
+    monkeypatch.chdir(tmp_path)
+    config = write_config(tmp_path / "cfg", name, rounds=4, run={"sampler": "cached"}, train={"eos_token": ord("e") + 1})
+    whole, _, status = train(config, tmp_path / "whole")
+    assert status == "finished"
+    train(config, tmp_path / "split", until=2)
+    resumed, _, status = train(None, tmp_path / "split", resume=True)
+    assert status == "finished"
+    assert_same_state(whole, resumed)
+    rows = rows_without_timing(tmp_path / "split" / "metrics.jsonl")
+    assert rows == rows_without_timing(tmp_path / "whole" / "metrics.jsonl")
+    assert any(row["response_length_mean"] % 1 for row in rows[1:])  # responses of different lengths: eos
+
+
 def test_rows_after_the_last_checkpoint_are_replaced_not_doubled(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     config = write_config(tmp_path / "cfg", "grpo", rounds=4, run={"checkpoint_every": 2})

@@ -368,7 +368,7 @@ def test_documented_options_match_argparse(smoke):
 # a value each option takes that is not its default (flags take none)
 SAMPLE = {"--trainer": "grpo", "--grpo-variant": "spo", "--learn-control": "frozen", "--learn-seeds": "3",
           "--prompt-style": "text", "--rollouts": "3", "--eos-token": "3", "--nproc": "2", "--dist-timeout": "5",
-          "--dim": "64", "--depth": "2", "--prompt-len": "5", "--new-tokens": "4"}
+          "--dim": "64", "--depth": "2", "--prompt-len": "5", "--new-tokens": "4", "--sampler": "cached"}
 MODE_ARGV = {"construct-only": ["--construct-only"], "train-smoke": [], "learn": ["--learn"]}
 
 

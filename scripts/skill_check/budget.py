@@ -50,23 +50,29 @@ BUDGET = {
     # eight measured cases, the collapse, held-out drop, reward hacking, evaluate and cpu-threads
     # sections: ~1400 tokens);
     # troubleshooting.md 17750 -> 18000 (three symptom rows for the reward-hacking signs: ~100 tokens).
+    # Issue 32: sizing.md 1000 -> 5250 (the cached sampler with its measured table, and the seven
+    # facts of a run at scale, each with cited lines and a probe that runs: ~4850 tokens), plus ~8%;
+    # training-run.md +100 (when to use the cached sampler), troubleshooting.md +200 (two symptom rows
+    # into sizing.md's run-at-scale facts), reports.md 9750 -> 10750 (the bench --rollouts key table,
+    # tested against a real report: ~700 tokens, plus ~2%), workflows.md 8750 -> 9000 (the --sampler
+    # option and [run] sampler rows).
     # A reference not listed gets "*".
     "reference tokens": {
         "references/glossary.md": 1000,
         "references/installation.md": 2750,  # 2,250 until the verified-torch table (issue 29)
         "references/probes.md": 1500,  # the probe kit and three worked probes: ~1190 tokens, plus about 25%
-        "references/reports.md": 11000,  # issue 30: train-reward's metrics row, summary and probe (~1150 tokens)
+        "references/reports.md": 12000,  # issue 30: train-reward's metrics row, summary and probe (~1150 tokens)
         "sub-skills/palm-modeling/references/lora-scopes.md": 1350,
         "sub-skills/palm-modeling/references/palm-api.md": 4750,  # 4th knowledge test: size, qk_scale, flash GPUs, label leak (~3670)
         "sub-skills/policy-optimization/references/api-reference.md": 9250,
         "sub-skills/policy-optimization/references/distributed.md": 5500,
         "sub-skills/policy-optimization/references/multi-node.md": 1500,
         "sub-skills/policy-optimization/references/run-directory.md": 1500,  # issue 31's file table: ~1250, plus 20%
-        "sub-skills/policy-optimization/references/sizing.md": 1000,
-        "sub-skills/policy-optimization/references/training-run.md": 5750,
+        "sub-skills/policy-optimization/references/sizing.md": 5250,
+        "sub-skills/policy-optimization/references/training-run.md": 5850,
         "sub-skills/policy-optimization/references/trainer-selection.md": 3350,
-        "sub-skills/policy-optimization/references/troubleshooting.md": 18000,  # issue 30: the reward-hacking rows (guards', and the unseen-ids one)
-        "sub-skills/policy-optimization/references/workflows.md": 8750,
+        "sub-skills/policy-optimization/references/troubleshooting.md": 18200,  # issue 30: the reward-hacking rows (guards', and the unseen-ids one)
+        "sub-skills/policy-optimization/references/workflows.md": 9000,
         "sub-skills/reward-modeling/references/implicit-prm.md": 1500,
         "sub-skills/reward-modeling/references/reward-api.md": 4750,
         "sub-skills/reward-modeling/references/preferences.md": 2750,  # issue 30: train-reward, the worked example, token coverage

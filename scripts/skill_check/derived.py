@@ -85,7 +85,10 @@ def values(d: Defaults) -> dict[str, Any]:
          "ac_dim": d("ActorCritic", init, "critic_dim_out"),
          "rm_dropout": d("RewardModel", init, "dropout"),
          "ignore": d("PaLM", init, "cross_entropy_ignore_index"),
-         "ckpt": d("grpo.RLHFTrainer", "save", "filepath")}
+         "ckpt": d("grpo.RLHFTrainer", "save", "filepath"),
+         "heads": d("PaLM", init, "heads"),
+         "lora_r": d("grpo.RLHFTrainer", init, "actor_lora_r"),
+         "value_clip": d("RLHFTrainer", init, "value_clip")}
     v["grpo_group"], v["tpo_group"], v["flowrl_group"] = v["grpo_k"] + 1, v["tpo_k"] + 1, v["flowrl_k"] + 1
     v["top_pct"] = round(100 * (1 - v["thres"]))
     v["top_frac"] = round(1 - v["thres"], 6)
@@ -96,6 +99,12 @@ def values(d: Defaults) -> dict[str, Any]:
     tpo_seq = v["max_episodes"] * v["update"] * v["tpo_group"] * (4 + v["seq"])  # 4-token prompts
     v["tpo_seq_gb"], v["tpo_mask_gb"] = round(4 * tpo_seq / 1e9, 1), round(tpo_seq / 1e9, 2)
     v["flowrl_start_g2"] = v["beta"] ** 2 * (2 - 1) / 2
+    # sizing.md#learn-memory: where attention maps outgrow the vocabulary-wide tensors of learn(),
+    # c_V * V / (c_A * depth * heads) with the measured (c_V, c_A) of GRPO, PPO, FlowRL, at the
+    # upstream README's 20000 tokens and depth 12
+    v["n_attn"] = [round(c_v * 20000 / (c_a * 12 * v["heads"])) for c_v, c_a in ((7, 1), (6, 2), (1, 1))]
+    v["sqrt_r"] = round(math.sqrt(v["lora_r"]), 1)
+    v["clip_pct"] = round(100 * v["value_clip"] / v["hl_max"])
     v["mixed_11"] = [round(1 - p ** v["grpo_group"] - (1 - p) ** v["grpo_group"], 2) for p in (0.05, 0.2)]
     return v
 
@@ -113,6 +122,7 @@ def fmt(value: Any) -> str:
 WF = "sub-skills/policy-optimization/references/workflows.md"
 PO_SKILL, PM_SKILL = "sub-skills/policy-optimization/SKILL.md", "sub-skills/palm-modeling/SKILL.md"
 GL = "references/glossary.md"
+SZ = "sub-skills/policy-optimization/references/sizing.md"
 FACTS: list[tuple[str, str, str]] = [
     (TS, "symptom-index", "expected shape ({tpo_group},)"),
     (TS, "symptom-index", "must match the size of tensor b ({bins})` in PPO `learn()` with `critic=ImplicitPRM"),
@@ -172,6 +182,15 @@ FACTS: list[tuple[str, str, str]] = [
     (PO_SKILL, "key-gotchas", "the PaLM `dim` (default {z_dim})"),
     (PM_SKILL, "key-gotchas", "top {top_pct}% of logits (`top_k`, `filter_thres={thres}`)"),
     (GL, "glossary", "(`cross_entropy_ignore_index={ignore}`)"),
+    (SZ, "learn-memory", "the default {heads} heads) about {n_attn[0]} tokens for GRPO, {n_attn[1]} for PPO, "
+                         "{n_attn[2]} for FlowRL"),
+    (SZ, "lora-step-size", "(default {lora_r}, `grpo.py:65,79`)"),
+    (SZ, "lora-step-size", "about {sqrt_r} times as far"),
+    (SZ, "ppo-value-clip-unit-rewards", "`value_clip` (default {value_clip})"),
+    (SZ, "ppo-value-clip-unit-rewards", "The critic's scale is [{hl_min}, {hl_max}]"),
+    (SZ, "ppo-value-clip-unit-rewards", "of at most {value_clip} each"),
+    (SZ, "ppo-value-clip-unit-rewards", "the clip is then {clip_pct}% of the range"),
+    (SZ, "ppo-value-clip-unit-rewards", "`value_clip` of `{value_clip} / {hl_max}`"),
 ]
 
 

@@ -13,12 +13,14 @@ was too busy to judge a wall-time budget (its own exit code, 75: rerun when it i
 
 ``--scaling`` instead measures how the PPO and GRPO train smoke's update and generate time and
 peak memory grow with dim, depth, prompt length and max_seq_len; ``--markdown`` prints that as the
-"Sizing a bigger smoke (measured)" section of references/sizing.md.
+"Sizing a bigger smoke (measured)" section of references/sizing.md. ``--rollouts`` measures the
+library's generate against the cached sampler (policy_optimization/rollout_bench.py).
 
 Usage:
     bench_smoke.py                                   # all trainers, 5 repeats: table on stdout, progress on stderr
     bench_smoke.py --trainer ppo --repeat 1 --json   # quick form (CI): one JSON object on stdout
     bench_smoke.py --scaling --markdown              # regenerate the sizing table of the docs
+    bench_smoke.py --rollouts --quick --json         # library vs cached sampler, tokens per second
 
 Children run in a private temporary directory; nothing is left in the caller's directory.
 """
@@ -377,6 +379,19 @@ def run_bench(args, env: dict[str, Any]) -> dict[str, Any]:
     return report
 
 
+def dims_list(text: str):
+    """argparse ``type=`` for --dims: ``256x4,512x12`` (``rollout_bench.parse_dims``)."""
+    import argparse
+    from policy_optimization import rollout_bench  # torch-free at import
+    try:
+        return rollout_bench.parse_dims(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+ROLLOUT_ONLY = ("dims", "quick", "num_tokens", "max_library_s", "profile", "cpu_threads")  # refused without --rollouts
+
+
 def build_parser() -> options.OneLineParser:
     parser = options.OneLineParser(
         description="Time the smoke helper as fresh processes against the floor set by importing "
@@ -392,7 +407,10 @@ def build_parser() -> options.OneLineParser:
                "  palm-rlhf-skill bench --trainer ppo --repeat 1 --json\n"
                "  palm-rlhf-skill bench --scaling --markdown\n"
                "  palm-rlhf-skill bench --scaling --trainer ppo --axis dim --repeat 1 --json\n"
-               "  palm-rlhf-skill bench --plan-accuracy --markdown\n\n"
+               "  palm-rlhf-skill bench --plan-accuracy --markdown\n"
+               "  palm-rlhf-skill bench --rollouts                     # library vs cached sampler (minutes)\n"
+               "  palm-rlhf-skill bench --rollouts --quick --json      # one small size, a minute\n"
+               "  palm-rlhf-skill bench --rollouts --dims 128x2,256x4 --profile\n\n"
                "exit codes: 0 ok (every child passed, every measured budget passed); 1 a child's "
                "check or a budget failed; 2 usage or environment error; 3 palm-rlhf-pytorch or "
                "torch missing or outside the supported range; 75 inconclusive: a wall-time budget (or a "
@@ -417,6 +435,26 @@ def build_parser() -> options.OneLineParser:
                              "(budget 5%%) and a checkpoint (budget 20%%), at the learning check's size and the "
                              "accuracy configs' (--repeat: pairs per config; default 15, 7, 7), judged as the "
                              "budgets above (inconclusive on a busy machine), with the round's parts timed")
+    parser.add_argument("--rollouts", action="store_true",
+                        help="tokens per second of the library's PaLM.generate and of the cached sampler "
+                             "(scripts/cached_sampler.py), interleaved, over batches 1, 8, 64 and prompt + new "
+                             "128 + 128, 512 + 256, as ratios; and a train round with each (--repeat: pairs per row, "
+                             "default 3); goal: at least 5x at prompt + new >= 256")
+    parser.add_argument("--dims", type=dims_list, metavar="DxL[,...]",
+                        help="with --rollouts: PaLM sizes as DIMxDEPTH, comma-separated (default: 256x4; --quick: 128x2)")
+    parser.add_argument("--quick", action="store_true",
+                        help="with --rollouts: batches 1 and 8 at 128 + 128, one pair, a small train round")
+    parser.add_argument("--num-tokens", type=options.bounded_int(2, 2**20), metavar="N",
+                        help="with --rollouts: the PaLM's vocabulary (default: 257, the byte tokenizer's; the "
+                             "upstream README's PaLM has 20000)")
+    parser.add_argument("--max-library-s", type=options.finite_nonnegative_float, metavar="S",
+                        help="with --rollouts: a library generate predicted longer is timed by its steps at four "
+                             "lengths, summed by the planner's fit (default: 60)")
+    parser.add_argument("--profile", action="store_true",
+                        help="with --rollouts: the operations that took the cached sampler's time, per row")
+    parser.add_argument("--cpu-threads", type=options.bounded_int(1, os.cpu_count() or 1), metavar="N",
+                        help="with --rollouts: torch threads (default: 1; on a shared CPU more threads wait on "
+                             "each other at every operation)")
     parser.add_argument("--plan-config", action="append", metavar="NAME",
                         help="with --plan-accuracy: one shipped config (e.g. accuracy-ppo.toml); repeatable")
     parser.add_argument("--axis", action="append", choices=list(scaling.SCALING_AXES), metavar="NAME",
@@ -437,9 +475,12 @@ def build_parser() -> options.OneLineParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.repeat is None:
-        args.repeat = 3 if args.scaling or args.plan_accuracy else 5
-    if sum((args.scaling, args.plan_accuracy, args.train_overhead)) > 1:
-        raise exits.SkillError("--scaling, --plan-accuracy and --train-overhead are separate runs: choose one")
+        args.repeat = (1 if args.quick else 3) if args.scaling or args.plan_accuracy or args.rollouts else 5
+    if sum((args.scaling, args.plan_accuracy, args.train_overhead, args.rollouts)) > 1:
+        raise exits.SkillError("--scaling, --plan-accuracy, --train-overhead and --rollouts are separate runs: choose one")
+    given = [name for name in ROLLOUT_ONLY if getattr(args, name) not in (None, False)]
+    if given and not args.rollouts:
+        raise exits.SkillError(f"--{given[0].replace('_', '-')} applies to --rollouts")
     if args.axis and not args.scaling:
         raise exits.SkillError("--axis applies to --scaling")
     if args.markdown and not (args.scaling or args.plan_accuracy):
@@ -466,6 +507,14 @@ def main(argv: list[str] | None = None) -> int:
             report = overhead.bench(args.progress_bars, args.repeat if "--repeat" in rerun else None)
         report.update(versions=env["versions"], argv=rerun)
         return runner.emit(report, args.json, overhead.summary, STATUS_EXIT[report["status"]])
+    if args.rollouts:  # the samplers' own measurement (policy_optimization/rollout_bench.py)
+        from policy_optimization import rollout_bench
+        args.num_tokens = args.num_tokens or rollout_bench.NUM_TOKENS
+        args.max_library_s = rollout_bench.MAX_LIBRARY_S if args.max_library_s is None else args.max_library_s
+        with workspace.private_workdir(), placement.torch_threads(args.cpu_threads or 1):
+            report = rollout_bench.bench(args, args.progress_bars)
+        report.update(versions=env["versions"], argv=rerun)
+        return runner.emit(report, args.json, rollout_bench.summary, STATUS_EXIT[report["status"]])
     if args.plan_accuracy:  # the accuracy logic lives with the planner
         with workspace.private_workdir():
             report, _ = accuracy.accuracy(sys.modules[__name__], args, env)

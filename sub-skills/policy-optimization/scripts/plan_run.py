@@ -44,6 +44,7 @@ except (ImportError, SyntaxError) as damage:  # the runtime's own __init__.py is
     sys.stderr.write(f"{Path(sys.argv[0]).name}: error: {Path(sys.path[0], 'skill_runtime', '__init__.py')}: "
                      f"{damage} (reinstall the skill tree)\n")
     sys.exit(2)
+import cached_sampler  # noqa: E402  (torch-free at import)
 from skill_runtime import exits, options, placement, runner, streams, version_gate, workspace  # noqa: E402
 from policy_optimization import budget, measuring, plan_report, planner, prediction, run_config  # noqa: E402
 
@@ -93,7 +94,8 @@ def build_parser() -> options.OneLineParser:
                "  [prompts]       count and length (random ids), or file = \"prompts.txt\" (one prompt a line,\n"
                "                  UTF-8) with tokenizer = \"file.py:callable\" (default: the byte tokenizer)\n"
                "  [train]         train() keyword arguments; library defaults where absent\n"
-               "  [run]           rounds (each one train(num_episodes=1, ...) call), checkpoint_every, seed\n"
+               "  [run]           rounds (each one train(num_episodes=1, ...) call), checkpoint_every, seed,\n"
+               "                  sampler = \"library\" | \"cached\" (scripts/cached_sampler.py)\n"
                "  [eval]          prompts_file, every (rounds, default 1), samples (per prompt, default 1)\n\n"
                "examples:\n"
                "  palm-rlhf-skill plan --config run.toml\n"
@@ -101,6 +103,7 @@ def build_parser() -> options.OneLineParser:
                "  palm-rlhf-skill plan --config run.toml --set train.update_timesteps=64 --probe-seconds 20\n"
                "  palm-rlhf-skill plan --config run.toml --budget 2h --memory-budget 8GiB   # the largest run in them\n"
                "  palm-rlhf-skill plan --config run.toml --one-round   # and time one round for real\n"
+               "  palm-rlhf-skill plan --config run.toml --sampler cached   # rollouts with the cached sampler\n"
                "  palm-rlhf-skill plan --config - < run.toml           # the config on stdin\n"
                f"  palm-rlhf-skill plan --config {UPSTREAM_EXAMPLE}   # the upstream README's run\n\n"
                "exit codes: 0 the run fits and learns (--execute: it completed); 1 it does not fit, never "
@@ -126,6 +129,10 @@ def build_parser() -> options.OneLineParser:
                         help="after the probe, time one round at the real size without a budget: "
                              "update_timesteps rollouts and one learn() on all their experiences, against the "
                              "plan's figures for them")
+    parser.add_argument("--sampler", choices=cached_sampler.SAMPLERS,
+                        help="the rollouts' sampler the probe times and the plan predicts with: library "
+                             "(PaLM.generate) or cached (scripts/cached_sampler.py) (default: [run] sampler, else "
+                             f"{cached_sampler.DEFAULT_SAMPLER})")
     parser.add_argument("--seed", type=options.bounded_int(0, options.MAX_SEED),
                         help="seed for prompts, weights and sampling (default: [run] seed, else 0)")
     parser.add_argument("--max-days", type=positive_float, metavar="D",
@@ -160,13 +167,15 @@ def main(argv: list[str] | None = None) -> int:
     resolved = run_config.check_against_library(config)
     if args.seed is None:
         args.seed = resolved["run"]["seed"] if resolved["run"] else 0
+    if args.sampler is not None:
+        resolved["sampler"] = args.sampler
     device_kwargs, device = placement.resolve_device(args.device)
     progress = streams.Progress(runner.program_name(), args.progress or not args.json)  # the name its errors give
     threads = placement.torch_threads(args.cpu_threads) if args.cpu_threads else contextlib.nullcontext(torch.get_num_threads())
     with workspace.private_workdir(), threads as count:
         report = (planner.execute if args.execute else planner.plan)(args, resolved, device_kwargs, device,
                                                                      startup_s, progress)
-    report.update(seed=args.seed, cpu_threads=count, versions=env["versions"], version_warnings=env["warnings"],
+    report.update(seed=args.seed, sampler=resolved["sampler"], cpu_threads=count, versions=env["versions"], version_warnings=env["warnings"],
                   config={k: config[k] for k in run_config.SECTIONS if k in config},
                   effective=resolved["effective"])
     return runner.emit(report, args.json, plan_report.summary,

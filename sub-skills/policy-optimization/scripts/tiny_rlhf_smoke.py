@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.learn:
             seeds = learning_check.learn_seeds(args)
             results = {name: learning_check.learn_trainer(name, seeds, args.learn_control, device_kwargs, device,
-                                                          progress=progress) for name in names}
+                                                          progress=progress, sampler=args.sampler) for name in names}
         else:
             results = {name: smoke_checklist.run_trainer(name, args, device_kwargs, device, variants, progress=progress)
                        for name in names}

@@ -28,13 +28,16 @@ def budget_units(resolved: dict[str, Any], counts: dict[str, int], probed: dict[
     eff, rnd, stored = resolved["effective"]["trainer"], resolved["round"], probed["stored"]
     max_seq_len, prompt_lens = train["max_seq_len"], probed.get("prompt_lens")
     points = [tuple(p) for p in probed["report"].get("sampling_step_s") or []]
-    sampled = unit_costs.mean_rollout_sampling(points, prompt_lens, max_seq_len) if points and prompt_lens else None
+    prefill = [tuple(p) for p in probed["report"].get("prefill_s") or []] or None  # the cached sampler's
+    sampled = unit_costs.mean_rollout_sampling(points, prompt_lens, max_seq_len, prefill=prefill) \
+        if points and prompt_lens else None
     rest = (measured["rollout_s"] - sampled) if sampled is not None and "rollout_s" in measured else None
 
     def rollout_at(length: int) -> float | None:
         if rest is None:
             return None
-        return unit_costs.mean_rollout_sampling(points, prompt_lens, length) + max(0.0, rest) * length / max_seq_len
+        return unit_costs.mean_rollout_sampling(points, prompt_lens, length, prefill=prefill) \
+            + max(0.0, rest) * length / max_seq_len
 
     def peak_at(update: int, length: int) -> int | None:
         if stored is None:

@@ -208,7 +208,8 @@ def build(resolved: dict[str, Any], device_kwargs: dict[str, Any], device, seed:
     ``prompt_ids`` replaces them when given), the held-out prompts (``eval_prompt_ids``) and the
     trainer with [trainer]'s arguments and ``accelerate_kwargs=device_kwargs``. With ``meta``
     every large tensor lives on torch's meta device (``large_tensors_on_meta``: no memory, no
-    data, for counting), no checkpoint is read and Accelerate places nothing.
+    data, for counting), no checkpoint is read and Accelerate places nothing. Rollouts sample with
+    ``resolved["sampler"]`` (``cached_sampler.apply``; not on the meta device, which never samples).
     Raises SkillError(2) when a file is unusable or the installed library refuses the
     configuration, and SkillError(1) when building at the real size runs out of memory (the run
     does not fit this process)."""
@@ -240,4 +241,7 @@ def build(resolved: dict[str, Any], device_kwargs: dict[str, Any], device, seed:
             raise
         raise exits.SkillError(f"config: the installed {cls.__module__}.{cls.__name__} refused it: "
                                f"{exits.one_line(exc)}") from None
+    if not meta:
+        import cached_sampler
+        cached_sampler.apply(trainer, resolved.get("sampler", cached_sampler.DEFAULT_SAMPLER))
     return Built(palm, reward_model, trainer.prompt_token_ids, held_out, programs.tokenizer(resolved), trainer)

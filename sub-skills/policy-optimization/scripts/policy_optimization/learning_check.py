@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import cached_sampler
 import probe_kit
 from skill_runtime import exits, options, reporting, streams
 from policy_optimization import evaluation, smoke_settings, trainers
@@ -89,14 +90,16 @@ def held_out(name: str, trainer, reward_model, prompts, seed: int) -> float:
 
 
 def learn_seed(name: str, seed: int, control: str | None, device_kwargs: dict, device,
-               setting: LearnSetting | None = None, train_score=None) -> dict[str, Any]:
+               setting: LearnSetting | None = None, train_score=None,
+               sampler: str = cached_sampler.DEFAULT_SAMPLER) -> dict[str, Any]:
     """One seed of the learning check: build, measure held-out reward, train, measure again.
 
     Seeds ``random``, numpy and torch with ``seed`` (Accelerate ``set_seed``), draws the training
     and held-out prompts, builds the tiny PaLM, the rule-based reward (the target-id fraction; under
     ``control == 'inverted'`` 1 - that fraction: negated, plus 1 to stay inside PPO's critic range
     [0, 5]) and the trainer (under ``'frozen'`` its optimizers' learning rates then set to 0), and
-    runs ``setting.episodes`` x (``setting.rollouts`` rollouts + one ``learn()``). Returns ``{seed,
+    runs ``setting.episodes`` x (``setting.rollouts`` rollouts + one ``learn()``), rollouts and
+    held-out samples drawn with ``sampler`` (``cached_sampler.apply``). Returns ``{seed,
     reward_before, reward_after, gain, curve}``: held-out rewards in [0, 1] and ``curve``, the mean
     rollout reward of each episode (the policy after 0, 1, ... learn() calls).
 
@@ -126,6 +129,7 @@ def learn_seed(name: str, seed: int, control: str | None, device_kwargs: dict, d
                                     **learn_trainer_kwargs(spec, setting))
     except Exception as exc:
         raise RuntimeError(f"seed {seed}: {exits.one_line(exc)}") from None
+    cached_sampler.apply(trainer, sampler)
     if control == "frozen":  # AdoptAtan2 and AdamAtan2 assert lr > 0 when built: set it to 0 after
         for optimizer in trainers.optimizers(name, trainer).values():
             for group in optimizer.param_groups:
@@ -160,8 +164,9 @@ def learning_verdict(per_seed: list[dict[str, Any]], threshold: float) -> tuple[
 
 
 def learn_trainer(name: str, seeds: list[int], control: str | None, device_kwargs: dict, device,
-                  setting: LearnSetting | None = None, progress: streams.Progress | None = None) -> dict[str, Any]:
-    """The learning check of one trainer over ``seeds``; returns its report entry with
+                  setting: LearnSetting | None = None, progress: streams.Progress | None = None,
+                  sampler: str = cached_sampler.DEFAULT_SAMPLER) -> dict[str, Any]:
+    """The learning check of one trainer over ``seeds`` (``sampler``: ``learn_seed``'s); returns its report entry with
     ``learning: {reward_before, reward_after, per_seed, curve, threshold, passed}`` (means over the
     seeds, rounded to 4 places) and the check ``reward_rose``. With ``progress``, a line that
     counts the seeds."""
@@ -175,7 +180,7 @@ def learn_trainer(name: str, seeds: list[int], control: str | None, device_kwarg
                      label=f"learning check ({setting.episodes} learn() calls per seed)") as bar:
         try:
             for seed in seeds:
-                per_seed.append(learn_seed(name, seed, control, device_kwargs, device, setting))
+                per_seed.append(learn_seed(name, seed, control, device_kwargs, device, setting, sampler=sampler))
                 if bar is not None:
                     bar.update(1)
         except RuntimeError as exc:
@@ -217,6 +222,6 @@ def learn_config(args, cpu_threads: int) -> dict[str, Any]:
             "target_ids": list(LEARN_TARGET_IDS), "train_prompts": LEARN_TRAIN_PROMPTS,
             "eval_prompts": LEARN_EVAL_PROMPTS, "eval_samples": LEARN_EVAL_SAMPLES,
             "seeds": seeds, "min_improved": math.ceil(LEARN_MIN_IMPROVED * len(seeds)),
-            "control": args.learn_control, "cpu_threads": cpu_threads}
+            "control": args.learn_control, "sampler": args.sampler, "cpu_threads": cpu_threads}
 
 

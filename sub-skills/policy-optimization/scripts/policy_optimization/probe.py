@@ -63,6 +63,9 @@ class Probe:
         # on the embedding: PaLM.generate calls PaLM.forward directly, which skips the PaLM's own
         # hooks, while every forward calls token_emb through its __call__
         self._hook = self.palm.token_emb.register_forward_pre_hook(self._check_deadline)
+        import cached_sampler
+        self.cached = cached_sampler.installed(self.palm)  # the run's sampler (builder.build installed it)
+        self.prefill_points: list[tuple[int, float]] = []   # the cached sampler's prompt forward, per length
 
     def _check_deadline(self, *_):
         if time.perf_counter() > self.deadline:
@@ -146,12 +149,24 @@ class Probe:
                 "buffer": runs[1]["buffer"], "first_call_s": max(0.0, runs[0]["seconds"] - runs[1]["seconds"])}
 
     # stage 2: sampling steps at four lengths -------------------------------------------------
-    def step(self, prompt) -> float:
-        """Seconds of one ``PaLM.generate`` step (the rollout's inner loop) on ``prompt`` (b, n)."""
+    def step(self, prompt) -> tuple[float, float | None]:
+        """Seconds of one sampling step of ``generate`` (the rollout's inner loop) on ``prompt``
+        (b, n), and None; with the cached sampler (the run's), ``generate`` of two tokens, timed at
+        its forwards (a pre-hook on ``token_emb``): the one-position step at length n + 1, and the
+        prompt's forward (prefill) at length n."""
         kwargs = {k: self.train_kwargs[k] for k in ("temperature", "eos_token") if k in self.train_kwargs}
+        stamps: list[float] = []
+        hook = self.palm.token_emb.register_forward_pre_hook(lambda *_: stamps.append(measuring.now(self.device)))
         t0 = measuring.now(self.device)
-        self.palm.generate(prompt.shape[-1] + 1, prompt=prompt, finetune_scope=self.scope, **kwargs)
-        return measuring.now(self.device) - t0
+        try:
+            self.palm.generate(prompt.shape[-1] + (2 if self.cached else 1), prompt=prompt, finetune_scope=self.scope,
+                               **kwargs)
+        finally:
+            hook.remove()
+        end = measuring.now(self.device)
+        if not self.cached or len(stamps) < 2:  # eos in every row after the prompt's forward: no step
+            return end - t0, None
+        return end - stamps[1], stamps[1] - t0
 
     def sampling_steps(self, batch: int) -> list[tuple[int, float]]:
         """Seconds of one ``PaLM.generate`` step of ``batch`` sequences at SAMPLING_LENGTHS lengths
@@ -164,28 +179,36 @@ class Probe:
         its cost (its last step; before its first, the previous length's scaled by (n / n_prev)**1.5,
         between the linear layers' n and attention's n**2) would overrun the share (the deadline for
         its first step). Also records ``sampling_cpu`` (process CPU seconds, wall seconds, threads) for
-        ``threads_check``."""
+        ``threads_check``. With the cached sampler (``step``) the points are its one-position steps,
+        and ``prefill_points`` its prompt forwards at the same lengths."""
         import torch
         first = round(sum(n * k for n, k in self.prompt_lens.items()) / self.prompt_lens.total())
         last = max(first, self.max_seq_len - 1)
         lengths = sorted({round(first + (last - first) * i / (SAMPLING_LENGTHS - 1)) for i in range(SAMPLING_LENGTHS)})
         end = time.perf_counter() + max(0.0, self.remaining()) * SAMPLING_SHARE
         samples: dict[int, list[float]] = {n: [] for n in lengths}
+        prefills: dict[int, list[float]] = {n: [] for n in lengths}
         cpu0, wall0 = time.process_time(), time.perf_counter()
         try:
             for _ in range(SAMPLING_ROUNDS):
                 previous = None
                 for n in lengths:
-                    cost = samples[n][-1] if samples[n] else (previous[1] * (n / previous[0]) ** 1.5 if previous else 0.0)
+                    cost = samples[n][-1] + (prefills[n][-1] if prefills[n] else 0.0) if samples[n] else (
+                        previous[1] * (n / previous[0]) ** 1.5 if previous else 0.0)
                     if time.perf_counter() + cost > (end if samples[n] else self.deadline):
                         break
                     prompt = torch.randint(1, self.palm.num_tokens, (batch, n), device=self.device)
-                    samples[n].append(self.step(prompt))
-                    previous = (n, samples[n][-1])
+                    step_s, prefill_s = self.step(prompt)
+                    samples[n].append(step_s)
+                    if prefill_s is not None:
+                        prefills[n].append(prefill_s)
+                    previous = (n, samples[n][-1] + (prefill_s or 0.0))
         except ProbeTimeout:
             pass
         self.sampling_cpu = (time.process_time() - cpu0, time.perf_counter() - wall0, torch.get_num_threads())
-        return [(n, sum(s[1:]) / len(s[1:]) if len(s) > 1 else s[0]) for n, s in samples.items() if s]
+        mean = lambda s: sum(s[1:]) / len(s[1:]) if len(s) > 1 else s[0]
+        self.prefill_points = [(n, mean(s)) for n, s in prefills.items() if s]
+        return [(n + self.cached, mean(s)) for n, s in samples.items() if s]  # cached: the step at n + 1
 
     def threads_check(self, batch: int, points: list[tuple[int, float]]) -> dict[str, Any] | None:
         """With more than one torch thread and a CPU share below ONE_THREAD_BELOW (process CPU
@@ -201,10 +224,10 @@ class Probe:
         if share >= ONE_THREAD_BELOW or points[0][1] * 3 > self.remaining():
             return None
         n, step = points[0]
-        prompt = torch.randint(1, self.palm.num_tokens, (batch, n), device=self.device)
+        prompt = torch.randint(1, self.palm.num_tokens, (batch, n - self.cached), device=self.device)
         try:
             with placement.torch_threads(1):
-                times = [self.step(prompt) for _ in range(3)][1:]
+                times = [self.step(prompt)[0] for _ in range(3)][1:]
         except ProbeTimeout:
             return None
         return {"threads": threads, "cpu_share": round(share, 3), "length": n, "step_s": round(step, 5),
@@ -315,6 +338,7 @@ def probe_at_real_size(args, resolved: dict[str, Any], device_kwargs: dict[str, 
     max_seq_len, minibatch, epochs = train["max_seq_len"], eff["minibatch_size"], eff["epochs"]
     pool = "device" if device.type == "cuda" else "host"
     report: dict[str, Any] = {"budget_s": args.probe_seconds, "regime": None, "stages_s": {},
+                              "sampler": resolved.get("sampler", "library"),
                               "peaks_resettable": meter.resettable, "notes": [],
                               "load_average": {"start": measuring.load_average(), "end": None,
                                                "cpus": placement.usable_cpus()}}
@@ -373,10 +397,13 @@ def probe_at_real_size(args, resolved: dict[str, Any], device_kwargs: dict[str, 
             points = probe.sampling_steps(group_size)
             report["threads_check"] = probe.threads_check(group_size, points)
         report["sampling_step_s"] = [[n, round(s, 5)] for n, s in points]
-        sampling_s = unit_costs.mean_rollout_sampling(points, probe.prompt_lens, max_seq_len)
+        prefill = probe.prefill_points or None
+        if prefill:
+            report["prefill_s"] = [[n, round(s, 5)] for n, s in prefill]
+        sampling_s = unit_costs.mean_rollout_sampling(points, probe.prompt_lens, max_seq_len, prefill=prefill)
         if built.eval_prompt_ids is not None and points:
             measured["eval_s"] = unit_costs.eval_seconds(points, group_size, built.eval_prompt_ids, resolved["eval"]["samples"],
-                                              max_seq_len, probe.pad)
+                                              max_seq_len, probe.pad, prefill=prefill)
         # learn() on a few minibatches: memory grows over the first ones (the allocator's heap)
         learn_target = min(LEARN_MINIBATCHES * minibatch, items_per_learn) or 1
         wanted = max(3, math.ceil(learn_target / items))
@@ -398,14 +425,15 @@ def probe_at_real_size(args, resolved: dict[str, Any], device_kwargs: dict[str, 
                 missing(report, measured, "learn", f"learn() not probed: about {guess / MIB:,.0f} MiB of activations "
                                                    "for one experience would not fit half the free memory")
             # the last step: one sampling step and about three full-length forwards (scoring)
-            n_last, t_last = points[-1]
+            n_last, t_last = (prefill or points)[-1]  # a full forward at n_last: the library's step, the cache's prefill
             step = t_last * (max_seq_len / n_last) ** 2  # a full-length forward, at most
             with stage("last rollout step and learn()", "the last step of one rollout, and learn()"):
                 out = probe.last_step(learn_ok and not raises) if 4 * step < probe.remaining() else {}
             if out.get("learn_skipped") == "budget" or not out and not raises:
                 missing(report, measured, "learn", "learn() not probed: it would overrun --probe-seconds"
                                                    + ("" if out else ", as would the last rollout step"))
-            unit_costs.take_last_step(out, points, probe.prompt_lens, max_seq_len, epochs, measured, transients, report)
+            unit_costs.take_last_step(out, points, probe.prompt_lens, max_seq_len, epochs, measured, transients, report,
+                                      prefill=prefill)
         else:
             missing(report, measured, "rollouts", "no sampling step timed within --probe-seconds: time not predicted")
         if one_round and not report.get("raised"):

@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import cached_sampler  # torch-free at import
 from skill_runtime import exits, options
 from policy_optimization import trainers
 
@@ -32,11 +33,13 @@ OWN_KEYS: dict[str, dict[str, type]] = {
     "prompts": {"count": int, "length": int, "file": str, "tokenizer": str},
     "reward": {"program": str, "text_program": str, "checkpoint": str},
     "eval": {"prompts_file": str, "every": int, "samples": int, "metric": str, "text_metric": str},
-    "run": {"rounds": int, "checkpoint_every": int, "seed": int},
+    "run": {"rounds": int, "checkpoint_every": int, "seed": int, "sampler": str},
 }
 LIBRARY_SECTIONS = ("palm", "reward_model", "trainer", "train")  # checked against signatures
 # the skill's defaults for its own keys (listed in a plan's ``defaults_applied`` when used)
-OWN_DEFAULTS = {("eval", "every"): 1, ("eval", "samples"): 1, ("run", "seed"): 0}
+OWN_DEFAULTS = {("eval", "every"): 1, ("eval", "samples"): 1, ("run", "seed"): 0,
+                ("run", "sampler"): cached_sampler.DEFAULT_SAMPLER}
+CHOICES = {("run", "sampler"): cached_sampler.SAMPLERS}  # keys that take one of a few names
 # keys naming a file, relative to the config file; "file.py:callable" keeps its callable part
 PATH_KEYS = (("palm", "checkpoint"), ("prompts", "file"), ("prompts", "tokenizer"), ("reward", "program"),
              ("reward", "text_program"), ("reward", "checkpoint"), ("eval", "prompts_file"), ("eval", "metric"),
@@ -197,6 +200,8 @@ def check_own_keys(config: dict[str, Any], section: str) -> None:
         if want is str and ((section, key) in PROGRAM_KEYS) and not program_syntax(value):
             raise exits.SkillError(f"config [{section}] {key}: expected \"file.py:callable\", got {value!r}")
         check_minimum(section, key, value)
+        if (section, key) in CHOICES and value not in CHOICES[section, key]:
+            raise exits.SkillError(f"config [{section}] {key}: {value!r}; choose one of {', '.join(CHOICES[section, key])}")
 
 
 def program_syntax(value: str) -> bool:
@@ -367,7 +372,9 @@ def check_against_library(config: dict[str, Any]) -> dict[str, Any]:
     resolved["reward"] = dict(config.get("reward", {}))
     resolved["eval"] = None if "eval" not in config else {
         "every": OWN_DEFAULTS[("eval", "every")], "samples": OWN_DEFAULTS[("eval", "samples")], **config["eval"]}
-    resolved["run"] = None if "run" not in config else {"seed": OWN_DEFAULTS[("run", "seed")], **config["run"]}
+    resolved["run"] = None if "run" not in config else {
+        "seed": OWN_DEFAULTS[("run", "seed")], "sampler": OWN_DEFAULTS[("run", "sampler")], **config["run"]}
+    resolved["sampler"] = (resolved["run"] or {}).get("sampler", OWN_DEFAULTS[("run", "sampler")])
     for section, key in PATH_KEYS:
         if key in config.get(section, {}) and (section, key) not in PROGRAM_KEYS:
             programs.must_be_file(f"config [{section}] {key}", config[section][key])

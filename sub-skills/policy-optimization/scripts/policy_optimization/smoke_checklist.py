@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import cached_sampler
 import probe_kit
 from skill_runtime import byte_tokenizer, exits, reporting, snapshots, streams
 from policy_optimization import smoke_prompts, smoke_settings, trainers
@@ -33,7 +34,8 @@ class SmokeRun:
 
 
 def build(run: SmokeRun, device_kwargs: dict, variants: list[str], after_build=None) -> bool:
-    """Step 1: the tiny PaLM, a scalar RewardModel and the trainer; checks that the trainer was
+    """Step 1: the tiny PaLM, a scalar RewardModel and the trainer (sampling with ``--sampler``'s
+    sampler: ``cached_sampler.apply``); checks that the trainer was
     built, added its LoRA scope and holds its trainable tensors on the device. False when the
     constructor raised (recorded as the failed ``trainer_constructed`` check)."""
     args, spec, device = run.args, run.spec, run.device
@@ -54,6 +56,7 @@ def build(run: SmokeRun, device_kwargs: dict, variants: list[str], after_build=N
             run.result.update(parameters=None, optimizer_steps=None, losses=None, generated=None)
             run.checks.add("trainer_constructed", False, exits.one_line(exc))
             return False
+        cached_sampler.apply(run.trainer, args.sampler)  # --sampler cached: rollouts sample through the cache
         if after_build is not None:
             after_build(run.name, run.trainer)
 

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import cached_sampler  # torch-free at import
 import probe_kit
 from skill_runtime import exits, options
 from policy_optimization import learning_check, smoke_settings, trainers
@@ -19,8 +20,10 @@ from run_kit import launch
 ALL_MODES = frozenset(smoke_settings.MODES)
 SMOKE_MODES = frozenset({"construct-only", "train-smoke"})  # the train smoke, and its build-only form
 MODE_FLAGS = {"construct-only": "--construct-only", "train-smoke": "the train smoke", "learn": "--learn"}
+SAMPLING_MODES = frozenset({"train-smoke", "learn"})  # the modes that sample rollouts
 MODE_WORDS = {SMOKE_MODES: "the train smoke", frozenset({"train-smoke"}): "the train smoke",
-              frozenset({"construct-only"}): "--construct-only", frozenset({"learn"}): "--learn"}
+              frozenset({"construct-only"}): "--construct-only", frozenset({"learn"}): "--learn",
+              SAMPLING_MODES: "the train smoke and --learn"}
 GROUPS = {  # argparse groups: (title, description); "mode" is the mutually exclusive mode flags
     "multi-process": ("multi-process (DDP)", "under torchrun, accelerate launch or srun the smoke runs as one rank "
                       "of their world by itself; --nproc N starts N ranks on this machine"),
@@ -87,6 +90,11 @@ OPTIONS = [
         "choices": ["token-ids", "text", "file"], "default": "token-ids",
         "help": "token-ids: padded prompt_token_ids; text: prompts= with a byte-level tokenizer; file: "
                 "prompts_path= to the shipped prompts file"}),
+    Option("--sampler", SAMPLING_MODES, {
+        "choices": cached_sampler.SAMPLERS, "default": cached_sampler.DEFAULT_SAMPLER,
+        "help": "library: PaLM.generate, one full forward per sampled token; cached: scripts/cached_sampler.py, "
+                "the same sampling one position per step with each layer's keys and values kept (default: "
+                f"{cached_sampler.DEFAULT_SAMPLER})"}, config=True),
     Option("--rollouts", frozenset({"train-smoke"}), _bounded(
         1, smoke_settings.MAX_ROLLOUTS, "rollouts before the single learn() (default: computed so every trainable "
         "tensor moves; fewer makes the weight checks fail)")),
@@ -173,7 +181,7 @@ def refuse_misplaced(args, world) -> None:
 
 def train_config(args, cpu_threads: int) -> dict[str, Any]:
     """The train smoke report's ``config``: the tiny PaLM with the ``config`` options' values
-    (--dim, --depth, --prompt-len, --new-tokens) and the torch threads in effect."""
+    (--dim, --depth, --prompt-len, --new-tokens, --sampler) and the torch threads in effect."""
     shown = {option.dest: getattr(args, option.dest) for option in OPTIONS if option.config}
     return {**probe_kit.TINY_PALM, **shown, "cpu_threads": cpu_threads}
 

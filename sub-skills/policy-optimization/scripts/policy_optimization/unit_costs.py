@@ -1,5 +1,6 @@
 """Unit costs of a run from the probe's measurements (pure arithmetic, no torch): seconds of the
-sampling steps of a rollout (``steps_time``: t(n) = a + b n + c n**2 fitted to the timed steps),
+sampling steps of a rollout (``steps_time``: t(n) = a + b n + c n**2 fitted to the timed steps;
+``prompt_sampling``: with the library's sampler or the cached one),
 bytes each stored field takes at any length (``stored_at``), the [eval] scoring's seconds, and the
 unit figures taken from real rollouts and learn() (``take_real``) or from the last rollout step
 (``take_last_step``).
@@ -83,25 +84,40 @@ def stored_at(stored: dict[str, Any], prompt_lens: Counter, max_seq_len: int) ->
             for f in stored["runs"][1]["fields"]}
 
 
+def prompt_sampling(points: list[tuple[int, float]], prompt_len: int, last: int,
+                    prefill: list[tuple[int, float]] | None = None) -> float:
+    """Seconds of one ``generate`` loop from a prompt of ``prompt_len`` tokens to length ``last``.
+    The library's sampler: one full forward per length, ``steps_time(points, p, last)``. The
+    cached sampler (``prefill`` given: its first forward's seconds per prompt length): the prompt
+    once, then one position per length after it, ``prefill(p) + steps_time(points, p + 1, last)``."""
+    last = max(prompt_len, last)
+    if not prefill:
+        return steps_time(points, prompt_len, last)
+    return steps_time(prefill, prompt_len, prompt_len) + (
+        steps_time(points, prompt_len + 1, last) if last > prompt_len else 0.0)
+
+
 def mean_rollout_sampling(points: list[tuple[int, float]], prompt_lens: Counter, max_seq_len: int,
-                          upto: int | None = None) -> float | None:
+                          upto: int | None = None, prefill: list[tuple[int, float]] | None = None) -> float | None:
     """Mean seconds of one rollout's sampling loop over the prompts (each equally likely: train()
-    draws with randrange), from lengths p to max_seq_len - 1 (``upto`` instead of that when given)."""
+    draws with randrange), from lengths p to max_seq_len - 1 (``upto`` instead of that when given);
+    ``prefill``: the cached sampler's (``prompt_sampling``)."""
     if not points:
         return None
     last = max_seq_len - 1 if upto is None else upto
-    total = sum(n * steps_time(points, p, max(p, last)) for p, n in prompt_lens.items())
+    total = sum(n * prompt_sampling(points, p, last, prefill) for p, n in prompt_lens.items())
     return total / prompt_lens.total()
 
 
 def eval_seconds(points: list[tuple[int, float]], batch: int, eval_ids, samples: int, max_seq_len: int,
-                 pad: int) -> float:
+                 pad: int, prefill: list[tuple[int, float]] | None = None) -> float:
     """Seconds of one [eval] scoring, derived: ``evaluation.held_out`` samples each set of
     equal-length held-out prompts as one ``generate`` call of (prompts x ``samples``) sequences to
-    ``max_seq_len``; each step's time is the probe's at ``batch`` sequences (``points``), scaled
-    by the ratio of the batches (a step's cost grows about linearly with its batch)."""
+    ``max_seq_len``; each step's time is the probe's at ``batch`` sequences (``points``; the cached
+    sampler's ``prefill`` too), scaled by the ratio of the batches (a step's cost grows about
+    linearly with its batch)."""
     lengths = Counter((eval_ids != pad).sum(-1).tolist())
-    return sum(steps_time(points, p, max(p, max_seq_len - 1)) * count * samples / batch
+    return sum(prompt_sampling(points, p, max_seq_len - 1, prefill) * count * samples / batch
                for p, count in lengths.items())
 
 
@@ -140,18 +156,19 @@ def take_real(out: dict[str, Any], per_rollout: int, epochs: int, measured: dict
 
 
 def take_last_step(out: dict[str, Any], points, prompt_lens, max_seq_len, epochs, measured, transients,
-                   probe_report) -> None:
+                   probe_report, prefill: list[tuple[int, float]] | None = None) -> None:
     """Unit figures when no rollout fits the budget: sampling steps up to max_seq_len - 2 from the
-    timed steps, plus the measured last step (one sampling step and the full-length scoring);
-    learn() per experience from one experience (its first call: an upper bound)."""
+    timed steps (``prefill``: the cached sampler's), plus the measured last step (one sampling step
+    and the full-length scoring); learn() per experience from one experience (its first call: an
+    upper bound)."""
     probe_report["last_step"] = {k: out.get(k) for k in ("seconds", "learn", "stopped")}
     if "seconds" in out:
-        measured["rollout_s"] = mean_rollout_sampling(points, prompt_lens, max_seq_len, upto=max_seq_len - 2) \
-            + out["seconds"]
+        measured["rollout_s"] = mean_rollout_sampling(points, prompt_lens, max_seq_len, upto=max_seq_len - 2,
+                                                      prefill=prefill) + out["seconds"]
         transients["rollout_bytes"] = out["rollout_peak_bytes"]
         transients["rollout_device_bytes"] = out["rollout_device_peak_bytes"]
     else:  # the sampling loop alone: without the scoring of the full sequences
-        measured["rollout_s"] = mean_rollout_sampling(points, prompt_lens, max_seq_len)
+        measured["rollout_s"] = mean_rollout_sampling(points, prompt_lens, max_seq_len, prefill=prefill)
         measured["lower_bound"] = True
     if points[-1][0] < max_seq_len - 1:  # the longest steps not timed: continued linearly
         measured["lower_bound"] = True
