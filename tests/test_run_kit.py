@@ -560,6 +560,20 @@ def test_the_measured_first_run_table_is_the_variants():
     assert rows[0][3] == "3/3", "the first run's example rose on every seed"
 
 
+def test_the_measured_longer_run_table_is_the_variants():
+    """training-run.md#longer-runs: one row per LONGER variant, and the learned reward model's rows
+    carry the gold metric (the preferences example's [eval] text_metric), rising."""
+    import calibrate_first_run
+    rows = measured_rows("longer-runs")
+    assert [r[0] for r in rows] == list(calibrate_first_run.LONGER), \
+        "training-run.md#longer-runs: rerun calibrate_first_run.py --longer --markdown (the variants changed)"
+    for row, (config, *_) in zip(rows, calibrate_first_run.LONGER.values()):
+        assert (row[3] == "-") == (config == "first-run"), row
+        if config == "preferences":
+            before, last = (float(x) for x in row[3].split(" -> "))
+            assert last > before, row
+
+
 PRINTING_REWARD = cases.ASCII + '''
 from pathlib import Path
 

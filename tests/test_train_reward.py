@@ -379,7 +379,7 @@ def test_the_shipped_pairs_are_what_the_generator_writes(tmp_path):
 def test_the_worked_example_runs_as_typed(tmp_path, capsys, monkeypatch):
     """From a root holding the example's folder, the two commands of references/preferences.md (fewer
     epochs and rounds): train-reward prints its held-out accuracy, train builds the reward model of
-    runs/rm with its own sizes and the held-out reward rises."""
+    runs/rm with its own sizes, and the held-out reward and the gold metric (rater.digit_share) rise."""
     from train_run import main as train_main
     folder = tmp_path / "sub-skills" / "reward-modeling" / "assets" / "preferences"
     shutil.copytree(EXAMPLE, folder, ignore=shutil.ignore_patterns("__pycache__"))
@@ -394,6 +394,8 @@ def test_the_worked_example_runs_as_typed(tmp_path, capsys, monkeypatch):
     assert code == 0, err
     summary = json.loads(out)
     assert summary["held_out"]["after"] > summary["held_out"]["before"] + 1.0, summary["held_out"]
+    # policy.toml's [eval] text_metric: the raters' rule scored on the same held-out samples
+    assert summary["held_out"]["gold_after"] > summary["held_out"]["gold_before"], summary["held_out"]
     config = json.loads((tmp_path / "runs" / "rm" / "rm_config.json").read_text())
     assert config["palm"]["dim"] == 64
 

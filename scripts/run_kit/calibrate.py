@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from skill_runtime import exits, options, streams, workspace
+from skill_runtime import exits, options, runner, streams, workspace
 
 
 def add_options(parser, seeds: int, most: int = 50) -> None:
@@ -45,3 +45,17 @@ def over_seeds(variants: dict[str, list[str]], names: list[str], seeds: int,
                         bar.update(1)
             rows.append({"variant": name, "overrides": variants[name], "runs": runs})
     return rows
+
+
+def emit(prog: str, variants: dict[str, Any], names: list[str], rows: list[dict[str, Any]],
+         rose: Callable[[dict[str, Any]], bool], table: Callable[[list[dict[str, Any]]], str], args,
+         **fields: Any) -> int:
+    """Print a calibration's report and return its exit code: status "ok" (exit 0) when the shipped
+    example, the first of ``variants``, was measured and ``rose(run)`` holds on every seed (or it
+    was not measured), else "failed" (exit 1). ``--markdown`` prints ``table(rows)`` alone, the text
+    report adds the status line, ``--json`` one object ``{"status", **fields, "rows"}``."""
+    example = rows[0]["runs"] if names and names[0] == next(iter(variants)) else None
+    ok = example is None or all(rose(x) for x in example)
+    report = {"status": "ok" if ok else "failed", **fields, "rows": rows}
+    return runner.emit(report, args.json, lambda r: table(r["rows"]) + ("" if args.markdown else
+                       f"{prog}: {r['status'].upper()}"), exits.EXIT_OK if ok else exits.EXIT_CHECK_FAILED)

@@ -40,7 +40,7 @@ def build_parser() -> options.OneLineParser:
                "  palm-rlhf-skill evaluate --run-dir runs/first --metric gold.py:score\n\n"
                "exit codes: 0 scored; 1 the library or the reward raised while scoring; 2 usage error, no run "
                "or no policy yet in DIR, a bad --prompts or --metric; 3 palm-rlhf-pytorch or torch missing or "
-               "outside the tested range")
+               "outside the supported range")
     parser.add_argument("--run-dir", metavar="DIR", required=True, help="the run directory (train's --run-dir)")
     parser.add_argument("--prompts", metavar="FILE", help="held-out prompts, one per line (default: the run's "
                         "[eval] prompts_file)")

@@ -3,7 +3,7 @@
 remedy on (the example's rm.toml) and off: train-reward on the shipped pairs (held-out accuracy,
 the coverage probe, seconds), then the example's policy run against that reward model (held-out
 reward before -> after) and the raters' own rule on the same held-out samples (the gold metric,
-``rater.digit_share``), each over seeds. Prints the table of preferences.md#token-coverage
+policy.toml's ``[eval] text_metric``, ``rater.digit_share``: the rows' ``held_out_gold``), each over seeds. Prints the table of preferences.md#token-coverage
 (``--markdown``).
 
 Usage:
@@ -28,13 +28,12 @@ except (ImportError, SyntaxError) as damage:  # the runtime's own __init__.py is
     sys.stderr.write(f"{Path(sys.argv[0]).name}: error: {Path(sys.path[0], 'skill_runtime', '__init__.py')}: "
                      f"{damage} (reinstall the skill tree)\n")
     sys.exit(2)
-from skill_runtime import exits, options, runner, streams, version_gate  # noqa: E402
+from skill_runtime import options, runner, streams, version_gate  # noqa: E402
 from run_kit import calibrate  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "assets" / "preferences"
 VARIANTS = {"remedy on (the example)": [], "remedy off": ["train.tie_unseen_embeddings=false"]}
 SEEDS = 3
-GOLD = f"{EXAMPLE / 'rater.py'}:digit_share"
 
 
 def build_parser() -> options.OneLineParser:
@@ -47,28 +46,10 @@ def build_parser() -> options.OneLineParser:
     return parser
 
 
-def gold(run, metric) -> float:
-    """The gold metric of ``run``'s policy now: ``evaluation.held_out_reward`` with ``metric`` as the
-    reward, on the held-out prompts with the run's own evaluation seed and samples."""
-    from policy_optimization import evaluation
-    from policy_optimization.run import loop
-    kwargs = run.train_kwargs()
-    with streams.capture_library_output():
-        return evaluation.held_out_reward(run.policy_palm, run.scope, metric, run.built.eval_prompt_ids,
-                                          run.resolved["eval"]["samples"], kwargs["max_seq_len"],
-                                          run.resolved["run"]["seed"] + loop.EVAL_SEED_OFFSET,
-                                          temperature=kwargs.get("temperature", 1.0))
-
-
 def measure(overrides: list[str], seed: int) -> dict:
     """One seed of a variant: train-reward with ``overrides``, then the policy run against it."""
-    from policy_optimization import programs
     from policy_optimization.run import loop
     from reward_modeling import reward_run
-    from rule_reward import RuleReward
-    from skill_runtime import byte_tokenizer
-    metric = RuleReward(programs.TextScore(programs.load_program("reward", "text_program", GOLD), "rater.py:digit_share",
-                                           byte_tokenizer.ByteTokenizer().decode))
     with tempfile.TemporaryDirectory(prefix="preferences-") as tmp:
         t0 = time.perf_counter()
         _, summary = reward_run.train_to_end(str(EXAMPLE / "rm.toml"), Path(tmp) / "rm", "cpu",
@@ -77,15 +58,15 @@ def measure(overrides: list[str], seed: int) -> dict:
         run = loop.Run.open(str(EXAMPLE / "policy.toml"), Path(tmp) / "policy", "cpu",
                             overrides=[f"reward.checkpoint={summary['files']['rm']}", f"run.seed={seed}"],
                             options=loop.Options(progress=False, say=lambda line: None))
-        gold_before = gold(run, metric)
         status, reason = run.rounds(streams.Progress("calibrate", False))
         run.finish(status, reason)
-        held = [r["held_out_reward"] for r in run.rows if r["held_out_reward"] is not None]
+        held = [r for r in run.rows if r["held_out_reward"] is not None]  # row 0: before training
         probe = summary["coverage"]
         return {"seed": seed, "accuracy": summary["held_out_accuracy"], "rm_s": round(rm_s, 1),
                 "pairs_per_s": summary["examples_per_s"], "repeated_above_median": probe["repeated_above_median"],
-                "mixed_above_own": probe["mixed_above_own"], "unseen": probe["unseen"], "before": held[0],
-                "after": held[-1], "gold_before": gold_before, "gold_after": gold(run, metric)}
+                "mixed_above_own": probe["mixed_above_own"], "unseen": probe["unseen"], "before": held[0]["held_out_reward"],
+                "after": held[-1]["held_out_reward"], "gold_before": held[0]["held_out_gold"],
+                "gold_after": held[-1]["held_out_gold"]}
 
 
 def markdown(rows: list[dict]) -> str:
@@ -109,12 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     env = version_gate.check_versions()
     rows = calibrate.over_seeds(VARIANTS, names, args.seeds, measure,
                                 streams.Progress("calibrate-preferences", not args.json or args.progress))
-    example = rows[0]["runs"] if names and names[0] == next(iter(VARIANTS)) else None
-    ok = example is None or all(x["gold_after"] > x["gold_before"] for x in example)
-    report = {"status": "ok" if ok else "failed", "versions": env["versions"], "rows": rows}
-    return runner.emit(report, args.json, lambda r: markdown(r["rows"]) + ("" if args.markdown else
-                       f"calibrate-preferences: {r['status'].upper()}"), exits.EXIT_OK if ok else exits.EXIT_CHECK_FAILED)
-
+    return calibrate.emit("calibrate-preferences", VARIANTS, names, rows, lambda x: x["gold_after"] > x["gold_before"],
+                          markdown, args, versions=env["versions"])
 
 if __name__ == "__main__":
     sys.exit(runner.run_cli(main))

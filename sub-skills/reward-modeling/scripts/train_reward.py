@@ -31,7 +31,7 @@ from run_kit import command, rundir  # noqa: E402
 
 EXIT_EPILOG = ("exit codes: 0 the run finished (or paused at --until); 1 the loss became NaN or inf; 2 usage, "
                "config, data or run-directory error (disk full, or another train running in DIR); 3 "
-               "palm-rlhf-pytorch, torch or a --log-with tracker missing or outside the tested range; 130/143 "
+               "palm-rlhf-pytorch, torch or a --log-with tracker missing or outside the supported range; 130/143 "
                "SIGINT/SIGTERM (after the round in progress and a checkpoint)")
 
 
