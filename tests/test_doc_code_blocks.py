@@ -85,3 +85,14 @@ def test_skips_are_rare():
     blocks = [b for p in check.markdown_files() for b in python_blocks(p)]
     skipped = [b for b in blocks if b[2] is not None]
     assert len(skipped) <= max(1, len(blocks) // 10), f"{len(skipped)} of {len(blocks)} python blocks skipped"
+
+
+def test_an_expected_error_check_can_fail():
+    """A block that checks an error with ``try: call(); raise AssertionError(...) except E: pass``
+    passes whatever the call does when E is AssertionError (or a parent of it): the raise meant to
+    say "no error" is caught by the same clause. Each such check must tell them apart."""
+    caught = re.compile(r"raise AssertionError\([^)]*\)\n(?P<indent>\s*)except (AssertionError|Exception|BaseException)"
+                        r"(?: as \w+)?:\n(?P=indent)\s+pass\b")
+    vacuous = [f"{p.relative_to(REPO).as_posix()}:{line}" for p in FILES for line, body, _ in python_blocks(p)
+               if caught.search(body)]
+    assert not vacuous, f"an expected-error check that cannot fail: {vacuous}"
