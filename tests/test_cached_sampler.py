@@ -69,8 +69,8 @@ def test_every_step_matches_the_librarys_forward(option):
         from palm_rlhf_pytorch.utils import top_p
         kwargs = {**kwargs, "filter_logits_fn": top_p}
     if option == "eos_and_temperature":
-        from policy_optimization import smoke_checklist, smoke_settings  # the smoke's eos bias (a to_logits hook)
-        smoke_checklist.raise_logit(palm, 7, smoke_settings.EOS_LOGIT_BIAS)  # rows end at eos at different steps
+        from policy_optimization.smoke import checklist, settings  # the smoke's eos bias (a to_logits hook)
+        checklist.raise_logit(palm, 7, settings.EOS_LOGIT_BIAS)  # rows end at eos at different steps
     torch.manual_seed(0)
     with cached_sampler.StepRecorder(palm) as recorder:
         out = cached_sampler.generate(palm, PROMPT + NEW, prompt_ids(), **kwargs)
@@ -218,7 +218,7 @@ def test_the_learning_check_learns_the_same_with_the_cache(name):
     """One seed of each trainer's learning check (tiny-rlhf-smoke --learn --sampler cached): the
     cache samples the same tokens, so the same held-out rewards before and after, and the same curve.
     (All four trainers, 5 seeds each, with --sampler cached: PASS, per seed identical to library.)"""
-    from policy_optimization import learning_check
+    from policy_optimization.smoke import learning_check
     cpu = torch.device("cpu")
     runs = [learning_check.learn_seed(name, 1, None, {"cpu": True}, cpu, sampler=sampler)
             for sampler in cached_sampler.SAMPLERS]

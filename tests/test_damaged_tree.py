@@ -122,7 +122,7 @@ def test_a_deleted_ddp_fixes_is_one_line_without_nproc(copy):
     (tree(copy) / POLICY / "ddp_fixes.py").unlink()
     for proc in (by_path(copy, SMOKE, *SMOKE_ARGS), console(copy, "tiny-rlhf-smoke", *SMOKE_ARGS)):
         assert_reported(proc, "ddp_fixes.py", "module ddp_fixes is missing",
-                        "imported by sub-skills/policy-optimization/scripts/policy_optimization/smoke_settings.py:")
+                        "imported by sub-skills/policy-optimization/scripts/policy_optimization/smoke/settings.py:")
 
 
 def test_a_deleted_rule_reward_is_one_line_from_plan(copy):
@@ -151,7 +151,7 @@ def test_a_deleted_policy_optimization_module_is_one_line(copy, module):
 
 
 def test_a_syntax_error_in_a_module_is_one_line_naming_file_and_line(copy):
-    broken = tree(copy) / POLICY / "policy_optimization" / "smoke_report.py"
+    broken = tree(copy) / POLICY / "policy_optimization" / "smoke" / "report.py"
     lines = broken.read_text(encoding="utf-8").count("\n")
     broken.write_text(broken.read_text(encoding="utf-8") + "def broken(:\n", encoding="utf-8")
     for proc in (by_path(copy, SMOKE, *SMOKE_ARGS), console(copy, "tiny-rlhf-smoke", *SMOKE_ARGS)):

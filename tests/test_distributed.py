@@ -24,7 +24,10 @@ import pytest
 from conftest import BIN, REPO, SMOKE, default_signals, load_script, run, run_json
 import probe_kit
 from skill_runtime import exits, placement, streams, version_gate
-from policy_optimization import smoke_estimate, smoke_ranks, smoke_report, smoke_settings, trainers
+from policy_optimization import trainers
+from policy_optimization.smoke import estimate, settings
+from policy_optimization.smoke import ranks as smoke_ranks
+from policy_optimization.smoke import report as smoke_report
 from run_kit import launch
 
 SCRIPTS = REPO / "sub-skills" / "policy-optimization" / "scripts"
@@ -1044,7 +1047,7 @@ def test_without_nproc_drops_every_spelling():
 
 
 def test_nproc_resources_refused_unless_oversubscribe(smoke, monkeypatch):
-    config = smoke_settings.palm_config(smoke.build_parser().parse_args([]))
+    config = settings.palm_config(smoke.build_parser().parse_args([]))
     cpus = placement.usable_cpus()
     with pytest.raises(exits.SkillError, match=rf"--nproc {cpus + 1} on {cpus} usable CPU cores: .* --oversubscribe"):
         smoke_ranks.check_resources(cpus + 1, "cpu", config, oversubscribe=False)
@@ -1055,7 +1058,7 @@ def test_nproc_resources_refused_unless_oversubscribe(smoke, monkeypatch):
     facts = smoke_ranks.check_resources(cpus + 1, "cpu", config, oversubscribe=True)
     assert facts["oversubscribe"] and facts["available_mib"] == 500 and facts["usable_cpus"] == cpus
     smoke_ranks.check_resources(None, "cpu", config, oversubscribe=False)  # one process of the tiny size fits
-    monkeypatch.setattr(placement, "available_memory_mib", lambda: smoke_estimate.predicted_rank_mib(config) - 1)
+    monkeypatch.setattr(placement, "available_memory_mib", lambda: estimate.predicted_rank_mib(config) - 1)
     with pytest.raises(exits.SkillError, match=r"^--dim 32 --depth 1 needs about \d+ MiB, \d+ MiB available: "
                                             r"use a smaller --dim/--depth, or pass --oversubscribe"):
         smoke_ranks.check_resources(None, "cpu", config, oversubscribe=False)  # the single-process smoke
@@ -1089,7 +1092,7 @@ def test_palm_weights_counts_what_palm_builds(dim, depth, heads, dim_head):
     from palm_rlhf_pytorch import PaLM
     config = {**probe_kit.TINY_PALM, "dim": dim, "depth": depth, "heads": heads, "dim_head": dim_head}
     with torch.device("meta"):
-        assert smoke_estimate.palm_weights(config) == sum(p.numel() for p in PaLM(**config).parameters())
+        assert estimate.palm_weights(config) == sum(p.numel() for p in PaLM(**config).parameters())
 
 
 def test_predicted_rank_memory_matches_the_sizing_table():
@@ -1100,7 +1103,7 @@ def test_predicted_rank_memory_matches_the_sizing_table():
     rows = re.findall(r"^\| (\w+) \| (?:dim|depth) = \d+ \| (\d+) \| (\d+) \|.*\| (\d+) \|$", text, re.MULTILINE)
     assert len(rows) >= 8 and {r[0] for r in rows} >= {"ppo"}
     for trainer, dim, depth, rss in rows:
-        predicted = smoke_estimate.predicted_rank_mib({**probe_kit.TINY_PALM, "dim": int(dim), "depth": int(depth)})
+        predicted = estimate.predicted_rank_mib({**probe_kit.TINY_PALM, "dim": int(dim), "depth": int(depth)})
         assert predicted >= 0.9 * int(rss), (trainer, dim, depth, rss, predicted)
         if trainer == "ppo":
             assert predicted <= 1.15 * int(rss), (trainer, dim, depth, rss, predicted)
@@ -1112,7 +1115,8 @@ FSDP = textwrap.dedent("""
     import os, sys, torch
     sys.path.insert(0, sys.argv[1])
     import tiny_rlhf_smoke as smoke
-    from policy_optimization import smoke_checklist, trainers
+    from policy_optimization import trainers
+    from policy_optimization.smoke import checklist
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, PartialState
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
@@ -1130,7 +1134,7 @@ FSDP = textwrap.dedent("""
             construct_only = not (version == 1 and name == "ppo")
             args = smoke.build_parser().parse_args(["--trainer", name] + ["--construct-only"] * construct_only)
             args.caller_dir = "/"
-            result = smoke_checklist.run_trainer(name, args, {"cpu": True}, torch.device("cpu"), ["default"])
+            result = checklist.run_trainer(name, args, {"cpu": True}, torch.device("cpu"), ["default"])
             failed = [c["detail"] for c in result["checks"] if c["name"] in ("trainer_constructed", "update_ran")
                       and not c["passed"]]
             line(f"fsdp{version} {name} {failed[0] if failed else 'ok'}")

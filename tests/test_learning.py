@@ -17,7 +17,8 @@ import pytest
 from conftest import REPO, SMOKE, inprocess, load_script, run, usage_error_without_torch
 from doc_tables import documents, flatten, section, table
 from skill_runtime import placement, reporting
-from policy_optimization import learning_check, trainers
+from policy_optimization import trainers
+from policy_optimization.smoke import learning_check
 
 TRAINERS = list(trainers.TRAINERS)
 WORKFLOWS = SMOKE.parents[1] / "references" / "workflows.md"

@@ -20,7 +20,7 @@ import pytest
 
 from conftest import BIN, REPO, SMOKE, inprocess, main_in_process, load_script, run
 from skill_runtime import reporting, streams
-from policy_optimization import smoke_estimate
+from policy_optimization.smoke import estimate
 
 # the modules other test files loaded, when they did: one runtime per process, as in a real run
 check = sys.modules.get("check_skill") or load_script(REPO / "scripts" / "check_skill.py", "check_skill")
@@ -59,7 +59,7 @@ def emitted_check_names() -> set[str]:
                     value = node.values[keys.index("name")]
                     if isinstance(value, ast.Constant):
                         found.add(value.value)
-    source = (SMOKE.parent / "policy_optimization" / "smoke_checklist.py").read_text(encoding="utf-8")
+    source = (SMOKE.parent / "policy_optimization" / "smoke" / "checklist.py").read_text(encoding="utf-8")
     table = (SMOKE.parent / "policy_optimization" / "trainers.py").read_text(encoding="utf-8")
     groups = table.split("def trainable_groups", 1)[1].split("\ndef ", 1)[0]
     names = set(re.findall(r'"([a-z_]+)": ', groups)) | set(re.findall(r'groups\["([a-z_]+)"\]', groups))
@@ -253,7 +253,7 @@ def test_estimate_holds_every_row_of_the_measured_sizing_table_within_2x(smoke):
     for trainer, varied, dim, depth, prompt_len, max_seq_len, update, generate, _ in rows:
         args = smoke.build_parser().parse_args(["--trainer", trainer, "--dim", dim, "--depth", depth, "--prompt-len",
                                                 prompt_len, "--new-tokens", str(int(max_seq_len) - int(prompt_len))])
-        ratio = smoke_estimate.estimate_s(args) / (float(update) + float(generate))
+        ratio = estimate.estimate_s(args) / (float(update) + float(generate))
         assert 0.5 <= ratio <= 2.0, (trainer, varied, round(ratio, 2))
 
 
@@ -261,16 +261,16 @@ def test_learn_estimate_is_the_calibration_tables_seconds_per_seed(smoke):
     text = WORKFLOWS.read_text(encoding="utf-8").split("### Measured pass rates", 1)[1]
     rows = [[c.strip() for c in line.strip("| \n").split(" | ")] for line in text.splitlines() if line.startswith("| ")]
     table = {r[0]: float(r[-1]) for r in rows if r[1] == "none"}
-    assert table == smoke_estimate.LEARN_SECONDS_PER_SEED
+    assert table == estimate.LEARN_SECONDS_PER_SEED
 
 
 def estimate_note(smoke, argv, monkeypatch, load: float | None = 0.0, cpus: int = 2) -> str:
     """The estimate line ``announce_estimate`` prints for ``argv`` at a load average of ``load``
     on ``cpus`` usable CPUs ('' when it prints none)."""
-    monkeypatch.setattr(smoke_estimate, "load_average", lambda: load)
-    monkeypatch.setattr(smoke_estimate.placement, "usable_cpus", lambda: cpus)
+    monkeypatch.setattr(estimate, "load_average", lambda: load)
+    monkeypatch.setattr(estimate.placement, "usable_cpus", lambda: cpus)
     stream = io.StringIO()
-    smoke_estimate.announce_estimate(smoke.build_parser().parse_args(argv), streams.Progress("tiny-rlhf-smoke", True, stream))
+    estimate.announce_estimate(smoke.build_parser().parse_args(argv), streams.Progress("tiny-rlhf-smoke", True, stream))
     return stream.getvalue()
 
 
@@ -286,7 +286,7 @@ def test_estimate_line_before_a_run_over_30_s(smoke, monkeypatch):
 def test_estimate_line_says_the_load_it_assumed(smoke, monkeypatch):
     """Issue 22: the learning check's estimate was 3.3x low at load average 4 to 6 on 2 CPUs. The
     line gives the quiet machine's figure, and under load how much longer the run may take."""
-    quiet_s = smoke_estimate.estimate_s(smoke.build_parser().parse_args(["--learn", "--trainer", "all"]))
+    quiet_s = estimate.estimate_s(smoke.build_parser().parse_args(["--learn", "--trainer", "all"]))
     quiet = estimate_note(smoke, ["--learn", "--trainer", "all"], monkeypatch, load=1.5)
     assert quiet.rstrip().endswith(f"about {reporting.seconds_text(quiet_s)} after the imports on a quiet machine "
                                    "(calibrate_learning.py's seconds per seed)"), quiet
@@ -298,7 +298,7 @@ def test_estimate_line_says_the_load_it_assumed(smoke, monkeypatch):
     # under load a shorter run is announced too: GRPO's 5 seeds (3.3 s quiet) at 10 times the CPUs
     assert estimate_note(smoke, ["--learn", "--trainer", "grpo"], monkeypatch, load=0.0) == ""
     assert "up to 10.0 times" in estimate_note(smoke, ["--learn", "--trainer", "grpo"], monkeypatch, load=20.0)
-    assert smoke_estimate.load_factor(1.0, 2) == 1.0 and smoke_estimate.load_factor(5.0, 2) == 2.5
+    assert estimate.load_factor(1.0, 2) == 1.0 and estimate.load_factor(5.0, 2) == 2.5
 
 
 # --- the commands the README and the SKILL.md files give -----------------------------------------

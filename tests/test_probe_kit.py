@@ -13,7 +13,8 @@ import pytest
 
 import probe_kit
 from conftest import REPO, run
-from policy_optimization import learning_check, smoke_settings, trainers
+from policy_optimization import trainers
+from policy_optimization.smoke import learning_check, settings
 
 PROBES = REPO / "references" / "probes.md"
 TINY_TEXT = ", ".join(f"{k}={v}" for k, v in probe_kit.TINY_PALM.items())
@@ -55,7 +56,7 @@ def test_tiny_trainer_has_the_smokes_settings(name):
     palm = trainers.actor_palm(name, trainer)
     assert (palm.dim, palm.num_tokens) == (probe_kit.TINY_PALM["dim"], probe_kit.TINY_PALM["num_tokens"])
     if spec.group_kwarg:
-        assert getattr(trainer, spec.group_kwarg) == probe_kit.GROUP_SAMPLES == smoke_settings.smoke_group(spec) - 1
+        assert getattr(trainer, spec.group_kwarg) == probe_kit.GROUP_SAMPLES == settings.smoke_group(spec) - 1
     first = lambda t: next(m for m in t.partition_function.modules() if type(m).__name__ == "Linear")
     if name == "flowrl":
         assert first(trainer).in_features == probe_kit.TINY_PALM["dim"]

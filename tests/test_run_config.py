@@ -13,7 +13,8 @@ import pytest
 import probe_kit
 from conftest import REPO, main_in_process, load_script, run
 from skill_runtime import byte_tokenizer, exits, placement
-from policy_optimization import builder, planner, programs, run_config
+from policy_optimization import builder, programs, run_config
+from policy_optimization.plan import planner
 
 PLAN = REPO / "sub-skills" / "policy-optimization" / "scripts" / "plan_run.py"
 plan = load_script(PLAN, "plan_run")  # in-process: its processes are tested in test_plan.py

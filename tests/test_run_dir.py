@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from conftest import REPO, main_in_process, one_error_line, run
-from policy_optimization import builder, prediction, programs
+from policy_optimization import builder, programs
+from policy_optimization.plan import prediction
 from policy_optimization.run import cases, loop, metrics
 from run_kit import checkpoint, rundir, watch
 from skill_runtime import byte_tokenizer, exits, reporting
@@ -618,7 +619,7 @@ def test_the_failing_pool_is_named_with_its_own_figures_and_a_fix_that_fits_it()
     """On an H200 the upstream run's host RAM failed (763 GiB of experiences against 128 GiB) while
     the message named the GPU's 7.5 GiB peak, and "update_timesteps 5,000 or lower fits" named the
     value that does not fit."""
-    from policy_optimization import advice, budget
+    from policy_optimization.plan import advice, budget
     gib = 2**30
     pools, available = {"host": 800 * gib, "device": int(7.5 * gib)}, {"host": 128 * gib, "device": 139 * gib}
     assert prediction.failing_pool(pools, available, "device") == "host"
@@ -643,7 +644,7 @@ def test_the_failing_pool_is_named_with_its_own_figures_and_a_fix_that_fits_it()
 
 def test_an_unmeasured_figure_carries_no_measured_tag():
     """upstream-readme.toml's plan printed "rollout transient - (not measured) [measured]"."""
-    from policy_optimization import plan_report
+    from policy_optimization.plan import report as plan_report
     counts = {"items_per_rollout": 1, "learn_calls": 1, "max_items_held": 4, "items_per_learn": 4}
     params = {"optimizer_state_bytes": 8, "gradient_bytes": 4}
     memory = prediction.predict_memory(counts, 100, False, {"host": 1000}, params, {}, 4)
@@ -668,7 +669,7 @@ def test_the_probe_learns_on_whole_minibatches(tmp_path, capsys, monkeypatch):
     fewer experiences than one minibatch and took the time as proportional to them, while a GPU
     minibatch costs about the same for 8 experiences as for 16. The probe fills whole minibatches."""
     import plan_run
-    from policy_optimization import probe
+    from policy_optimization.plan import probe
     assert [probe.whole_minibatches(n, 16, 64) for n in (1, 8, 16, 17, 63, 200)] == [16, 16, 16, 32, 64, 64]
     assert probe.whole_minibatches(3, 16, 5) == 5  # never more than one learn() of the run has
     cfg = cases.write(cases.Case("plan", "grpo", None, "", overrides={"trainer": {"minibatch_size": 5}}, rounds=1),

@@ -11,7 +11,7 @@ from conftest import (BIN, REPO, SMOKE, default_signals, inprocess, main_in_proc
                       usage_error_without_torch)
 import probe_kit
 from skill_runtime import byte_tokenizer, exits, runner, version_gate
-from policy_optimization import smoke_prompts
+from policy_optimization.smoke import prompts as smoke_prompts
 
 TOP_KEYS = {"status", "mode", "trainer", "device", "versions", "timings_s", "checks", "parameters",
             "generated"}

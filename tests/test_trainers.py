@@ -19,7 +19,8 @@ from conftest import SMOKE, run
 from doc_tables import code, documents, flatten, section, table
 import probe_kit
 from skill_runtime import exits, reporting, runner
-from policy_optimization import smoke_options, smoke_settings, trainers
+from policy_optimization import trainers
+from policy_optimization.smoke import options, settings
 
 TRAINERS = list(trainers.TRAINERS)
 
@@ -162,9 +163,9 @@ def test_grpo_variant_train_smoke(smoke, empty_dir, variant):
 
 
 def test_grpo_variants_combine_and_deduplicate(smoke):
-    assert smoke_settings.parse_variants(["dr-grpo,entropy-advantage", "dr-grpo"]) == ["dr-grpo", "entropy-advantage"]
-    assert smoke_settings.parse_variants(["default", "spo"]) == ["spo"]
-    assert smoke_settings.parse_variants(None) == ["default"]
+    assert settings.parse_variants(["dr-grpo,entropy-advantage", "dr-grpo"]) == ["dr-grpo", "entropy-advantage"]
+    assert settings.parse_variants(["default", "spo"]) == ["spo"]
+    assert settings.parse_variants(None) == ["default"]
 
 
 @pytest.mark.parametrize("argv", [["--grpo-variant", "dr-grpo,max-rl"],
@@ -338,18 +339,18 @@ def test_documented_checks_per_trainer_match_real_output(reports):
 
 @documents(WORKFLOWS, "### Options")
 def test_documented_options_match_argparse(smoke):
-    """workflows.md's Options table follows the one option table (smoke_options.OPTIONS), row for
+    """workflows.md's Options table follows the one option table (options.OPTIONS), row for
     row in its order, and both follow argparse: defaults, choices, the modes each applies to."""
     doc_rows = table(WORKFLOWS, "### Options")
     rows = {code(r[0]): r for r in doc_rows}
     actions = {max(a.option_strings, key=len): a for a in smoke.build_parser()._actions}
     assert set(rows) == set(actions)
-    assert [code(r[0]) for r in doc_rows] == ["--help"] + [o.flag for o in smoke_options.OPTIONS]
+    assert [code(r[0]) for r in doc_rows] == ["--help"] + [o.flag for o in options.OPTIONS]
     for option, action in actions.items():
         _, default, applies, meaning = rows[option]
         if option == "--help":
             continue
-        assert applies == smoke_options.doc_applies_to(smoke_options.BY_FLAG[option]), option
+        assert applies == options.doc_applies_to(options.BY_FLAG[option]), option
         if action.nargs == 0:  # store_true flags
             assert default == "off", option
         elif action.default is None:  # off: --nproc unset; or the value its help names as default
@@ -357,10 +358,10 @@ def test_documented_options_match_argparse(smoke):
             assert default in ("computed", "`default`", "off") or (named and default == f"`{named[1]}`"), option
         else:
             assert default == f"`{action.default}`", option
-        for choice in action.choices or (smoke_settings.GRPO_VARIANTS if option == "--grpo-variant" else []):
+        for choice in action.choices or (settings.GRPO_VARIANTS if option == "--grpo-variant" else []):
             assert f"`{choice}`" in meaning, (option, choice)
     text = " ".join(WORKFLOWS.read_text(encoding="utf-8").split())
-    for variant, flags in smoke_settings.GRPO_VARIANTS.items():
+    for variant, flags in settings.GRPO_VARIANTS.items():
         for flag in flags:
             assert f"`{variant}` `{flag}=True`" in text, flag
 
@@ -375,12 +376,12 @@ MODE_ARGV = {"construct-only": ["--construct-only"], "train-smoke": [], "learn":
 def test_every_option_outside_its_modes_is_refused_before_torch(smoke):
     """The refusals follow the option table: each option given in a mode it does not apply to is a
     usage error naming the option (exit 2), and so is each option without its further condition."""
-    settable = [o for o in smoke_options.OPTIONS if not o.common and o.kwargs.get("action") != "store_true"]
+    settable = [o for o in options.OPTIONS if not o.common and o.kwargs.get("action") != "store_true"]
     assert {o.flag for o in settable} == set(SAMPLE), \
         f"tests/test_trainers.py SAMPLE: one value (not the default) for each option that takes one: {sorted({o.flag for o in settable} ^ set(SAMPLE))}"
-    for option in smoke_options.OPTIONS:
+    for option in options.OPTIONS:
         value = [SAMPLE[option.flag]] if option.flag in SAMPLE else []
-        for mode in set(smoke_settings.MODES) - option.modes:
+        for mode in set(settings.MODES) - option.modes:
             if option.group == "mode":
                 continue  # argparse refuses two mode flags itself
             with pytest.raises(exits.SkillError, match=rf"^{option.flag} applies to .*, not "):
@@ -388,18 +389,18 @@ def test_every_option_outside_its_modes_is_refused_before_torch(smoke):
     for flag, argv in (("--grpo-variant", ["--trainer", "ppo", "--grpo-variant", "spo"]),
                        ("--prompt-len", ["--prompt-style", "file", "--prompt-len", "5"]),
                        ("--no-ddp-fixes", ["--no-ddp-fixes"]), ("--dist-timeout", ["--dist-timeout", "5"])):
-        condition = smoke_options.BY_FLAG[flag].only_with.replace("`", "")
+        condition = options.BY_FLAG[flag].only_with.replace("`", "")
         with pytest.raises(exits.SkillError, match=f"^{flag} applies to {re.escape(condition)}$"):
             smoke.main(argv)
-    assert {o.flag for o in smoke_options.OPTIONS if o.when} == {"--grpo-variant", "--prompt-len", "--no-ddp-fixes",
-                                                                 "--dist-timeout"}, \
+    assert {o.flag for o in options.OPTIONS if o.when} == {"--grpo-variant", "--prompt-len", "--no-ddp-fixes",
+                                                           "--dist-timeout"}, \
         "tests/test_trainers.py: an option with a further condition (`when`) gets its own refused argv in the loop above"
 
 
 def test_report_config_follows_the_option_table(reports, all_cli):
     """The train smoke report's config: the probe kit's tiny PaLM plus the options the table marks
     ``config`` (at their values), and the torch threads."""
-    shown = {o.dest for o in smoke_options.OPTIONS if o.config}
+    shown = {o.dest for o in options.OPTIONS if o.config}
     assert {"dim", "depth", "prompt_len", "new_tokens"} <= shown  # the probe kit's sizes (checked below)
     for report in [r for _, r, _ in reports.values()] + [all_cli[1]]:
         assert set(report["config"]) == set(probe_kit.TINY_PALM) | shown | {"cpu_threads"}
@@ -420,7 +421,7 @@ def test_documented_step_table_matches_real_runs(reports, smoke):
     for name, minibatch, items, rollouts, steps, required in rows:
         spec, report = trainers.TRAINERS[name], reports[name][1]
         observed = report["optimizer_steps"]["observed"]
-        assert int(minibatch) == probe_kit.SMOKE_MINIBATCH[name] and int(items) == spec.items_per_rollout(smoke_settings.smoke_group(spec))
+        assert int(minibatch) == probe_kit.SMOKE_MINIBATCH[name] and int(items) == spec.items_per_rollout(settings.smoke_group(spec))
         assert int(rollouts) == report["optimizer_steps"]["rollouts"]
         assert int(required) == report["optimizer_steps"]["required"]
         documented = {(k or "actor").replace(" ", "_"): int(n)

@@ -1,6 +1,6 @@
 """Start a script on N local processes under torchrun, and tell, inside a process, whether a
 launcher started it as one rank of a world. Generic: the smoke (``tiny-rlhf-smoke --nproc``,
-smoke_ranks.py) and the run kit (``palm-rlhf-skill train --nproc``) share it.
+policy_optimization/smoke/ranks.py) and the run kit (``palm-rlhf-skill train --nproc``) share it.
 
 For a script that offers ``--nproc N``::
 

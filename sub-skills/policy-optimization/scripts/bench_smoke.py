@@ -158,11 +158,11 @@ busy_reason, weak_reason = measuring.busy_reason, measuring.weak_reason  # one n
 
 def estimate_s(cases: list[Case], repeat: int, floor_s: float | None) -> float:
     """Predicted wall seconds of ``repeat`` rounds of ``cases``: per smoke case its own estimate
-    (``tiny_rlhf_smoke.estimate_s``, one source for the smoke and the bench) plus ``floor_s``, the
+    (``policy_optimization.smoke.estimate.estimate_s``, one source for the smoke and the bench) plus ``floor_s``, the
     import floor's measured wall time (None: imports not counted)."""
     import tiny_rlhf_smoke as smoke  # torch-free at import
     parser = smoke.build_parser()
-    work = sum(0.0 if case.is_floor else smoke.smoke_estimate.estimate_s(parser.parse_args(list(case.argv[1:]))) for case in cases)
+    work = sum(0.0 if case.is_floor else smoke.estimate.estimate_s(parser.parse_args(list(case.argv[1:]))) for case in cases)
     return repeat * (work + len(cases) * (floor_s or 0.0))
 
 
@@ -487,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
         raise exits.SkillError("--markdown applies to --scaling or --plan-accuracy (the docs sections they print)")
     if args.plan_config and not args.plan_accuracy:
         raise exits.SkillError("--plan-config applies to --plan-accuracy")
-    from policy_optimization import accuracy  # torch-free at import
+    from policy_optimization.plan import accuracy  # torch-free at import
     unknown = [name for name in args.plan_config or [] if name not in accuracy.ACCURACY_CONFIGS]
     if unknown:
         raise exits.SkillError(f"--plan-config {', '.join(unknown)}: not a shipped accuracy config; choose from "

@@ -37,7 +37,7 @@ except (ImportError, SyntaxError) as damage:  # the runtime's own __init__.py is
                      f"{damage} (reinstall the skill tree)\n")
     sys.exit(2)
 from skill_runtime import exits, options, placement, runner, streams, version_gate, workspace  # noqa: E402
-from policy_optimization import learning_check  # noqa: E402  (torch-free at import)
+from policy_optimization.smoke import learning_check  # noqa: E402  (torch-free at import)
 
 HERE = Path(__file__).resolve().parent
 CONTROLS = ("none", "inverted", "frozen", "noise")   # the default set

@@ -18,7 +18,8 @@ train`` shares) and checks every key against the installed constructors' signatu
    settings that learn nothing or are ignored, and ends with a one-line verdict.
 
 The steps live in the policy_optimization package: run_config (parse and check), builder (build
-the run), counting, probe, prediction, planner (plan and --execute), plan_report, accuracy.
+the run), and the plan's room, plan/: counting, probe, unit_costs, prediction, budget, advice,
+planner (plan and --execute), report, accuracy.
 
 Usage:
     plan_run.py --config run.toml                        # report on stdout, verdict last
@@ -46,7 +47,9 @@ except (ImportError, SyntaxError) as damage:  # the runtime's own __init__.py is
     sys.exit(2)
 import cached_sampler  # noqa: E402  (torch-free at import)
 from skill_runtime import exits, options, placement, runner, streams, version_gate, workspace  # noqa: E402
-from policy_optimization import budget, measuring, plan_report, planner, prediction, run_config  # noqa: E402
+from policy_optimization import measuring, run_config  # noqa: E402
+from policy_optimization.plan import budget, planner, prediction  # noqa: E402
+from policy_optimization.plan import report as plan_report  # noqa: E402  (the name report is main's dict)
 
 UPSTREAM_EXAMPLE = run_config.PLANS / "upstream-readme.toml"
 PROBE_SECONDS = 60.0  # --probe-seconds default

@@ -21,9 +21,9 @@ Progress goes to stderr (under --json only with --progress), the report to stdou
 Runs inside a private temporary directory and leaves nothing in the caller's directory.
 Options and exit codes: references/workflows.md#the-smoke-helper; JSON: references/reports.md.
 
-The code lives in the policy_optimization package, one module per step: smoke_options (every
-option, once), smoke_settings, smoke_prompts, smoke_checklist (build, snapshot, update, compare,
-sample), learning_check (--learn), smoke_report, smoke_estimate, smoke_ranks (a launcher's rank,
+The code lives in the smoke's room of the policy_optimization package, policy_optimization/smoke/,
+one module per step: options (every option, once), settings, prompts, checklist (build, snapshot,
+update, compare, sample), learning_check (--learn), report, estimate, ranks (a launcher's rank,
 --nproc) on launch (torchrun, generic); the tiny sizes are the probe kit's (scripts/probe_kit.py).
 """
 from __future__ import annotations
@@ -41,8 +41,9 @@ except (ImportError, SyntaxError) as damage:  # the runtime's own __init__.py is
                      f"{damage} (reinstall the skill tree)\n")
     sys.exit(2)
 from skill_runtime import exits, options, placement, reporting, runner, streams, version_gate, workspace  # noqa: E402
-from policy_optimization import (learning_check, smoke_checklist, smoke_estimate, smoke_options,  # noqa: E402
-                                 smoke_prompts, smoke_ranks, smoke_report, smoke_settings)
+from policy_optimization.smoke import checklist, estimate, learning_check, prompts, ranks, settings  # noqa: E402
+from policy_optimization.smoke import options as smoke_options  # noqa: E402  (the name options is skill_runtime's)
+from policy_optimization.smoke import report as smoke_report  # noqa: E402  (the name report is main's dict)
 from run_kit import launch  # noqa: E402
 
 
@@ -73,9 +74,9 @@ def build_parser() -> options.OneLineParser:
 def check_usage(args, world: launch.World | None) -> list[str]:
     """Every usage error a run can have before torch (SkillError, exit 2); returns the GRPO variants."""
     smoke_options.refuse_misplaced(args, world)
-    variants = smoke_settings.parse_variants(args.grpo_variant)
+    variants = settings.parse_variants(args.grpo_variant)
     learning_check.check_seed_room(args)
-    smoke_ranks.check_options(args, world)
+    ranks.check_options(args, world)
     if args.learn and world is not None:
         raise exits.SkillError("--learn runs in one process: start it without torchrun, accelerate launch or srun")
     return variants
@@ -87,7 +88,7 @@ def check_eos(args) -> None:
         raise exits.SkillError("--eos-token needs --new-tokens 2 or more: with 1, a rollout of the longest prompt "
                                "samples one token and cannot end at eos before max_seq_len, so the check "
                                "rollouts_ended_at_eos would pass or fail by chance")
-    clashes = smoke_prompts.eos_in_prompts(args) if args.eos_token is not None else []
+    clashes = prompts.eos_in_prompts(args) if args.eos_token is not None else []
     if clashes:
         other = ("choose another id or --seed" if args.prompt_style == "token-ids" else
                  f"choose another id (the prompts of --prompt-style {args.prompt_style} do not depend on --seed)")
@@ -102,13 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     variants = check_usage(args, world)
     env = version_gate.check_versions(args.allow_untested)
     if args.prompt_style != "token-ids":  # a damaged prompts file: one error line, before any progress
-        smoke_prompts.prompt_kwargs(args.prompt_style, args.seed)
+        prompts.prompt_kwargs(args.prompt_style, args.seed)
     check_eos(args)
     if world is not None:  # a launcher started this process: run as one rank of its world
-        return smoke_ranks.run_rank(args, env, world)
+        return ranks.run_rank(args, env, world)
     progress = streams.Progress("tiny-rlhf-smoke", not args.json or args.progress)
     if args.nproc is not None:  # the one-machine shortcut: torchrun on this smoke, N ranks
-        return smoke_ranks.run_nproc(Path(__file__), args, sys.argv[1:] if argv is None else argv, env, progress)
+        return ranks.run_nproc(Path(__file__), args, sys.argv[1:] if argv is None else argv, env, progress)
 
     timer = streams.Timer(progress)
     with timer.stage("import", label="import torch, palm-rlhf-pytorch and accelerate"):
@@ -117,9 +118,9 @@ def main(argv: list[str] | None = None) -> int:
         import accelerate  # noqa: F401
     device_kwargs, device = placement.resolve_device(args.device)
     if device.type == "cpu" and not args.learn:  # the --learn toy task is fixed and tiny
-        smoke_ranks.check_resources(None, "cpu", smoke_settings.palm_config(args), args.oversubscribe)
-    smoke_estimate.announce_estimate(args, progress)
-    names = smoke_settings.trainer_names(args)
+        ranks.check_resources(None, "cpu", settings.palm_config(args), args.oversubscribe)
+    estimate.announce_estimate(args, progress)
+    names = settings.trainer_names(args)
     args.caller_dir = os.getcwd()
     caller_before = workspace.watch_directory(args.caller_dir)
     with workspace.private_workdir(), placement.torch_threads(args.cpu_threads) as threads:
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             results = {name: learning_check.learn_trainer(name, seeds, args.learn_control, device_kwargs, device,
                                                           progress=progress, sampler=args.sampler) for name in names}
         else:
-            results = {name: smoke_checklist.run_trainer(name, args, device_kwargs, device, variants, progress=progress)
+            results = {name: checklist.run_trainer(name, args, device_kwargs, device, variants, progress=progress)
                        for name in names}
     workdir_check = workspace.caller_directory_check(args.caller_dir, caller_before)
     for result in results.values():

@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from policy_optimization import measuring, unit_costs
+from policy_optimization import measuring
+from policy_optimization.plan import unit_costs
 
 BATCHES = (1, 8, 64)                 # PPO's one completion, a group of 8, a large batch
 LENGTHS = ((128, 128), (512, 256))   # prompt + new tokens

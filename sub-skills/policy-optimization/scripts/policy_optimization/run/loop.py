@@ -179,7 +179,7 @@ class Run:
         (``advice.prompts_fill_max_seq_len``), so the run would learn from one-token responses."""
         from collections import Counter
 
-        from policy_optimization import advice
+        from policy_optimization.plan import advice
         pad = int(self.trainer.pad_value)
         lengths = Counter((self.built.prompt_ids != pad).sum(-1).tolist())
         if self.built.eval_prompt_ids is not None:

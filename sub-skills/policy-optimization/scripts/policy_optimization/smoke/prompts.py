@@ -9,7 +9,7 @@ from typing import Any
 import probe_kit
 from skill_runtime import byte_tokenizer, exits
 
-PROMPTS_FILE = Path(__file__).resolve().parents[2] / "assets" / "first-run" / "prompts.txt"
+PROMPTS_FILE = Path(__file__).resolve().parents[3] / "assets" / "first-run" / "prompts.txt"
 STYLES = ("token-ids", "text", "file")
 
 

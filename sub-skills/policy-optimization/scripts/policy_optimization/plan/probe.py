@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from skill_runtime import exits, placement, streams
-from policy_optimization import builder, measuring, prediction, unit_costs
+from policy_optimization import builder, measuring
+from policy_optimization.plan import prediction, unit_costs
 
 LEARN_MINIBATCHES = 4  # the probe's learn() runs on at most this many minibatches of experiences
 SAMPLING_LENGTHS = 4    # sampling steps timed at this many lengths, mean prompt to max_seq_len - 1

@@ -8,7 +8,8 @@ import os
 
 import probe_kit
 from skill_runtime import placement, reporting, streams
-from policy_optimization import learning_check, smoke_settings, trainers
+from policy_optimization import trainers
+from policy_optimization.smoke import learning_check, settings
 
 # Train smoke, per trainer: ESTIMATE_ROLLOUT_S per rollout, ESTIMATE_LAYER_STEP_S per layer and
 # sampling step, ESTIMATE_MULTIPLY_S per multiply-add of the forwards train() and generate() run
@@ -58,12 +59,12 @@ def estimate_s(args) -> float:
     LEARN_SECONDS_PER_SEED): --learn, seeds x seconds per seed; the train smoke, per trainer the
     rollouts' sampling steps and the forwards' multiply-adds (``palm_weights``; attention
     4 * depth * heads * dim_head per squared position); --construct-only, 0."""
-    names = smoke_settings.trainer_names(args)
+    names = settings.trainer_names(args)
     if args.learn:
         return len(learning_check.learn_seeds(args)) * sum(LEARN_SECONDS_PER_SEED[n] for n in names)
     if args.construct_only:
         return 0.0
-    config = smoke_settings.palm_config(args)
+    config = settings.palm_config(args)
     weights = palm_weights(config)
     attention = 4 * config["depth"] * config["heads"] * config["dim_head"]
     prompt = args.prompt_len or sum(probe_kit.PROMPT_LENGTHS) // 2
@@ -73,9 +74,9 @@ def estimate_s(args) -> float:
     total = 0.0
     for name in names:
         spec = trainers.TRAINERS[name]
-        group = smoke_settings.smoke_group(spec)
-        rollouts = args.rollouts or smoke_settings.smoke_rollouts(spec)
-        stored = rollouts * group + smoke_settings.smoke_steps(spec, rollouts) * probe_kit.SMOKE_MINIBATCH[name]
+        group = settings.smoke_group(spec)
+        rollouts = args.rollouts or settings.smoke_rollouts(spec)
+        stored = rollouts * group + settings.smoke_steps(spec, rollouts) * probe_kit.SMOKE_MINIBATCH[name]
         total += (ESTIMATE_ROLLOUT_S * rollouts + ESTIMATE_LAYER_STEP_S * rollouts * (length - prompt) * config["depth"]
                   + ESTIMATE_MULTIPLY_S * (rollouts * group * sampled + ESTIMATE_FULL_FORWARDS * stored * full))
     return total

@@ -4,7 +4,7 @@
 Under a launcher (``torchrun``, ``accelerate launch``, ``srun``, or anything that sets ``RANK`` and
 ``WORLD_SIZE`` for torch's env:// rendezvous) the smoke sees from the environment that it is one rank
 of a world (``launch.launcher_world``) and runs ``run_rank``: every rank runs the smoke's checklist
-(``smoke_checklist.run_trainer``) with the fixes of ``ddp_fixes.py`` applied right after the trainer
+(``checklist.run_trainer``) with the fixes of ``ddp_fixes.py`` applied right after the trainer
 is built and ``set_seed(seed, device_specific=True)``, then checks across ranks that every parameter
 (trainable and frozen) is finite and bitwise identical (all_gather_object of a SHA-256 per tensor),
 that the ranks drew their rollout prompts independently, and that only the main process wrote the
@@ -34,7 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from skill_runtime import exits, placement, reporting, runner, streams, workspace
-from policy_optimization import smoke_checklist, smoke_estimate, smoke_report, smoke_settings, trainers
+from policy_optimization import trainers
+from policy_optimization.smoke import checklist, estimate, settings
+from policy_optimization.smoke import report as smoke_report  # (the name report is the dict below)
 from run_kit import launch
 
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -45,7 +47,7 @@ SMALLER = "a smaller --dim/--depth"  # the fix check_resources names
 def check_options(args, world: launch.World | None) -> None:
     """Usage errors of the multi-process mode, before torch is imported (SkillError, exit 2): a
     device other than auto, cpu or cuda for several ranks, and --nproc under a launcher of another
-    world size (smoke_options.refuse_misplaced refuses the multi-process options out of place)."""
+    world size (options.refuse_misplaced refuses the multi-process options out of place)."""
     if (world is not None or args.nproc is not None) and args.device not in ("auto", "cpu", "cuda"):
         where = "with --nproc" if world is None else f"under {world.launcher}"
         raise exits.SkillError(f"--device {args.device} {where}: use auto, cpu or cuda (each rank uses the GPU "
@@ -56,10 +58,10 @@ def check_options(args, world: launch.World | None) -> None:
 
 
 def check_resources(nproc: int | None, device: str, palm_config: dict[str, int], oversubscribe: bool) -> dict[str, Any]:
-    """``launch.check_resources`` for the smoke at ``palm_config``: ``smoke_estimate.predicted_rank_mib``
+    """``launch.check_resources`` for the smoke at ``palm_config``: ``estimate.predicted_rank_mib``
     per process; ``nproc`` None is the single-process smoke. Raises SkillError (exit 2) when refused."""
     size = f"--dim {palm_config['dim']} --depth {palm_config['depth']}"
-    return launch.check_resources(nproc, device, smoke_estimate.predicted_rank_mib(palm_config), oversubscribe,
+    return launch.check_resources(nproc, device, estimate.predicted_rank_mib(palm_config), oversubscribe,
                                   size, SMALLER)
 
 
@@ -81,10 +83,10 @@ def run_nproc(script: Path, args, argv: list[str], env_info: dict[str, Any], pro
     N above the usable CPU cores or a predicted memory above the available memory."""
     timer = streams.Timer()
     device = "cpu" if launch.ddp_uses_cpu(args.device, args.nproc, f"--nproc {args.nproc}") else "cuda"
-    resources = check_resources(args.nproc, device, smoke_settings.palm_config(args), args.oversubscribe)
+    resources = check_resources(args.nproc, device, settings.palm_config(args), args.oversubscribe)
     caller = os.getcwd()
     caller_before = workspace.watch_directory(caller)
-    smoke_estimate.announce_estimate(args, progress, extra=" on each process")
+    estimate.announce_estimate(args, progress, extra=" on each process")
     with workspace.private_workdir() as run_dir:
         rank_argv = [*launch.without_nproc(argv), "--json"] + (["--progress"] if progress.enabled else [])
         if progress.enabled:
@@ -96,7 +98,7 @@ def run_nproc(script: Path, args, argv: list[str], env_info: dict[str, Any], pro
             streams.write_stderr(done.stderr)
     report = rank0_report(done.stdout)
     if report is None:  # no rank 0 report (crash, timeout, launcher error)
-        report = {"status": "failed", "mode": smoke_settings.mode_name(args), "trainer": args.trainer,
+        report = {"status": "failed", "mode": settings.mode_name(args), "trainer": args.trainer,
                   "device": device, "seed": args.seed, "results": {}, "checks": [], "timings_s": {"import": None}}
         report["checks"].append({"name": "workers_finished", "passed": False,
                                  "detail": f"launcher exit {done.returncode}, no report; "
@@ -279,9 +281,9 @@ def rank_checks(name: str, recorder: RankRecorder, fixes, state) -> dict[str, An
                   + (f"; errors {errors}" if any(errors) else "")})
     if name == "tpo" and not recorder.args.construct_only:  # the buffer exists once train() ran
         # each rank lists its node's shared working directory: its own rank folder, no shared buffer
-        folders = gather(sorted(str(p.relative_to(Path.cwd())) for p in Path.cwd().rglob(smoke_settings.TPO_BUFFER)))
-        per_rank = all(f"{fixes.RANK_FOLDER.format(rank=r)}/{smoke_settings.TPO_BUFFER}" in seen
-                       and smoke_settings.TPO_BUFFER not in seen for r, seen in enumerate(folders))
+        folders = gather(sorted(str(p.relative_to(Path.cwd())) for p in Path.cwd().rglob(settings.TPO_BUFFER)))
+        per_rank = all(f"{fixes.RANK_FOLDER.format(rank=r)}/{settings.TPO_BUFFER}" in seen
+                       and settings.TPO_BUFFER not in seen for r, seen in enumerate(folders))
         info["checks"].append({"name": "replay_buffer_per_rank", "passed": per_rank,
                                "detail": f"replay-buffer folders in rank 0's working directory (shared by "
                                          f"the ranks of its node): {folders[0]}"})
@@ -354,7 +356,7 @@ def run_rank(args, env_info: dict[str, Any], world: launch.World) -> int:
         from accelerate.utils import DistributedType
 
     import ddp_fixes as fixes
-    variants = smoke_settings.parse_variants(args.grpo_variant)
+    variants = settings.parse_variants(args.grpo_variant)
     cpu = launch.ddp_uses_cpu(args.device, world.local_rank + 1, f"under {world.launcher} (local rank {world.local_rank})")
     try:
         with contextlib.redirect_stdout(sys.stderr):
@@ -370,7 +372,7 @@ def run_rank(args, env_info: dict[str, Any], world: launch.World) -> int:
         "name": "accelerate_multi_process", "passed": multi and state.num_processes == world.size,
         "detail": f"Accelerate {state.distributed_type} with {state.num_processes} processes "
                   f"({world.launcher} started {world.size}), backend {state.backend}, rank 0 on {device}"}}
-    names = smoke_settings.trainer_names(args)
+    names = settings.trainer_names(args)
     caller = os.getcwd()
     caller_before = workspace.watch_directory(caller)
     results = {}
@@ -380,12 +382,12 @@ def run_rank(args, env_info: dict[str, Any], world: launch.World) -> int:
             placement.torch_threads(args.cpu_threads) as threads:
         args.caller_dir = caller
         if not args.no_ddp_fixes:  # where fix_tpo puts this rank's replay buffer
-            args.tpo_buffer = f"{fixes.RANK_FOLDER.format(rank=state.process_index)}/{smoke_settings.TPO_BUFFER}"
+            args.tpo_buffer = f"{fixes.RANK_FOLDER.format(rank=state.process_index)}/{settings.TPO_BUFFER}"
         for name in names:
             recorder = RankRecorder(args, fixes)
             try:
-                result = smoke_checklist.run_trainer(name, args, {"cpu": True} if cpu else {}, device, variants,
-                                                     after_build=recorder.after_build, progress=progress)
+                result = checklist.run_trainer(name, args, {"cpu": True} if cpu else {}, device, variants,
+                                               after_build=recorder.after_build, progress=progress)
             except Exception as exc:  # noqa: BLE001 - e.g. construction failed: report, keep ranks matched
                 result = {"trainer": name, "status": "failed", "timings_s": {}, "checks": [
                     {"name": "trainer_ran", "passed": False, "detail": exits.one_line(exc)}]}

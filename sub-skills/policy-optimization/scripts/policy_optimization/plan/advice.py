@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from skill_runtime import reporting
-from policy_optimization import budget, counting, prediction, unit_costs
+from policy_optimization.plan import budget, counting, prediction, unit_costs
 from policy_optimization.run import watchdog
 
 DAY_S = 86400.0

@@ -11,7 +11,8 @@ from typing import Any
 import cached_sampler
 import probe_kit
 from skill_runtime import exits, options, reporting, streams
-from policy_optimization import evaluation, smoke_settings, trainers
+from policy_optimization import evaluation, trainers
+from policy_optimization.smoke import settings
 
 # Learning check (--learn): does the reward rise? ------------------------------------------------
 # The toy task: the probe kit's tiny PaLM over 16 token ids (probe_kit.LEARN_PALM) samples
@@ -187,7 +188,7 @@ def learn_trainer(name: str, seeds: list[int], control: str | None, device_kwarg
             checks.add("learning_ran", False, str(exc))
     result["timings_s"] = {"learn": timer.stages["learn"]}
     if checks.items:
-        return smoke_settings.finish(result, checks)
+        return settings.finish(result, checks)
     mean = lambda values: round(sum(values) / len(values), 4)
     passed, detail = learning_verdict(per_seed, setting.threshold)
     result["learning"] = {
@@ -198,7 +199,7 @@ def learn_trainer(name: str, seeds: list[int], control: str | None, device_kwarg
         "curve": [mean(values) for values in zip(*(s["curve"] for s in per_seed))],
         "threshold": setting.threshold, "passed": passed}
     checks.add("reward_rose", passed, detail)
-    return smoke_settings.finish(result, checks)
+    return settings.finish(result, checks)
 
 
 def check_seed_room(args) -> None:

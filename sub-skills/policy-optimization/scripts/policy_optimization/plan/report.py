@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from skill_runtime import reporting, runner
-from policy_optimization import advice
+from policy_optimization.plan import advice
 
 MIB = 2**20
 

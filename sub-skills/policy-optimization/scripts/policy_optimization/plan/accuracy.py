@@ -13,7 +13,7 @@ from typing import Any
 from skill_runtime import exits, reporting, streams
 from policy_optimization import run_config
 
-PLAN_SCRIPT = Path(__file__).resolve().parents[1] / "plan_run.py"
+PLAN_SCRIPT = Path(__file__).resolve().parents[2] / "plan_run.py"
 PLANS = run_config.PLANS
 
 ACCURACY_CONFIGS = ("accuracy-ppo.toml", "accuracy-grpo.toml", "accuracy-tpo.toml", "accuracy-flowrl.toml",

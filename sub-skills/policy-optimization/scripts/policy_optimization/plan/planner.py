@@ -10,8 +10,8 @@ import time
 from typing import Any
 
 from skill_runtime import exits, reporting, streams
-from policy_optimization import (advice, budget, builder, counting, measuring, prediction, probe, run_config,
-                                 trainers)
+from policy_optimization import builder, measuring, run_config, trainers
+from policy_optimization.plan import advice, budget, counting, prediction, probe
 
 MIB = 2**20
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from skill_runtime import reporting
-from policy_optimization import learning_check, smoke_options, smoke_settings
+from policy_optimization.smoke import learning_check, options, settings
 
 
 # Single trainer: these keys of its result also appear at the top level of the report (stable keys).
@@ -15,7 +15,7 @@ SINGLE_TRAINER_KEYS = ("checks", "parameters", "generated", "optimizer_steps", "
 
 
 def trainers_report(args, results: dict[str, dict[str, Any]], device, cpu_threads: int) -> dict[str, Any]:
-    """The report's part common to single- and multi-process runs (smoke_ranks.py's rank 0).
+    """The report's part common to single- and multi-process runs (ranks.py's rank 0).
 
     ``results`` maps trainer name to its result (``run_trainer``); status is ok when every result
     is. ``timings_s`` holds construct, update and generate in seconds (--learn: learn), summed over
@@ -27,9 +27,9 @@ def trainers_report(args, results: dict[str, dict[str, Any]], device, cpu_thread
 
     report: dict[str, Any] = {
         "status": "ok" if results and all(r["status"] == "ok" for r in results.values()) else "failed",
-        "mode": smoke_settings.mode_name(args), "trainer": args.trainer, "device": str(device), "seed": args.seed,
+        "mode": settings.mode_name(args), "trainer": args.trainer, "device": str(device), "seed": args.seed,
         "config": (learning_check.learn_config(args, cpu_threads) if args.learn
-                   else smoke_options.train_config(args, cpu_threads)),
+                   else options.train_config(args, cpu_threads)),
         "timings_s": {key: stage_sum(key) for key in (("learn",) if args.learn else ("construct", "update", "generate"))},
     }
     if args.trainer != "all":

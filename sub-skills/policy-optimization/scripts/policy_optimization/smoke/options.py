@@ -14,10 +14,11 @@ from typing import Any, Callable
 import cached_sampler  # torch-free at import
 import probe_kit
 from skill_runtime import exits, options
-from policy_optimization import learning_check, smoke_settings, trainers
+from policy_optimization import trainers
+from policy_optimization.smoke import learning_check, settings
 from run_kit import launch
 
-ALL_MODES = frozenset(smoke_settings.MODES)
+ALL_MODES = frozenset(settings.MODES)
 SMOKE_MODES = frozenset({"construct-only", "train-smoke"})  # the train smoke, and its build-only form
 MODE_FLAGS = {"construct-only": "--construct-only", "train-smoke": "the train smoke", "learn": "--learn"}
 SAMPLING_MODES = frozenset({"train-smoke", "learn"})  # the modes that sample rollouts
@@ -65,7 +66,7 @@ OPTIONS = [
            "help": "ppo (root RLHFTrainer), grpo, tpo, flowrl, or all four (default: ppo)"}),
     Option("--grpo-variant", SMOKE_MODES, {
         "action": "append", "metavar": "NAME",
-        "help": "GRPO advantage/objective variant: " + ", ".join(smoke_settings.GRPO_VARIANTS)
+        "help": "GRPO advantage/objective variant: " + ", ".join(settings.GRPO_VARIANTS)
                 + "; repeat or comma-separate to combine (default: default)"},
         only_with="`--trainer grpo` or `all`", when=lambda args, world: args.trainer in ("grpo", "all")),
     Option("--device", ALL_MODES, common=True),
@@ -96,17 +97,17 @@ OPTIONS = [
                 "the same sampling one position per step with each layer's keys and values kept (default: "
                 f"{cached_sampler.DEFAULT_SAMPLER})"}, config=True),
     Option("--rollouts", frozenset({"train-smoke"}), _bounded(
-        1, smoke_settings.MAX_ROLLOUTS, "rollouts before the single learn() (default: computed so every trainable "
+        1, settings.MAX_ROLLOUTS, "rollouts before the single learn() (default: computed so every trainable "
         "tensor moves; fewer makes the weight checks fail)")),
     Option("--eos-token", SMOKE_MODES, _bounded(
         1, probe_kit.TINY_PALM["num_tokens"] - 1,
         "pass eos_token=ID to train() and generate(); the tiny policy's logit for ID is raised by "
-        f"{smoke_settings.EOS_LOGIT_BIAS} so rollouts end at eos at varying lengths (0 is the pad id; no prompt "
+        f"{settings.EOS_LOGIT_BIAS} so rollouts end at eos at varying lengths (0 is the pad id; no prompt "
         "may contain ID)", metavar="ID")),
     Option("--nproc", SMOKE_MODES, _bounded(
         1, launch.MAX_NPROC, "launch N processes with torch.distributed.run (Accelerate MULTI_CPU or MULTI_GPU, "
         "one GPU each), train on every rank with the DDP fixes of ddp_fixes.py, and check the ranks stay in sync "
-        "(see policy_optimization/smoke_ranks.py)"), group="multi-process"),
+        "(see policy_optimization/smoke/ranks.py)"), group="multi-process"),
     Option("--no-ddp-fixes", SMOKE_MODES, _flag(
         "with --nproc or under a launcher: skip the DDP fixes, to see what breaks without them"),
         group="multi-process", only_with="`--nproc` runs or to the ranks a launcher started",
@@ -122,19 +123,19 @@ OPTIONS = [
         when=lambda args, world: world is not None or args.nproc is not None),
     Option("--seed", ALL_MODES, common=True),
     Option("--cpu-threads", ALL_MODES, common=True),
-    Option("--dim", SMOKE_MODES, _bounded(smoke_settings.MIN_DIM, smoke_settings.MAX_DIM,
+    Option("--dim", SMOKE_MODES, _bounded(settings.MIN_DIM, settings.MAX_DIM,
            f"PaLM model dimension (default: {probe_kit.TINY_PALM['dim']})", default=probe_kit.TINY_PALM["dim"]),
            group="size", config=True),
-    Option("--depth", SMOKE_MODES, _bounded(1, smoke_settings.MAX_DEPTH,
+    Option("--depth", SMOKE_MODES, _bounded(1, settings.MAX_DEPTH,
            f"PaLM layers (default: {probe_kit.TINY_PALM['depth']})", default=probe_kit.TINY_PALM["depth"]),
            group="size", config=True),
     Option("--prompt-len", SMOKE_MODES, _bounded(
-        1, smoke_settings.MAX_TOKENS, "every token-ids prompt exactly N tokens (default: random "
+        1, settings.MAX_TOKENS, "every token-ids prompt exactly N tokens (default: random "
         f"{probe_kit.PROMPT_LENGTHS[0]}-{probe_kit.PROMPT_LENGTHS[1]})"),
         group="size", only_with="`--prompt-style token-ids`", when=lambda args, world: args.prompt_style == "token-ids",
         config=True),
     Option("--new-tokens", SMOKE_MODES, _bounded(
-        1, smoke_settings.MAX_TOKENS, "tokens sampled per rollout: max_seq_len = longest prompt + N (default: "
+        1, settings.MAX_TOKENS, "tokens sampled per rollout: max_seq_len = longest prompt + N (default: "
         f"{probe_kit.NEW_TOKENS})", default=probe_kit.NEW_TOKENS), group="size", config=True),
     Option("--json", ALL_MODES, common=True),
     Option("--progress", ALL_MODES, common=True),
@@ -168,7 +169,7 @@ def refuse_misplaced(args, world) -> None:
     """A usage error (SkillError, exit 2, before torch) for the first option set on the command
     line that does not apply: first to the run's mode (``Option.modes``), then to its further
     condition (``Option.only_with``; ``world``: the launcher's ``launch.World`` or None)."""
-    mode = smoke_settings.mode_name(args)
+    mode = settings.mode_name(args)
     for option in OPTIONS:
         if not option.common and mode not in option.modes and used(option, args):
             words = MODE_WORDS[option.modes]
@@ -189,5 +190,5 @@ def train_config(args, cpu_threads: int) -> dict[str, Any]:
 def doc_applies_to(option: Option) -> str:
     """The option's "applies to" cell in workflows.md's Options table: its modes, then any condition."""
     modes = "every mode" if option.modes == ALL_MODES else ", ".join(
-        f"`{mode}`" for mode in smoke_settings.MODES if mode in option.modes)
+        f"`{mode}`" for mode in settings.MODES if mode in option.modes)
     return modes + (f"; only to {option.only_with}" if option.only_with else "")

@@ -1,6 +1,6 @@
 """The train smoke of one trainer, as the checklist it proves: build, snapshot, update, compare,
 sample (``run_trainer``). Each step reads and extends a ``SmokeRun``; the multi-process mode
-(smoke_ranks.py) runs the same steps on every rank. Torch-free at import."""
+(``ranks``) runs the same steps on every rank. Torch-free at import."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -10,7 +10,8 @@ from typing import Any
 import cached_sampler
 import probe_kit
 from skill_runtime import byte_tokenizer, exits, reporting, snapshots, streams
-from policy_optimization import smoke_prompts, smoke_settings, trainers
+from policy_optimization import trainers
+from policy_optimization.smoke import prompts, settings
 
 
 @dataclass
@@ -40,14 +41,14 @@ def build(run: SmokeRun, device_kwargs: dict, variants: list[str], after_build=N
     constructor raised (recorded as the failed ``trainer_constructed`` check)."""
     args, spec, device = run.args, run.spec, run.device
     with run.timer.stage("construct", label="build the models and the trainer"):
-        prompt_args, prompt_info = smoke_prompts.prompt_kwargs(args.prompt_style, args.seed, args.prompt_len)
+        prompt_args, prompt_info = prompts.prompt_kwargs(args.prompt_style, args.seed, args.prompt_len)
         palm = probe_kit.tiny_palm(dim=args.dim, depth=args.depth).to(device)
         reward_model = probe_kit.tiny_reward_model(palm).to(device)  # a deep copy of the policy's PaLM
         if args.eos_token is not None:  # after that copy: the policy, not the reward model, ends early
-            raise_logit(palm, args.eos_token, smoke_settings.EOS_LOGIT_BIAS)
+            raise_logit(palm, args.eos_token, settings.EOS_LOGIT_BIAS)
         if "prompt_token_ids" in prompt_args:
             prompt_args["prompt_token_ids"] = prompt_args["prompt_token_ids"].to(device)
-        flags = {flag: value for variant in variants for flag, value in smoke_settings.GRPO_VARIANTS[variant].items()}
+        flags = {flag: value for variant in variants for flag, value in settings.GRPO_VARIANTS[variant].items()}
         kwargs = probe_kit.trainer_kwargs(spec.name, palm_dim=args.dim, **(flags if run.name == "grpo" else {}))
         try:
             run.trainer = trainers.construct_trainer(spec, palm, reward_model, prompt_args, device_kwargs, device, **kwargs)
@@ -72,7 +73,7 @@ def build(run: SmokeRun, device_kwargs: dict, variants: list[str], after_build=N
     run.frozen = [(n, p) for n, p in trainer.named_parameters() if id(p) not in trainable_ids]
     run.result.update(
         class_name=spec.path, optimizer=spec.optimizer, prompts=prompt_info,
-        grpo_variants=variants if run.name == "grpo" else None, group_size=smoke_settings.smoke_group(spec))
+        grpo_variants=variants if run.name == "grpo" else None, group_size=settings.smoke_group(spec))
     run.checks.add("trainer_constructed", True, f"{spec.module}.{spec.class_name} on {device}")
     run.checks.add("actor_lora_scope_added", "actor" in trainers.actor_palm(run.name, trainer).finetune_modules,
                    "the trainer added LoRA scope 'actor' to the PaLM passed in")
@@ -100,8 +101,8 @@ def update(run: SmokeRun) -> bool:
     steps and the completions the reward model scored per rollout; checks the update ran, the step
     count and the group size. False when ``train()`` raised (the failed ``update_ran`` check)."""
     name, spec, trainer, checks, args = run.name, run.spec, run.trainer, run.checks, run.args
-    rollouts = args.rollouts or smoke_settings.smoke_rollouts(spec)
-    expected_steps = smoke_settings.smoke_steps(spec, rollouts)
+    rollouts = args.rollouts or settings.smoke_rollouts(spec)
+    expected_steps = settings.smoke_steps(spec, rollouts)
     run.max_seq_len = int(trainer.prompt_token_ids.shape[1]) + args.new_tokens
     step_counts = {key: 0 for key in trainers.optimizers(name, trainer)}
     for key, opt in trainers.optimizers(name, trainer).items():
@@ -137,9 +138,9 @@ def update(run: SmokeRun) -> bool:
     checks.add("optimizer_steps", step_counts["actor"] == expected_steps >= spec.required_steps,
                f"actor optimizer stepped {step_counts['actor']}x (expected {expected_steps}, "
                f"{spec.optimizer} needs >= {spec.required_steps}); all: {step_counts}")
-    checks.add("rollout_group_size", set(reward_batches) == {smoke_settings.smoke_group(spec)},
+    checks.add("rollout_group_size", set(reward_batches) == {settings.smoke_group(spec)},
                f"reward model scored {sorted(set(reward_batches))} completions per prompt per rollout "
-               f"(expected {smoke_settings.smoke_group(spec)}" + (f" = {spec.group_kwarg} + 1)" if spec.group_kwarg else ")"))
+               f"(expected {settings.smoke_group(spec)}" + (f" = {spec.group_kwarg} + 1)" if spec.group_kwarg else ")"))
     if args.eos_token is not None:
         early = sum(n < run.max_seq_len for n in rollout_lengths)
         checks.add("rollouts_ended_at_eos", early > 0,
@@ -173,7 +174,7 @@ def compare(run: SmokeRun, before: dict[str, dict], frozen_before: dict) -> None
     checks.add("losses_finite", streams.all_finite(losses),
                f"{len(values)} printed values ({', '.join(losses)})" if values else "no loss printed")
     if name == "tpo":
-        buffer = Path(getattr(args, "tpo_buffer", smoke_settings.TPO_BUFFER))  # smoke_ranks.py: a per-rank folder
+        buffer = Path(getattr(args, "tpo_buffer", settings.TPO_BUFFER))  # ranks.py: a per-rank folder
         size = sum(f.stat().st_size for f in buffer.rglob("*") if f.is_file()) if buffer.is_dir() else 0
         run.result["replay_buffer"] = {"path": f"./{buffer}", "bytes": size}
         checks.add("replay_buffer_in_private_dir",
@@ -201,7 +202,7 @@ def sample(run: SmokeRun) -> None:
     with run.timer.stage("generate", label="generate (one trainer.generate() call)"):
         try:
             with streams.capture_library_output():
-                sequence = trainer.generate(run.max_seq_len, prompt=prompt, num_samples=smoke_settings.NUM_GENERATE_SAMPLES,
+                sequence = trainer.generate(run.max_seq_len, prompt=prompt, num_samples=settings.NUM_GENERATE_SAMPLES,
                                             eos_token=args.eos_token)
         except Exception as exc:
             sequence = None
@@ -240,17 +241,17 @@ def run_trainer(name: str, args, device_kwargs: dict, device, variants: list[str
     ``--construct-only`` stops after build. Returns its report entry.
 
     ``after_build(name, trainer)``, when given, runs right after construction (the multi-process
-    worker in smoke_ranks.py applies its DDP fixes and per-rank seeding there). With ``progress``
+    worker in ranks.py applies its DDP fixes and per-rank seeding there). With ``progress``
     each timed step is a progress line on stderr."""
     from accelerate.utils import set_seed
 
-    run = SmokeRun(name, args, device, {"trainer": name, "status": "failed", "mode": smoke_settings.mode_name(args)},
+    run = SmokeRun(name, args, device, {"trainer": name, "status": "failed", "mode": settings.mode_name(args)},
                    timer=streams.Timer(progress, name))
     set_seed(args.seed)
     if not build(run, device_kwargs, variants, after_build) or args.construct_only:
-        return smoke_settings.finish(run.result, run.checks)
+        return settings.finish(run.result, run.checks)
     before, frozen_before = snapshot(run)
     if update(run):
         compare(run, before, frozen_before)
         sample(run)
-    return smoke_settings.finish(run.result, run.checks)
+    return settings.finish(run.result, run.checks)

@@ -127,7 +127,7 @@ def memory_words(memory: dict[str, Any] | None, pools: dict[str, int], shown: st
     is named as host RAM, beside the GPU's peak. ``memory`` None: not built at the real size, the
     weights (and, when learn() runs, the optimizer state and gradients) alone exceed the pool:
     the fix is smaller sizes, not fewer experiences."""
-    from policy_optimization import advice
+    from policy_optimization.plan import advice
     gib = lambda n: f"{n / 2**30:,.1f} GiB"  # noqa: E731
     where = POOL_WORDS[shown] if pool == "device" else f" on {device}"
     head = f"predicted peak {gib(pools[shown])} exceeds the {gib(available[shown])} available{where}"
