@@ -111,6 +111,20 @@ def test_resume_with_a_changed_config_names_the_keys(tmp_path, monkeypatch):
         loop.Run.open(None, tmp_path / "run", "cpu", resume=True, options=loop.Options(progress=False))
 
 
+def test_resume_set_extends_the_run_and_refuses_other_keys(tmp_path, monkeypatch):
+    """``--resume DIR --set run.rounds=N`` (no --config) goes on to round N with the stored config;
+    a --set of any other key exits 2 naming it, before anything is built."""
+    monkeypatch.chdir(tmp_path)
+    train(write_config(tmp_path / "cfg", "grpo", rounds=2), tmp_path / "run")
+    with pytest.raises(exits.SkillError, match=r"--set trainer\.actor_lr: a resume may change only run\.rounds") as err:
+        loop.Run.open(None, tmp_path / "run", "cpu", resume=True, overrides=["trainer.actor_lr=1e-3"],
+                      options=loop.Options(progress=False))
+    assert err.value.exit_code == 2
+    run, status, _ = loop.train_to_end(None, tmp_path / "run", overrides=["run.rounds=3"], resume=True)
+    assert status == "finished" and [r["round"] for r in rundir.read_rows(tmp_path / "run" / "metrics.jsonl")][-1] == 3
+    assert json.loads((tmp_path / "run" / rundir.CONFIG).read_text())["config"]["run"]["rounds"] == 3
+
+
 def test_a_renamed_file_is_one_changed_key():
     """A key naming another file is that key once, not again as its file contents."""
     stored = {"config": {"reward": {"program": "a.py:f"}, "run": {"rounds": 3}}, "files": {"reward.program": "1"}}

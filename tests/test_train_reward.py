@@ -196,6 +196,11 @@ def test_resume_refuses_a_changed_config_but_takes_more_epochs(tmp_path):
     prepared = reward_run.prepare(str(EXAMPLE / "rm.toml"), tmp_path / "run", True, False,
                                   [*TINY, "train.steps_per_round=40", "train.epochs=2"], options)
     prepared.claim.lock.release()
+    with pytest.raises(exits.SkillError, match=r"--set train\.lr: a resume may change only train\.epochs"):
+        reward_run.prepare(None, tmp_path / "run", True, False, ["train.lr=1e-2"], options)
+    prepared = reward_run.prepare(None, tmp_path / "run", True, False, ["train.epochs=2"], options)  # --set alone
+    assert prepared.resolved["train"]["epochs"] == 2
+    prepared.claim.lock.release()
 
 
 # --- train's [reward] checkpoint ------------------------------------------------------------------

@@ -52,7 +52,7 @@ def add_run_options(parser, config_help: str, cpu_threads: dict[str, Any] | None
 def check_run_arguments(args) -> None:
     """A run command's usage errors (SkillError, exit 2), before torch is imported: a new run needs
     --config and --run-dir, a resume its directory alone (or the same as --run-dir), without
-    --force or --set; --nproc reads the config from a file, not standard input."""
+    --force (its --set may extend the run: ``rundir.check_resume_overrides``); --nproc reads the config from a file, not standard input."""
     from policy_optimization import run_config  # torch-free
     if args.resume and args.run_dir and Path(args.resume).resolve() != Path(args.run_dir).resolve():
         raise exits.SkillError("--resume DIR is the run directory: give it alone, or the same path as --run-dir")
@@ -60,8 +60,6 @@ def check_run_arguments(args) -> None:
         raise exits.SkillError("give --config FILE and --run-dir DIR (a new run), or --resume DIR")
     if args.resume and args.force:
         raise exits.SkillError("--force starts over and --resume continues: choose one")
-    if args.resume and args.set:
-        raise exits.SkillError("--set applies to a new run: a resumed run keeps its config")
     if args.allow_inexact_resume and not args.resume:
         raise exits.SkillError("--allow-inexact-resume applies to --resume DIR")
     if args.nproc and args.config and run_config.from_stdin(args.config):

@@ -477,6 +477,17 @@ def changed_keys(stored: dict[str, Any], now: dict[str, Any], growable: frozense
     return keys
 
 
+def check_resume_overrides(overrides: list[str] | None, growable: frozenset[str], run_dir: str | Path) -> None:
+    """``--set SECTION.KEY=VALUE`` on a resume without --config, applied to the stored config: only
+    the keys of ``growable`` (a run can be extended: ``[run] rounds``, ``[train] epochs``). Raises
+    SkillError(2) naming the first other key."""
+    for text in overrides or []:
+        key = text.partition("=")[0].strip()
+        if key not in growable:
+            raise exits.SkillError(f"--resume {run_dir}: --set {key}: a resume may change only "
+                                   f"{', '.join(sorted(growable))} (the run goes on); start over with --force to change more")
+
+
 def row_line(row: dict[str, Any]) -> bytes:
     """A metrics row as the line metrics.jsonl holds (JSON, NaN allowed, newline-terminated)."""
     return (json.dumps(row, allow_nan=True) + "\n").encode("utf-8")

@@ -23,6 +23,7 @@ Under N processes each rank takes every N-th row of a batch and DDP averages the
 """
 from __future__ import annotations
 
+import copy
 import json
 import math
 import signal
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from policy_optimization import run_config
 from reward_modeling import artifacts, coverage, examples, reward_report, rm_config
 from run_kit import checkpoint, command, launch, rundir, trackers
 from skill_runtime import byte_tokenizer, exits, placement, streams
@@ -99,13 +101,18 @@ def prepare(config_path: str | None, run_dir: str | Path, resume: bool, force: b
                                    "--resume continues it)")
         if config_path is None and stored is None:
             raise exits.SkillError(f"--resume {run_dir}: no {rundir.CONFIG} there to resume from: give --config FILE")
-        config = rm_config.load(config_path, overrides) if config_path else stored["config"]
+        if stored is not None and not config_path:  # --set on the stored config: only what extends the run
+            rundir.check_resume_overrides(overrides, GROWABLE, run_dir)
+        config = rm_config.load(config_path, overrides) if config_path else copy.deepcopy(stored["config"])
         if not config_path:
             try:
                 rm_config.check_structure(config)
             except exits.SkillError as err:
                 raise exits.SkillError(f"{found[1]}: {err}: damaged or edited; resume with --config FILE (the run's "
                                        "own)") from None
+            for text in overrides or []:  # [train] epochs: the run goes on
+                run_config.apply_override(config, text, rm_config.SECTIONS)
+            rm_config.check_structure(config)
         loaded = {"kind": KIND, "config": config, "files": rundir.file_digests(rm_config.files_named(config)),
                   "run_id": stored.get("run_id") if stored is not None else uuid.uuid4().hex,
                   "options": {**(stored or {}).get("options", {}), **options.keep}}

@@ -12,6 +12,7 @@ The command line (``train_run.py``, ``palm-rlhf-skill train``) is a thin layer o
 """
 from __future__ import annotations
 
+import copy
 import json
 import math
 import signal
@@ -434,15 +435,20 @@ def _prepare(config_path: str | None, run: rundir.RunDir, run_dir: str | Path, r
     stored = found[0] if found and resume else None
     if config_path is None and stored is None:
         raise exits.SkillError(f"--resume {run_dir}: no {rundir.CONFIG} there to resume from: give --config FILE")
+    if stored is not None and not config_path:  # --set on the stored config: only what extends the run
+        rundir.check_resume_overrides(overrides, GROWABLE, run_dir)
     if config_path:
         config = run_config.load(config_path, overrides)
     else:
-        config = stored["config"]
+        config = copy.deepcopy(stored["config"])
         try:
             run_config.check_structure(config)
         except exits.SkillError as err:
             raise exits.SkillError(f"{found[1]}: {err}: damaged or edited; resume with --config FILE (the run's own)") \
                 from None
+        for text in overrides or []:  # [run] rounds: the run goes on
+            run_config.apply_override(config, text)
+        run_config.check_structure(config)
     if "run" not in config:
         raise exits.SkillError("config [run] rounds: missing: train runs the config in rounds ([run] rounds = N)")
     loaded = {"config": config, "files": file_digests(config),
