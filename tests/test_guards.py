@@ -243,6 +243,13 @@ def test_evaluate_a_paused_run_from_its_checkpoint_with_other_prompts_and_metric
     assert [p["prompt"] for p in report["policy"]["per_prompt"]] == ["hello", "world"]
     assert report["policy"]["gold_mean"] == report["policy"]["reward_mean"], "the same program as gold and reward"
     assert len(report["initial"]["samples"]) == 1
+    if report["policy"]["reward_mean"] > report["initial"]["reward_mean"]:  # no policy.pt yet: finish the run first
+        assert report["next"].startswith(f"finish the run (palm-rlhf-skill train --resume {tmp_path / 'run'})"), report["next"]
+    (tmp_path / "text_gold.py").write_text("def score(prompt, response):\n    return float(len(response))\n")
+    code, _, err = main_in_process(evaluate_main(), capsys, monkeypatch, tmp_path, "--run-dir", "run",
+                                   "--metric", "text_gold.py:score", "--device", "cpu", "--json")
+    line = one_error_line(err)
+    assert code == 2 and "--text-metric: prompt and response text" in line and "--force" not in line, line
 
 
 @pytest.mark.parametrize("setup, argv, says", [
@@ -252,6 +259,8 @@ def test_evaluate_a_paused_run_from_its_checkpoint_with_other_prompts_and_metric
     ("run", ["--metric", "gold.py"], "--metric 'gold.py': expected file.py:function"),
     ("run", ["--metric", "nowhere.py:score"], "[eval] metric: "),
     ("run", ["--prompts", "nowhere.txt"], "nowhere.txt"),
+    ("file", [], "a file, not a directory"),
+    ("reward run", [], "a reward model's run (train-reward)"),
 ])
 def test_evaluate_bad_input_is_one_line_exit_2(setup, argv, says, gold_run, tmp_path, monkeypatch, capsys):
     target = tmp_path / "d"
@@ -262,6 +271,12 @@ def test_evaluate_bad_input_is_one_line_exit_2(setup, argv, says, gold_run, tmp_
         shutil.copy(gold_run.run.config, target / rundir.CONFIG)
     elif setup == "run":
         target = gold_run.run.path
+    elif setup == "file":
+        target.write_text("x")
+    elif setup == "reward run":  # train-reward's run_config.json: kind "reward"
+        target.mkdir()
+        stored = json.loads(gold_run.run.config.read_text())
+        (target / rundir.CONFIG).write_text(json.dumps({**stored, "kind": "reward"}))
     code, _, err = main_in_process(evaluate_main(), capsys, monkeypatch, tmp_path, "--run-dir", str(target), *argv,
                                    "--device", "cpu")
     assert code == 2 and says in one_error_line(err)

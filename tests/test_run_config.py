@@ -181,8 +181,11 @@ def test_checkpoints_of_the_palm_and_the_reward_model_are_loaded(tmp_path):
     loaded = built.reward_model.state_dict()
     assert all(torch.equal(loaded[k], v) for k, v in reward_model.state_dict().items())
     torch.save({"nothing": torch.zeros(1)}, tmp_path / "rm.pt")
-    with pytest.raises(exits.SkillError, match=r"^config \[reward\] checkpoint: .*rm.pt: RuntimeError: Error\(s\) in "
-                                               r"loading state_dict"):
+    with pytest.raises(exits.SkillError, match=r"^config \[reward\] checkpoint: .*rm.pt: not the weights of a RewardModel: "
+                                               r"\d+ of its \d+ keys missing \(e\.g\. .+\), 1 unexpected \(e\.g\. nothing\)$"):
+        build(res)
+    torch.save(palm.state_dict(), tmp_path / "rm.pt")  # a policy.pt given as the reward model
+    with pytest.raises(exits.SkillError, match=r"rm.pt: not the weights of a RewardModel: .* keys missing .* unexpected"):
         build(res)
     (tmp_path / "palm.pt").unlink()
     assert error_of(path) == f"config [palm] checkpoint: {tmp_path / 'palm.pt'}: no such file"
@@ -297,3 +300,15 @@ def test_the_docs_key_table_is_the_parsers():
     for (section, key), value in run_config.OWN_DEFAULTS.items():
         if section == "eval":
             assert f"{key} (" in proc.stdout and f"default {value}" in proc.stdout
+
+
+@pytest.mark.parametrize("override, says", [
+    ("trainer.actor_lr=0", "config [trainer] actor_lr: must be above 0, got 0"),
+    ("trainer.actor_lr=-1e-3", "config [trainer] actor_lr: must be above 0"),
+    ("trainer.grpo_num_times_sample_rewards=-1", "config [trainer] grpo_num_times_sample_rewards: must be at least 0"),
+    ("train.temperature=0", "config [train] temperature: must be above 0, got 0 (the library clamps it"),
+])
+def test_numbers_the_library_takes_without_a_clear_refusal_are_refused_first(tmp_path, override, says):
+    """An lr of 0 was an empty AssertionError, a sample count of -1 a reshape error in round 1 (exit
+    1, a run directory left), a temperature of 0 greedy sampling without a word (the new-user tryout)."""
+    assert error_of(write_run(tmp_path), override).startswith(says)

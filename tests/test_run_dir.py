@@ -481,6 +481,14 @@ def test_watch_tells_a_killed_run_from_a_running_one(paused, tmp_path, capsys, m
         held.release()
 
 
+def test_watch_calls_an_until_pause_paused_and_says_go_on(paused, tmp_path, capsys, monkeypatch):
+    """A run ended by --until is PAUSED in watch as in train's own line, not STOPPED with a fix to find."""
+    assert watch.view(paused)["state"] == "paused"
+    code, out, _ = watch_cli(capsys, monkeypatch, tmp_path, str(paused))
+    last = out.splitlines()[-1]
+    assert code == 0 and last.startswith("watch: PAUSED after round 2") and f"go on: palm-rlhf-skill train --resume {paused}" in last, last
+
+
 def test_watch_says_which_rows_it_shows_and_where_it_plotted(finished, tmp_path, capsys, monkeypatch):
     code, out, _ = watch_cli(capsys, monkeypatch, tmp_path, str(finished), "--last", "2")
     assert code == 0 and "rows 2-3, the last 2 of 4 (--last N shows more)" in out.splitlines()[0], out

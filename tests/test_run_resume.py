@@ -125,6 +125,15 @@ def test_resume_set_extends_the_run_and_refuses_other_keys(tmp_path, monkeypatch
     assert json.loads((tmp_path / "run" / rundir.CONFIG).read_text())["config"]["run"]["rounds"] == 3
 
 
+def test_train_resume_of_a_reward_models_run_names_the_command_that_continues_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    train(write_config(tmp_path / "cfg", "grpo", rounds=1), tmp_path / "run")
+    stored = json.loads((tmp_path / "run" / rundir.CONFIG).read_text())
+    (tmp_path / "run" / rundir.CONFIG).write_text(json.dumps({**stored, "kind": "reward"}))  # as train-reward writes it
+    with pytest.raises(exits.SkillError, match=r"is a reward model's run \(palm-rlhf-skill train-reward --resume"):
+        loop.Run.open(None, tmp_path / "run", "cpu", resume=True, options=loop.Options(progress=False))
+
+
 def test_a_renamed_file_is_one_changed_key():
     """A key naming another file is that key once, not again as its file contents."""
     stored = {"config": {"reward": {"program": "a.py:f"}, "run": {"rounds": 3}}, "files": {"reward.program": "1"}}

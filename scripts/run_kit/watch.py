@@ -96,7 +96,7 @@ def view(path: str | Path, last: int = 10) -> dict[str, Any]:
         for rule in row.get("rules", []):
             fired.setdefault(rule, []).append(row["round"])
     if summary is not None:
-        state = "finished" if summary["status"] == "finished" else "stopped"
+        state = summary["status"] if summary["status"] in ("finished", "paused") else "stopped"  # paused: --until
     else:
         state = "killed" if alive is False else "running"
     return {"run_dir": str(run.path), "kind": kind, "state": state, "rounds": max((r["round"] for r in rows), default=0),
@@ -169,6 +169,8 @@ def verdict(data: dict[str, Any]) -> str:
     if data["state"] == "running":
         nxt = "watch it again" + ("" if plotted else ", or plot it") + ": " + \
             reporting.command("palm-rlhf-skill watch", data["run_dir"] + ("" if plotted else " --plot curves.png"))
+    elif data["state"] == "paused":
+        nxt = f"go on: {reporting.command(layout.helper, '--resume ' + data['run_dir'])}"
     elif data["state"] == "stopped":
         nxt = f"fix what stopped it, then {reporting.command(layout.helper, '--resume ' + data['run_dir'])}"
     elif data["state"] == "killed":

@@ -142,8 +142,19 @@ def load_weights(module, path: str, key: str) -> None:
     import torch
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - unreadable or not a state dict: one line
+        raise exits.SkillError(f"config {key}: {path}: {exits.one_line(exc)}") from None
+    if not isinstance(state, dict):
+        raise exits.SkillError(f"config {key}: {path}: holds a {type(state).__name__}, not a state dict")
+    own = module.state_dict()
+    missing, unexpected = sorted(own.keys() - state.keys()), sorted(state.keys() - own.keys())
+    if missing or unexpected:  # another model's weights (a policy.pt given as an rm.pt, say)
+        raise exits.SkillError(f"config {key}: {path}: not the weights of a {type(module).__name__}: "
+                               f"{len(missing)} of its {len(own)} keys missing (e.g. {', '.join(missing[:2]) or '-'}), "
+                               f"{len(unexpected)} unexpected (e.g. {', '.join(unexpected[:2]) or '-'})")
+    try:
         module.load_state_dict(state)
-    except Exception as exc:  # noqa: BLE001 - unreadable, not a state dict, or other shapes: one line
+    except Exception as exc:  # noqa: BLE001 - the same keys at other shapes: one line
         raise exits.SkillError(f"config {key}: {path}: {exits.one_line(exc)}") from None
 
 

@@ -64,6 +64,7 @@ MIN_VALUE = {("palm", "dim"): 1, ("palm", "num_tokens"): 2, ("palm", "depth"): 1
 MAX_VALUE = {("run", "seed"): options.MAX_SEED}
 MAX_CONFIG_BYTES = 2**20  # 1 MiB: a config is a few KiB; /dev/zero or a stray dump is refused
 PLANS = Path(__file__).resolve().parents[2] / "assets" / "plans"  # the shipped configs
+FIRST_RUN = PLANS.parent / "first-run"  # the shipped run: train's example
 
 
 # --- reading ---------------------------------------------------------------------------------------
@@ -145,11 +146,12 @@ def apply_override(config: dict[str, Any], text: str, sections: tuple[str, ...] 
         table[key.strip()] = value
 
 
-def load(path: str, overrides: list[str] | None = None) -> dict[str, Any]:
-    """``read_config``, the overrides, ``check_structure``, then every file path made absolute
-    (relative to the config file's folder; for standard input the current directory). Torch-free.
-    Returns the config (a dict of tables). Raises SkillError(2)."""
-    config = read_config(path)
+def load(path: str, overrides: list[str] | None = None, shipped: Path = PLANS) -> dict[str, Any]:
+    """``read_config`` (``shipped``: the folder a missing file's message names), the overrides,
+    ``check_structure``, then every file path made absolute (relative to the config file's folder;
+    for standard input the current directory). Torch-free. Returns the config (a dict of tables).
+    Raises SkillError(2)."""
+    config = read_config(path, shipped)
     for text in overrides or []:
         apply_override(config, text)
     check_structure(config)
@@ -229,6 +231,26 @@ def check_structure(config: dict[str, Any]) -> None:
     check_prompts(config["prompts"])
     check_reward(config)
     check_rounds(config)
+    check_library_numbers(config)
+
+
+def check_library_numbers(config: dict[str, Any]) -> None:
+    """Numbers the library takes without a clear refusal: a learning rate (``*_lr``) at or below 0
+    (an empty AssertionError in the optimizer), a sample count (``*num_times_sample*``) below 0 (a
+    reshape error in round 1), ``[train] temperature`` at or below 0 (clamped to 1e-10: greedy
+    sampling, ``palm_rlhf_pytorch/utils.py:48-49``). Raises SkillError(2) naming the key."""
+    def number(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    for key, value in config["trainer"].items():
+        if key.endswith("_lr") and number(value) and value <= 0:
+            raise exits.SkillError(f"config [trainer] {key}: must be above 0, got {value}")
+        if "num_times_sample" in key and number(value) and value < 0:
+            raise exits.SkillError(f"config [trainer] {key}: must be at least 0 (a group of {key} + 1 completions), "
+                                   f"got {value}")
+    temperature = config.get("train", {}).get("temperature")
+    if number(temperature) and temperature <= 0:
+        raise exits.SkillError(f"config [train] temperature: must be above 0, got {temperature} (the library clamps it "
+                               "to 1e-10: greedy sampling, which the stored probabilities do not describe)")
 
 
 def check_prompts(prompts: dict[str, Any]) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 from policy_optimization import builder, evaluation, programs, run_config, trainers
 from policy_optimization.run import loop
 from run_kit import checkpoint, rundir
-from skill_runtime import exits, streams
+from skill_runtime import exits, reporting, streams
 
 SHOW = 3  # decoded samples shown per side by default
 
@@ -30,12 +30,16 @@ def locate(run_dir: str) -> tuple[rundir.RunDir, dict[str, Any], Path, str]:
     run, its config is damaged, or it has no policy yet (no policy.pt, no checkpoint)."""
     run = rundir.RunDir(Path(run_dir).expanduser().resolve())
     if not run.path.is_dir():
-        raise exits.SkillError(f"--run-dir {run_dir}: no such directory (palm-rlhf-skill train --run-dir DIR makes one)")
+        what = "a file, not a directory" if run.path.exists() else "no such directory"
+        raise exits.SkillError(f"--run-dir {run_dir}: {what} (palm-rlhf-skill train --run-dir DIR makes one)")
     found = run.read_config()
     if found is None:
         raise exits.SkillError(f"--run-dir {run_dir}: no {rundir.CONFIG} there: not a run directory of "
                                "palm-rlhf-skill train")
     stored = found[0]
+    if stored.get("kind") == "reward":
+        raise exits.SkillError(f"--run-dir {run_dir}: a reward model's run (train-reward): evaluate scores a policy "
+                               "run; its held-out accuracy is in summary.json (palm-rlhf-skill watch DIR)")
     if run.policy.is_file() and not run.policy.is_symlink():
         return run, stored, run.policy, rundir.POLICY
     latest = checkpoint.latest(run)
@@ -133,6 +137,10 @@ def score(run_dir: str, device_spec: str, prompts: str | None = None, metric: st
             with progress.stage(f"score the {label} on {len(texts)} held-out prompts"), streams.capture_library_output():
                 return evaluation.of_run(resolved, palm, scope, reward_model, built.eval_prompt_ids, seed, metric=gold,
                                          pad_value=int(trainer.pad_value), keep=show)
+        except programs.RewardProgramError as exc:  # a gold metric of the wrong kind, or a program's wrong output
+            raise exits.SkillError(f"scoring the {label}: {exc}: fix the program, or give it with the other option "
+                                   "(--metric: ids and a response mask -> (b,); --text-metric: prompt and response "
+                                   "text -> float)") from None
         except Exception as exc:  # noqa: BLE001 - sorted: the user's program, or the library
             raise loop.round_error(f"scoring the {label}", exc) from None
 
@@ -178,7 +186,10 @@ def verdict(report: dict[str, Any]) -> tuple[str, str]:
         line += f", gold metric {a['gold_mean']:.4g} -> {b['gold_mean']:.4g}"
     worst = min(range(len(b["per_prompt"])), key=lambda i: b["per_prompt"][i]["reward"] - a["per_prompt"][i]["reward"])
     rose = b["reward_mean"] > a["reward_mean"] and (b["gold_mean"] is None or b["gold_mean"] >= a["gold_mean"])
-    if rose:
+    if rose and report["policy_source"] != rundir.POLICY:  # a paused or stopped run: its latest checkpoint
+        nxt = f"finish the run ({reporting.command('palm-rlhf-skill train', '--resume ' + report['run_dir'])}), " \
+              f"then load its {rundir.POLICY}"
+    elif rose:
         nxt = f"load {report['run_dir']}/{rundir.POLICY} with PaLM(**[palm]).load(path)"
     elif b["gold_mean"] is not None and b["reward_mean"] > a["reward_mean"]:
         nxt = "the reward rose and the gold metric did not: read sub-skills/policy-optimization/references/" \

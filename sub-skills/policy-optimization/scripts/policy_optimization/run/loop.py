@@ -433,12 +433,15 @@ def _prepare(config_path: str | None, run: rundir.RunDir, run_dir: str | Path, r
     """``prepare`` once the run directory exists."""
     found = run.read_config(resume)  # raises when it is not a run config: a file of yours of that name is never replaced
     stored = found[0] if found and resume else None
+    if stored is not None and stored.get("kind") == "reward":
+        raise exits.SkillError(f"--resume {run_dir}: {found[1]} is a reward model's run (palm-rlhf-skill train-reward "
+                               "--resume continues it)")
     if config_path is None and stored is None:
         raise exits.SkillError(f"--resume {run_dir}: no {rundir.CONFIG} there to resume from: give --config FILE")
     if stored is not None and not config_path:  # --set on the stored config: only what extends the run
         rundir.check_resume_overrides(overrides, GROWABLE, run_dir)
     if config_path:
-        config = run_config.load(config_path, overrides)
+        config = run_config.load(config_path, overrides, run_config.FIRST_RUN)
     else:
         config = copy.deepcopy(stored["config"])
         try:
