@@ -19,7 +19,7 @@ from conftest import REPO, main_in_process, one_error_line, run
 from policy_optimization import builder, programs
 from policy_optimization.plan import prediction
 from policy_optimization.run import cases, loop, metrics
-from run_kit import checkpoint, rundir, watch
+from run_kit import checkpoint, lock, rundir, watch
 from skill_runtime import byte_tokenizer, exits, reporting
 
 SCRIPTS = REPO / "sub-skills" / "policy-optimization" / "scripts"
@@ -134,9 +134,9 @@ def test_a_train_lock_that_is_not_trains_own_is_refused_untouched(kind, start, p
     precious.write_text("keep me\n")
     run_dir = paused if start == "resume" else tmp_path / "new"
     run_dir.mkdir(exist_ok=True)
-    lock = run_dir / rundir.LOCK
-    {"symlink": lambda: lock.symlink_to(precious), "hard link": lambda: os.link(precious, lock),
-     "named pipe": lambda: os.mkfifo(lock)}[kind]()
+    lock_file = run_dir / rundir.LOCK
+    {"symlink": lambda: lock_file.symlink_to(precious), "hard link": lambda: os.link(precious, lock_file),
+     "named pipe": lambda: os.mkfifo(lock_file)}[kind]()
     before = files(run_dir)
     argv = ["--resume", str(run_dir)] if start == "resume" else ["--config", str(config(tmp_path / "cfg")),
                                                                   "--run-dir", str(run_dir)]
@@ -474,9 +474,9 @@ def test_watch_tells_a_killed_run_from_a_running_one(paused, tmp_path, capsys, m
     code, out, _ = watch_cli(capsys, monkeypatch, tmp_path, str(paused))
     last = out.splitlines()[-1]
     assert code == 0 and last.startswith("watch: KILLED after round 2") and f"--resume {paused}" in last, last
-    held = rundir.RunLock.acquire(rundir.RunDir(paused), "--resume x")
+    held = lock.RunLock.acquire(rundir.RunDir(paused), "--resume x")
     try:
-        assert watch.view(paused)["state"] == "running" and rundir.RunLock.held(rundir.RunDir(paused)) is True
+        assert watch.view(paused)["state"] == "running" and lock.RunLock.held(rundir.RunDir(paused)) is True
     finally:
         held.release()
 

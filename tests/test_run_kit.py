@@ -15,7 +15,7 @@ import torch
 from conftest import REPO, default_signals, main_in_process, one_error_line, run
 from policy_optimization import trainers
 from policy_optimization.run import cases, loop, metrics, watchdog
-from run_kit import checkpoint, launch, rundir, trackers, watch
+from run_kit import checkpoint, launch, lock, rundir, trackers, watch
 from skill_runtime import exits, runner
 
 SCRIPTS = REPO / "sub-skills" / "policy-optimization" / "scripts"
@@ -227,7 +227,7 @@ def test_watch_plot_without_matplotlib_says_how_to_install(healthy, tmp_path):
 
 
 def test_watch_of_a_run_before_its_first_row_says_it_is_starting(tmp_path):
-    held = rundir.RunLock.acquire(rundir.RunDir(tmp_path), "--run-dir x")  # train holds it from before its first row
+    held = lock.RunLock.acquire(rundir.RunDir(tmp_path), "--run-dir x")  # train holds it from before its first row
     with pytest.raises(exits.SkillError, match=r": a train is starting there \(train.lock, no metrics.jsonl "):
         watch.view(tmp_path)
     held.release()
@@ -468,7 +468,7 @@ def test_only_the_writing_rank_locks_the_run_directory(tmp_path, monkeypatch, ca
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "metrics.jsonl").write_text("")
-    held = rundir.RunLock.acquire(rundir.RunDir(run_dir), "--run-dir run")  # another train's lock
+    held = lock.RunLock.acquire(rundir.RunDir(run_dir), "--run-dir run")  # another train's lock
     code, _, err = main_in_process(train_main(), capsys, monkeypatch, tmp_path,  # --nproc's launcher refuses it
                                    "--resume", "run", "--nproc", "2", "--device", "cpu")  # before it starts a rank
     assert code == 2 and f"--resume run: another train is running in {run_dir} (pid {os.getpid()} " in \
@@ -487,18 +487,18 @@ def test_only_the_writing_rank_locks_the_run_directory(tmp_path, monkeypatch, ca
     with pytest.raises(exits.SkillError, match=f"another train is running in {run_dir} \\(pid {os.getpid()} on "):
         rundir.prepare(run_dir, False, True, writer=True)
     held.release()
-    run_, lock = rundir.prepare(run_dir, False, True, writer=True)
+    run_, taken = rundir.prepare(run_dir, False, True, writer=True)
     assert not (run_dir / "metrics.jsonl").exists() and (run_dir / rundir.LOCK).is_file()
-    lock.release()
+    taken.release()
     assert sorted(p.name for p in run_dir.iterdir()) == []
 
 
 def test_without_fcntl_there_is_no_lock_and_train_says_so(tmp_path, monkeypatch):
     """Where Python has no fcntl (Windows) no lock is taken (RunLock), nothing pretends one is, and
     loop.prepare says so in one line."""
-    monkeypatch.setattr(rundir, "fcntl", None)
-    run_, lock = rundir.prepare(tmp_path / "run", False, False)
-    assert lock is None and list(run_.path.iterdir()) == []
+    monkeypatch.setattr(lock, "fcntl", None)
+    run_, taken = rundir.prepare(tmp_path / "run", False, False)
+    assert taken is None and list(run_.path.iterdir()) == []
     said = []
     with pytest.raises(exits.SkillError, match="no non-empty line"):
         loop.prepare(str(cases.write(cases.Case("x", "grpo", None, "", prompts=("",)), tmp_path / "config")),

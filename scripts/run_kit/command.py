@@ -182,13 +182,13 @@ def run_ranks(script: Path, argv: list[str], nproc: int, device_spec: str, run_d
               progress: streams.Progress) -> dict[str, Any]:
     """``--nproc N``: ``script`` (a run command) as N ranks on this machine (``launch.launch_script``,
     torchrun), each with ``--json``; returns rank 0's summary with ``processes`` added. A run
-    directory that another process holds is refused here first (``rundir.RunLock.probe``; rank 0
+    directory that another process holds is refused here first (``lock.RunLock.probe``; rank 0
     locks it). Ctrl-C or SIGTERM here reaches the ranks as SIGTERM (each finishes its round and
     checkpoints; the launcher waits ``launch.STOP_GRACE_S``). Raises SkillError(1) when no rank
     reported, SkillError(2) for a held directory or too few GPUs. The ranks run in a private
     directory: relative paths of ``argv`` reach them made absolute (``absolute_paths``)."""
-    from run_kit import launch, rundir
-    rundir.RunLock.probe(rundir.RunDir((Path.cwd() / run_dir).resolve()), f"{flag} {run_dir}")
+    from run_kit import launch, lock, rundir
+    lock.RunLock.probe(rundir.RunDir((Path.cwd() / run_dir).resolve()), f"{flag} {run_dir}")
     device = "cpu" if launch.ddp_uses_cpu(device_spec, nproc, f"--nproc {nproc}") else "cuda"
     rank_argv = [*launch.without_nproc(absolute_paths(argv)), "--json"] + (["--progress"] if progress.enabled else [])
     with workspace.private_workdir() as cwd:

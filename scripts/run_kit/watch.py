@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from run_kit import rundir
+from run_kit import lock, rundir
 from skill_runtime import exits, reporting
 
 TABLE = (("round", "round", "{:d}"), ("rollouts", "rollouts", "{:d}"), ("reward", "reward_mean", "{:.3f}"),
@@ -73,7 +73,7 @@ def view(path: str | Path, last: int = 10) -> dict[str, Any]:
     train that has not written its first row yet (or died before it), or a file that is damaged,
     a link, or another run's."""
     run = rundir.RunDir(Path(path).expanduser().resolve())
-    alive = rundir.RunLock.held(run)
+    alive = lock.RunLock.held(run)
     if not os.path.lexists(run.metrics) and os.path.lexists(run.path / rundir.LOCK):
         if alive is False:
             raise exits.SkillError(f"{path}: a train started there and ended before its first row ({rundir.LOCK} that "

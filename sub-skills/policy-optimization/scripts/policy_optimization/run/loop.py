@@ -26,7 +26,7 @@ from typing import Any, Callable
 from policy_optimization import builder, evaluation, programs, run_config, trainers
 from policy_optimization.run import export, metrics, threads, watchdog
 from policy_optimization.run import summary as run_summary
-from run_kit import checkpoint, command, launch, rundir, trackers
+from run_kit import checkpoint, command, launch, lock, rundir, trackers
 from skill_runtime import exits, placement, streams, workspace
 
 PROG = "palm-rlhf-skill train"
@@ -88,7 +88,7 @@ class Run:
     groups: dict[str, list] = field(default_factory=dict)   # trainable tensors per group (trainers.trainable_groups)
     policy_palm: Any = None                                  # the policy's PaLM and LoRA scope, unwrapped once
     scope: str | None = None
-    lock: rundir.RunLock | None = None                       # the run directory's, held until finish()
+    lock: lock.RunLock | None = None                       # the run directory's, held until finish()
     run_id: str | None = None                                # run_config.json's (None: a run of an older version)
     notes: list[str] = field(default_factory=list)           # warnings for summary.json (an inexact resume, ...)
     unseen: Any = None      # (num_tokens,) bool: ids the reward model never trained on (metrics.unseen_mask), or None
@@ -376,7 +376,7 @@ class Prepared:
     resolved: dict[str, Any]
     resume: bool
     options: Options
-    lock: rundir.RunLock | None = None  # the writer's (rundir.prepare); None on another rank or without fcntl
+    lock: lock.RunLock | None = None  # the writer's (rundir.prepare); None on another rank or without fcntl
     created: Path | None = None         # the topmost directory this invocation created (rundir.first_missing)
     coverage: list[int] | None = None   # the reward model's unseen ids (builder.reward_coverage)
     placed: dict[str, Any] = field(default_factory=dict)  # device spec -> placement.resolve_device's answer
