@@ -6,8 +6,10 @@ import importlib.util
 import json
 import os
 import signal
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,17 @@ import pytest
 # One torch thread per test process (pytest-xdist runs two on a 2-core machine) and per child: set
 # before anything imports torch; the helpers' own --cpu-threads still apply where a test gives them.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+# Per-user caches as a fresh machine has them (issue 39: matplotlib's first font scan runs
+# ``fc-list``, a process, which the quick tier refuses; on a machine with a cache the same test
+# passed). The controller makes one empty folder per session, every xdist worker and child process
+# inherits it (``FRESH_CACHES``); ``pytest_configure`` fills matplotlib's font cache there once,
+# before any test, and ``pytest_unconfigure`` removes the folder.
+FRESH_CACHES = "PALM_RLHF_SKILL_TEST_CACHES"
+OWN_CACHES = FRESH_CACHES not in os.environ  # this process made the folder (the controller): it removes it
+if OWN_CACHES:
+    os.environ[FRESH_CACHES] = tempfile.mkdtemp(prefix="palm-rlhf-skill-test-caches-")
+os.environ["MPLCONFIGDIR"] = str(Path(os.environ[FRESH_CACHES]) / "matplotlib")
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "sub-skills" / "policy-optimization" / "scripts" / "tiny_rlhf_smoke.py"
@@ -109,6 +122,23 @@ def canary_failure(item, excinfo) -> str:
     if len(lines) > room:
         lines = lines[:room - 1] + [f"... ({len(lines) - room + 1} more lines)"]
     return "\n".join([f"{where}: the canary of {doc}#{anchor} failed:", *lines])
+
+
+def pytest_configure(config):
+    """The controller (or a run without workers) builds matplotlib's font cache in the session's
+    fresh MPLCONFIGDIR before any test runs: the scan starts ``fc-list``, which a quick-tier test may
+    not (``quick_tier_starts_no_process``). A test of the first scan itself starts its own process
+    with an empty folder (tests/test_run_kit.py)."""
+    if hasattr(config, "workerinput"):
+        return
+    with contextlib.suppress(ImportError):
+        import matplotlib.font_manager  # noqa: F401 - builds fontlist-*.json in MPLCONFIGDIR
+
+
+def pytest_unconfigure(config):
+    """The process that made the session's cache folder removes it (nothing left behind)."""
+    if OWN_CACHES:
+        shutil.rmtree(os.environ[FRESH_CACHES], ignore_errors=True)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -209,6 +209,19 @@ def test_watch_plot_draws_a_png(healthy, tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_watch_plot_on_a_fresh_machine_builds_the_font_cache_and_draws(healthy, tmp_path):
+    """Issue 39: a machine with no matplotlib font cache yet (an empty MPLCONFIGDIR): the first
+    ``watch --plot`` scans the fonts (matplotlib runs ``fc-list``), writes the cache and draws."""
+    pytest.importorskip("matplotlib")
+    cache = tmp_path / "mplconfig"
+    cache.mkdir()
+    proc = run([sys.executable, str(WATCH), str(healthy.run.path), "--plot", "curves.png"], tmp_path,
+               env={"MPLCONFIGDIR": str(cache)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert list(cache.glob("fontlist-*.json")), sorted(p.name for p in cache.iterdir())  # the scan ran here
+
+
 @pytest.mark.parametrize("target", ["missing/curves.png", "curves.unknown-format"])
 def test_watch_plot_to_a_bad_path_is_one_line(healthy, tmp_path, target):
     pytest.importorskip("matplotlib")
