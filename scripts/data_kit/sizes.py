@@ -27,15 +27,15 @@ def longest(lengths: list[int]) -> int:
 
 def check_length(lengths: list[int], places: list[str], limit: int, where: str, fix: str) -> None:
     """Refuse when a row is longer than ``limit`` tokens: one line naming the longest row's place,
-    its length, the limit, how many rows are over it, and ``fix`` (the option that changes it).
-    Raises SkillError(2)."""
+    its length, the limit, how many rows are over it, and ``fix`` (the option that changes it);
+    ``where`` (may be empty) goes before the place. Raises SkillError(2)."""
     if not lengths:
         return
     i = longest(lengths)
     if lengths[i] <= limit:
         return
     over = sum(n > limit for n in lengths)
-    raise exits.SkillError(f"{where}: {places[i]}: {lengths[i]:,} tokens, above the limit of {limit:,} "
+    raise exits.SkillError(f"{where + ': ' if where else ''}{places[i]}: {lengths[i]:,} tokens, above the limit of {limit:,} "
                            f"({over} of {len(lengths)} rows are over it): {fix}")
 
 

@@ -156,7 +156,7 @@ def fit(examples: Examples, max_length: int, truncate: bool, key: str) -> int:
     Returns how many rows were truncated. ``key``: the config key of the file, for the message."""
     lengths = examples.lengths()
     if not truncate:
-        sizes.check_length(lengths, examples.places, max_length, key,
+        sizes.check_length(lengths, examples.places, max_length, "" if examples.places else key,
                            f"raise [data] max_length, or set [data] truncate = true (the prompt's start goes first, "
                            f"then the responses' end)")
         return 0

@@ -359,10 +359,11 @@ class RewardRun:
         return out
 
     def held_out_figures(self) -> dict[str, float | None]:
-        """``held_out_loss``, ``held_out_accuracy`` and ``held_out_margin`` of the held-out rows
+        """``held_out_loss``, ``held_out_accuracy``, ``held_out_margin`` and ``held_out_pairs`` (the
+        pairs the accuracy is over: None for no pair, never 0) of the held-out rows
         (``reward_report.pairwise``); the main process only (else all None)."""
         if not self.main:
-            return dict.fromkeys(("held_out_loss", "held_out_accuracy", "held_out_margin"))
+            return dict.fromkeys(("held_out_loss", "held_out_accuracy", "held_out_margin", "held_out_pairs"))
         import torch
         held = self.prepared.held_out
         first = self.score(held.prompts, held.first)
@@ -374,7 +375,8 @@ class RewardRun:
         else:
             loss = self.ratings_loss(held)
             figures = reward_report.ranked(first, held.ratings)
-        return {"held_out_loss": loss, "held_out_accuracy": figures["accuracy"], "held_out_margin": figures["margin"]}
+        return {"held_out_loss": loss, "held_out_accuracy": figures["accuracy"], "held_out_margin": figures["margin"],
+                "held_out_pairs": figures["count"]}
 
     def ratings_loss(self, held: examples.Examples) -> float:
         """The library's loss (``labels=``: MSE, or cross-entropy when binned) over ``held``, the
