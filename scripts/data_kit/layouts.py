@@ -69,6 +69,16 @@ class Pair:
 
 # --- options ------------------------------------------------------------------------------------------
 
+def options_from(table: dict[str, Any], where: str) -> Options:
+    """A config table's reading keys (``format``, ``implicit_prompt``, ``template``, ``columns``:
+    train-reward's [data], train's [prompts]) as Options; absent keys keep the defaults.
+    ``where`` names the table in messages (``config [data]``)."""
+    return Options(format=table.get("format") or "auto",
+                   template=check_template(table.get("template") or {}, f"{where} template"),
+                   cut=table.get("implicit_prompt") or "turn", columns=check_columns(table.get("columns") or {},
+                                                                                      f"{where} columns"))
+
+
 def check_template(template: Any, where: str) -> dict[str, str]:
     """``template`` (a table: any of DEFAULT_TEMPLATE's keys; the others keep their default) as the
     full template. Each role's text holds ``{content}`` once; ``assistant`` must begin with
@@ -334,21 +344,29 @@ def read_prompts(path: str, key: str, options: Options | None = None, split: str
     ``groups[i]`` is the ``group`` column's value (``options.columns`` renames it) as a string for
     prompt ``i``, None where a row has none or the file has no such column. Raises SkillError(2)
     naming ``key``, the file and the row; no prompt at all is an error."""
+    texts, groups, _ = prompt_rows(path, key, options, split, split_key, prefer)
+    return texts, groups
+
+
+def prompt_rows(path: str, key: str, options: Options | None = None, split: str | None = None,
+                split_key: str = "split", prefer: str = "train") -> tuple[list[str], list[str | None], list[str]]:
+    """``read_prompts`` with a third list: each prompt's place (``config [prompts] file: FILE line
+    3``), for the messages of a later check (its length in tokens)."""
     options = options or Options()
     table = tables.read_table(path, key, split, split_key, text_kind="text", prefer=prefer)
     if table.kind == "text":
-        return list(table.rows), [None] * len(table.rows)
+        return list(table.rows), [None] * len(table.rows), [f"{key}: {table.at(i)}" for i in range(len(table.rows))]
     first = table.rows[0]
     if isinstance(first, dict) and _present(first, options.column("chosen")):
         pairs, _ = pairs_of(table, options, key)
-        seen: dict[str, str | None] = {}
+        seen: dict[str, Pair] = {}
         for pair in pairs:
             if pair.prompt.strip() and pair.prompt not in seen:
-                seen[pair.prompt] = pair.group
+                seen[pair.prompt] = pair
         if not seen:
             raise exits.SkillError(f"{key}: {table.label}: every pair's prompt is empty: no prompt to train on")
-        return list(seen), list(seen.values())
-    texts, groups = [], []
+        return list(seen), [p.group for p in seen.values()], [p.place for p in seen.values()]
+    texts, groups, places = [], [], []
     for i, row in enumerate(table.rows):
         at = f"{key}: {table.at(i)}"
         text = prompt_of(row, options, at)
@@ -356,6 +374,7 @@ def read_prompts(path: str, key: str, options: Options | None = None, split: str
             group = row.get(options.column("group"))
             texts.append(text)
             groups.append(None if group is None else str(group))
+            places.append(at)
     if not texts:
         raise exits.SkillError(f"{key}: {table.label}: every prompt is empty")
-    return texts, groups
+    return texts, groups, places

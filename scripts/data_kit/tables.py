@@ -110,8 +110,18 @@ def read_table(path: str, key: str, split: str | None = None, split_key: str = "
              "text": _text}[kind](path, where, split, (split_key, prefer))
     table.label = table.label or path
     if not table.rows:
-        raise exits.SkillError(f"{where}: no rows" + (" (one prompt per line)" if kind == "text" else ""))
+        raise exits.SkillError(f"{where}: no non-empty line" if kind == "text" else f"{where}: no rows")
     return table
+
+
+def read_lines(path: str, key: str) -> list[str]:
+    """The non-empty lines of a text file, whatever its name (``decoded``: UTF-8, a byte-order mark
+    dropped). Raises SkillError(2) naming ``key`` and the file: unreadable, another encoding, no
+    non-empty line."""
+    table = _text(path, f"{key}: {path}", None, None)
+    if not table.rows:
+        raise exits.SkillError(f"{key}: {path}: no non-empty line")
+    return list(table.rows)
 
 
 def _text(path: str, where: str, split, split_key) -> Table:

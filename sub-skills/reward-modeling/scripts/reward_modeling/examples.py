@@ -62,14 +62,6 @@ class Examples:
         return max(self.lengths(), default=1)
 
 
-def reading_options(data: dict[str, Any]) -> layouts.Options:
-    """The [data] keys that say how to read the rows (format, template, implicit_prompt, columns)
-    as ``data_kit.layouts.Options``; absent keys keep the layouts' defaults."""
-    return layouts.Options(format=data.get("format") or "auto",
-                           template=layouts.check_template(data.get("template") or {}, "config [data] template"),
-                           cut=data.get("implicit_prompt") or "turn", columns=dict(data.get("columns") or {}))
-
-
 def read_rows(path: str, kind: str, where: str, bins: int, data: dict[str, Any] | None = None,
               held_out: bool = False) -> list[dict[str, Any]]:
     """The rows of ``path`` (any file or folder ``data_kit.tables`` reads; pairs in any layout of
@@ -81,7 +73,7 @@ def read_rows(path: str, kind: str, where: str, bins: int, data: dict[str, Any] 
     held_out_split, default ``test``). Raises SkillError(2) naming ``where`` (the config key),
     the file and the row."""
     data = data or {}
-    options = reading_options(data)
+    options = layouts.options_from(data, "config [data]")
     split, split_key = (data.get("held_out_split"), "[data] held_out_split") if held_out else \
         (data.get("split"), "[data] split")
     prefer = "test" if held_out else "train"
