@@ -56,6 +56,13 @@ class Table:
         return f"{self.label or self.path} {self.places[index]}"
 
 
+def must_exist(where: str, path: str) -> None:
+    """SkillError(2) after ``where`` (the config key) when ``path`` is neither a file nor a folder
+    (a datasets folder is read whole; what it holds is checked when it is read)."""
+    if not Path(path).exists():
+        raise exits.SkillError(f"{where}: {path}: no such file or datasets folder")
+
+
 def kind_of(path: str | Path, text_kind: str = "jsonl") -> str:
     """The reader a path takes: ``datasets`` for a folder, else by its suffix (KINDS), else
     ``text_kind`` (``jsonl`` for data, ``text`` for prompts)."""

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import cached_sampler  # torch-free at import
-from data_kit import layouts
+from data_kit import layouts, tables
 from skill_runtime import exits, options
 from policy_optimization import trainers
 
@@ -409,7 +409,9 @@ def check_against_library(config: dict[str, Any]) -> dict[str, Any]:
         "seed": OWN_DEFAULTS[("run", "seed")], "sampler": OWN_DEFAULTS[("run", "sampler")], **config["run"]}
     resolved["sampler"] = (resolved["run"] or {}).get("sampler", OWN_DEFAULTS[("run", "sampler")])
     for section, key in PATH_KEYS:
-        if key in config.get(section, {}) and (section, key) not in PROGRAM_KEYS:
+        if (section, key) in (("prompts", "file"), ("eval", "prompts_file")) and key in config.get(section, {}):
+            tables.must_exist(f"config [{section}] {key}", config[section][key])  # a file, or a datasets folder
+        elif key in config.get(section, {}) and (section, key) not in PROGRAM_KEYS:
             programs.must_be_file(f"config [{section}] {key}", config[section][key])
     resolved["programs"] = {f"{section}.{key}": programs.load_program(section, key, config[section][key])
                             for section, key in PROGRAM_KEYS if key in config.get(section, {})}

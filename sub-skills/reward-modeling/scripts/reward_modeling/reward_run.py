@@ -78,11 +78,14 @@ class Prepared:
     placed: dict[str, Any] = field(default_factory=dict)
 
     def place(self, device_spec: str) -> tuple[dict[str, Any], Any]:
-        """``placement.resolve_device(device_spec)``, once; a refusal refuses the start."""
+        """``placement.resolve_device(device_spec)`` and the memory the rows need on that device
+        (``check_memory``), once; a refusal refuses the start."""
         if device_spec not in self.placed:
             try:
                 self.placed[device_spec] = placement.resolve_device(device_spec)
+                check_memory(self, self.placed[device_spec][1], max(1, int(os.environ.get("WORLD_SIZE", "1") or 1)))
             except BaseException:
+                self.placed.pop(device_spec, None)
                 self.claim.refused()
                 raise
         return self.placed[device_spec]
@@ -248,7 +251,6 @@ class RewardRun:
         from policy_optimization import builder
         resolved, run, options = prepared.resolved, prepared.claim.run, prepared.options
         device_kwargs, device = prepared.place(device_spec)
-        check_memory(prepared, device, max(1, int(os.environ.get("WORLD_SIZE", "1") or 1)))
         if options.log_with:
             device_kwargs = {**device_kwargs, **trackers.accelerate_kwargs(options.log_with, run.trackers)}
         set_seed(resolved["run"]["seed"])

@@ -28,7 +28,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from data_kit import layouts
+from data_kit import layouts, tables
 from skill_runtime import exits, options
 from policy_optimization import run_config
 
@@ -167,7 +167,9 @@ def check_against_library(config: dict[str, Any]) -> dict[str, Any]:
                                "(Bradley-Terry on the scalar score), or give [data] ratings")
     for section, key in PATH_KEYS:
         value = config.get(section, {}).get(key)
-        if value and (section, key) not in PROGRAM_KEYS:
+        if value and section == "data" and (section, key) not in PROGRAM_KEYS:
+            tables.must_exist(f"config [{section}] {key}", value)  # a file, or a datasets folder
+        elif value and (section, key) not in PROGRAM_KEYS:
             programs.must_be_file(f"config [{section}] {key}", value)
     tokenizer = resolved["data"]["tokenizer"]
     resolved["programs"] = {} if tokenizer is None else {
