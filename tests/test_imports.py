@@ -71,6 +71,7 @@ def test_readme_layout_names_every_room():
     """Each module of the runtime, the run kit and the sub-skills' packages is named in README.md's Layout."""
     layout = (REPO / "README.md").read_text(encoding="utf-8").split("## Layout", 1)[1]
     rooms = [*(REPO / "scripts" / "skill_runtime").glob("*.py"), *(REPO / "scripts" / "run_kit").glob("*.py"),
+             *(REPO / "scripts" / "data_kit").glob("*.py"),
              *(REPO / "sub-skills" / "policy-optimization" / "scripts" / "policy_optimization").rglob("*.py"),
              *(REPO / "sub-skills" / "reward-modeling" / "scripts" / "reward_modeling").glob("*.py")]
     missing = sorted(p.relative_to(REPO).as_posix() for p in rooms if not p.stem.startswith("__") and f"`{p.stem}`" not in layout)

@@ -552,10 +552,10 @@ def test_resume_keeps_the_cpu_threads_the_run_started_with(tmp_path, capsys, mon
 def test_a_max_seq_len_that_leaves_no_room_for_a_response_is_refused_before_round_1(tmp_path, capsys, monkeypatch):
     cfg = config(tmp_path / "cfg", rounds=1, train={"max_seq_len": 3})  # prompts of 2 and 3 bytes
     code, _, err = cli(capsys, monkeypatch, tmp_path, "--config", str(cfg), "--run-dir", "run")
-    line = error_line(err)
-    assert code == 2 and line.endswith("set max_seq_len above 4 (the longest prompt plus the response length "
-                                       "you want), or shorter prompts"), line
-    assert "config [train] max_seq_len: " in line and not (tmp_path / "run").exists()
+    line = error_line(err)  # refused before the model is built, naming the longest prompt's file and line
+    assert code == 2 and "config [prompts] file: " in line and "prompts.txt line " in line, line
+    assert ": 3 tokens, above the limit of 1 " in line and "[train] max_seq_len (now 3) must exceed" in line, line
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_byte_order_mark_is_not_part_of_the_first_prompt(tmp_path):

@@ -107,6 +107,8 @@ def view(path: str | Path, last: int = 10) -> dict[str, Any]:
 
 def _cell(row: dict[str, Any], key: str, fmt: str) -> str:
     value = row.get(key)
+    if value is None and key == "held_out_accuracy" and row.get("held_out_pairs") == 0:
+        return "n/a"  # an accuracy over zero pairs is not a number (reward_report.no_accuracy_reason)
     if value is None or (isinstance(value, float) and not math.isfinite(value) and fmt != "{}"):
         return "-" if value is None else str(value)
     if key == "rules":
@@ -164,6 +166,9 @@ def verdict(data: dict[str, Any]) -> str:
     layout = LAYOUTS[data.get("kind", "policy")]
     held = data["curves"][layout.headline]
     change = f"; {layout.headline} {held[0][1]:.4g} -> {held[-1][1]:.4g}" if len(held) >= 2 else ""
+    reason = ((data.get("summary") or {}).get("held_out") or {}).get("reason")
+    if not held and (reason or any(r.get("held_out_pairs") == 0 for r in data["rows"])):
+        change = f"; {layout.headline} n/a ({reason or '0 held-out pairs'})"
     rules = f"; rules fired: {', '.join(data['rules_fired'])}" if data["rules_fired"] else "; no rule fired"
     plotted = bool(data.get("plot"))
     if data["state"] == "running":

@@ -67,6 +67,7 @@ BUDGET = {
         "sub-skills/policy-optimization/references/api-reference.md": 9250,
         "sub-skills/policy-optimization/references/distributed.md": 5500,
         "sub-skills/policy-optimization/references/multi-node.md": 1500,
+        "sub-skills/policy-optimization/references/inputs.md": 2000,  # issue 38: the input table, 24 rows (~1630)
         "sub-skills/policy-optimization/references/run-directory.md": 1500,  # issue 31's file table: ~1250, plus 20%
         "sub-skills/policy-optimization/references/sizing.md": 5250,
         "sub-skills/policy-optimization/references/training-run.md": 6350,  # issue 30 item 4: the longer-run table (~330)
@@ -75,7 +76,7 @@ BUDGET = {
         "sub-skills/policy-optimization/references/workflows.md": 9300,  # 5th knowledge test: the default-size step counts, with their block (~250)
         "sub-skills/reward-modeling/references/implicit-prm.md": 1500,
         "sub-skills/reward-modeling/references/reward-api.md": 5000,  # 5th knowledge test: left padding, prompt length k (~110)
-        "sub-skills/reward-modeling/references/preferences.md": 2750,  # issue 30: train-reward, the worked example, token coverage
+        "sub-skills/reward-modeling/references/preferences.md": 3250,  # issue 30: train-reward, the worked example, token coverage; issue 35: the layouts and the [data] reading keys (~1000)
         "*": 2000,
     },
 }

@@ -286,6 +286,8 @@ _INDEX = "a table of links to the sections that cite"
 NO_LIBRARY_CLAIM = {
     "references/installation.md": "this package: install, tested versions, exit codes",
     "references/reports.md": "the --json keys of this tree's helpers",
+    "sub-skills/policy-optimization/references/inputs.md": "this tree's checks of its inputs, and their tests",
+    "sub-skills/reward-modeling/references/preferences.md#layouts": "the layouts this tree reads (data_kit.layouts)",
     "references/probes.md": "the probe kit (scripts/probe_kit.py): what its helpers build and run",
     "sub-skills/policy-optimization/references/multi-node.md": "launch recipes for this tree's smoke helper",
     "sub-skills/policy-optimization/references/sizing.md": _OURS,

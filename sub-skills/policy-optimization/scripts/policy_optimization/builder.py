@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from data_kit import layouts, tables
 from skill_runtime import exits
 from policy_optimization import programs, trainers
 
@@ -37,21 +38,32 @@ class Built:
 
 def read_lines(path: str, key: str) -> list[str]:
     """The non-empty lines of ``path`` (UTF-8; a byte-order mark at its start, as some editors
-    write, is not part of the first line). Raises SkillError(2) naming ``key``."""
-    try:
-        lines = Path(path).read_text(encoding="utf-8-sig").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise exits.SkillError(f"config {key}: cannot read it: {exits.one_line(exc)}") from None
-    kept = [line for line in lines if line.strip()]
-    if not kept:
-        raise exits.SkillError(f"config {key}: no non-empty line in {path}")
-    return kept
+    write, is not part of the first line; ``data_kit.tables.read_lines``). Raises SkillError(2)
+    naming ``key``."""
+    return tables.read_lines(path, f"config {key}")
 
 
-def tokenize_file(resolved: dict[str, Any], path: str, key: str):
-    """The lines of ``path`` through the run's tokenizer (``programs.tokenizer``): (n, len) int64,
-    checked (``programs.checked_ids``). Raises SkillError(2) naming ``key``."""
-    return programs.tokenize(programs.tokenizer(resolved), read_lines(path, key), f"config {key}",
+def prompt_texts(resolved: dict[str, Any], section: str) -> tuple[list[str], list[str | None], list[str]]:
+    """The prompts of [prompts] file (``section`` "prompts") or [eval] prompts_file ("eval"), read
+    as ``data_kit.layouts.read_prompts`` reads them (a text file one per line, a table's prompt
+    column, or the prompts of preference pairs in any layout), with [prompts]' reading keys
+    (format, implicit_prompt, template, columns) and the section's split (default: a datasets
+    folder's only split, else ``train`` for [prompts], ``test`` for [eval]). Returns (texts,
+    groups, places): ``groups[i]`` the row's ``group`` column or None. Raises SkillError(2)
+    naming the key, the file and the row."""
+    prompts = resolved["prompts"]
+    key, table = ("[prompts] file", prompts) if section == "prompts" else ("[eval] prompts_file", resolved["eval"])
+    path = table["file"] if section == "prompts" else table["prompts_file"]
+    return layouts.prompt_rows(path, f"config {key}", layouts.options_from(prompts, "config [prompts]"),
+                               table.get("split"), f"[{section}] split", "train" if section == "prompts" else "test")
+
+
+def tokenize_file(resolved: dict[str, Any], section: str):
+    """The prompts of ``section`` (``prompt_texts``) through the run's tokenizer
+    (``programs.tokenizer``): (n, len) int64, checked (``programs.checked_ids``). Raises
+    SkillError(2) naming the key."""
+    key = "[prompts] file" if section == "prompts" else "[eval] prompts_file"
+    return programs.tokenize(programs.tokenizer(resolved), prompt_texts(resolved, section)[0], f"config {key}",
                              resolved["palm"]["num_tokens"])
 
 
@@ -68,24 +80,36 @@ def prompt_token_ids(resolved: dict[str, Any], seed: int, meta: bool = False):
     if "file" not in prompts:
         generator = torch.Generator().manual_seed(seed)
         return torch.randint(1, num_tokens, (prompts["count"], prompts["length"]), generator=generator)
-    return tokenize_file(resolved, prompts["file"], "[prompts] file")
+    return tokenize_file(resolved, "prompts")
 
 
 def eval_prompt_ids(resolved: dict[str, Any]):
     """[eval] prompts_file through the run's tokenizer: (q, m) int64, or None without [eval]."""
     if resolved["eval"] is None:
         return None
-    return tokenize_file(resolved, resolved["eval"]["prompts_file"], "[eval] prompts_file")
+    return tokenize_file(resolved, "eval")
 
 
 def check_prompt_files(resolved: dict[str, Any]) -> None:
-    """Read [prompts] file and [eval] prompts_file as ``tokenize_file`` will (``read_lines``), so
-    that an unreadable, non-UTF-8 or blank file is refused before a model is built. Raises
-    SkillError(2) naming the key."""
-    if "file" in resolved["prompts"]:
-        read_lines(resolved["prompts"]["file"], "[prompts] file")
-    if resolved["eval"] is not None:
-        read_lines(resolved["eval"]["prompts_file"], "[eval] prompts_file")
+    """Read [prompts] file and [eval] prompts_file as ``tokenize_file`` will (``prompt_texts``),
+    tokenize them and check their lengths, so that an unreadable, non-UTF-8, blank or malformed
+    file, or a prompt too long for [train] max_seq_len, is refused before a model is built: a
+    prompt of ``max_seq_len - 1`` ids or more leaves its rollouts one token
+    (``advice.prompts_fill_max_seq_len``, palm.py:429). Raises SkillError(2) naming the key, the
+    longest prompt's file and line, its length in tokens and the limit."""
+    from data_kit import sizes
+    max_seq_len = resolved["effective"]["train"]["max_seq_len"]
+    for section in ("prompts", "eval"):
+        if (section == "prompts" and "file" not in resolved["prompts"]) or (section == "eval" and resolved["eval"] is None):
+            continue
+        texts, _, places = prompt_texts(resolved, section)
+        key = "[prompts] file" if section == "prompts" else "[eval] prompts_file"
+        ids = programs.tokenize(programs.tokenizer(resolved), texts, f"config {key}", resolved["palm"]["num_tokens"])
+        lengths = (ids != 0).sum(-1).tolist()
+        sizes.check_length(lengths, places, max_seq_len - 2, "",
+                           f"[train] max_seq_len (now {max_seq_len:,}) must exceed the longest prompt by the response "
+                           "length you want (a prompt of max_seq_len - 1 ids or more gets one-token responses), or "
+                           "shorter prompts")
 
 
 META_ABOVE_ELEMENTS = 4096  # while counting, tensors larger than this are made on the meta device

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import cached_sampler  # torch-free at import
+from data_kit import layouts, tables
 from skill_runtime import exits, options
 from policy_optimization import trainers
 
@@ -30,16 +31,20 @@ REQUIRED_SECTIONS = ("palm", "trainer", "prompts")
 # also holds PaLM's arguments beside its own ``checkpoint``.
 OWN_KEYS: dict[str, dict[str, type]] = {
     "palm": {"checkpoint": str},
-    "prompts": {"count": int, "length": int, "file": str, "tokenizer": str},
+    "prompts": {"count": int, "length": int, "file": str, "tokenizer": str, "split": str, "format": str,
+                "implicit_prompt": str, "template": dict, "columns": dict},
     "reward": {"program": str, "text_program": str, "checkpoint": str},
-    "eval": {"prompts_file": str, "every": int, "samples": int, "metric": str, "text_metric": str},
+    "eval": {"prompts_file": str, "every": int, "samples": int, "metric": str, "text_metric": str, "split": str},
     "run": {"rounds": int, "checkpoint_every": int, "seed": int, "sampler": str},
 }
 LIBRARY_SECTIONS = ("palm", "reward_model", "trainer", "train")  # checked against signatures
 # the skill's defaults for its own keys (listed in a plan's ``defaults_applied`` when used)
 OWN_DEFAULTS = {("eval", "every"): 1, ("eval", "samples"): 1, ("run", "seed"): 0,
                 ("run", "sampler"): cached_sampler.DEFAULT_SAMPLER}
-CHOICES = {("run", "sampler"): cached_sampler.SAMPLERS}  # keys that take one of a few names
+CHOICES = {("run", "sampler"): cached_sampler.SAMPLERS,  # keys that take one of a few names
+           ("prompts", "format"): layouts.FORMATS, ("prompts", "implicit_prompt"): layouts.CUTS}
+# [prompts] keys that say how to read [prompts] file and [eval] prompts_file (data_kit.layouts.options_from)
+READING_KEYS = ("format", "implicit_prompt", "template", "columns")
 # keys naming a file, relative to the config file; "file.py:callable" keeps its callable part
 PATH_KEYS = (("palm", "checkpoint"), ("prompts", "file"), ("prompts", "tokenizer"), ("reward", "program"),
              ("reward", "text_program"), ("reward", "checkpoint"), ("eval", "prompts_file"), ("eval", "metric"),
@@ -105,7 +110,7 @@ def read_config(path: str, shipped: Path = PLANS) -> dict[str, Any]:
         if len(data) > MAX_CONFIG_BYTES:
             raise exits.SkillError(f"config {path}: larger than {MAX_CONFIG_BYTES // 2**20} MiB, the most a config "
                                    "may be (a config is a few KiB): pass the TOML or JSON config file")
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # a byte-order mark, as some editors write, is not part of the TOML
     except (OSError, UnicodeDecodeError) as exc:
         hint = f" (the shipped configs are in {shipped})" if isinstance(exc, FileNotFoundError) else ""
         raise exits.SkillError(f"config {path}: cannot read it: {exits.one_line(exc)}{hint}") from None
@@ -204,6 +209,10 @@ def check_own_keys(config: dict[str, Any], section: str) -> None:
         check_minimum(section, key, value)
         if (section, key) in CHOICES and value not in CHOICES[section, key]:
             raise exits.SkillError(f"config [{section}] {key}: {value!r}; choose one of {', '.join(CHOICES[section, key])}")
+        if section == "prompts" and key == "template":
+            layouts.check_template(value, "config [prompts] template")
+        if section == "prompts" and key == "columns":
+            layouts.check_columns(value, "config [prompts] columns")
 
 
 def program_syntax(value: str) -> bool:
@@ -262,6 +271,8 @@ def check_prompts(prompts: dict[str, Any]) -> None:
     if "tokenizer" in prompts and "file" not in prompts:
         raise exits.SkillError("config [prompts] tokenizer: applies to [prompts] file (count and length are "
                                "random ids)")
+    if "split" in prompts and "file" not in prompts:
+        raise exits.SkillError("config [prompts] split: applies to a [prompts] file that is a datasets folder")
 
 
 def check_reward(config: dict[str, Any]) -> None:
@@ -398,7 +409,9 @@ def check_against_library(config: dict[str, Any]) -> dict[str, Any]:
         "seed": OWN_DEFAULTS[("run", "seed")], "sampler": OWN_DEFAULTS[("run", "sampler")], **config["run"]}
     resolved["sampler"] = (resolved["run"] or {}).get("sampler", OWN_DEFAULTS[("run", "sampler")])
     for section, key in PATH_KEYS:
-        if key in config.get(section, {}) and (section, key) not in PROGRAM_KEYS:
+        if (section, key) in (("prompts", "file"), ("eval", "prompts_file")) and key in config.get(section, {}):
+            tables.must_exist(f"config [{section}] {key}", config[section][key])  # a file, or a datasets folder
+        elif key in config.get(section, {}) and (section, key) not in PROGRAM_KEYS:
             programs.must_be_file(f"config [{section}] {key}", config[section][key])
     resolved["programs"] = {f"{section}.{key}": programs.load_program(section, key, config[section][key])
                             for section, key in PROGRAM_KEYS if key in config.get(section, {})}

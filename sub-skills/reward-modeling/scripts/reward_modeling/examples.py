@@ -1,9 +1,10 @@
-"""The reward model's data: preference pairs or ratings from JSONL, checked row by row, tokenized,
-split into a training and a held-out set, and cut into batches.
+"""The reward model's data: preference pairs or ratings read by ``data_kit`` (JSONL, JSON, CSV,
+Parquet, a datasets folder; pairs in any of the field's layouts), checked row by row, tokenized,
+fitted to [data] max_length, split into a training and a held-out set, and cut into batches.
 
-One row per line (blank lines skipped), UTF-8:
-- pairs: ``{"prompt": str, "chosen": str, "rejected": str}``, chosen and rejected different and
-  not empty (the prompt may be empty);
+- pairs: ``{"prompt": str, "chosen": str, "rejected": str}`` once read (an implicit prompt taken,
+  a conversation rendered: ``data_kit.layouts``), chosen and rejected different and not empty
+  (the prompt may be empty);
 - ratings: ``{"prompt": str, "response": str, "rating": number}``; with a binned model
   (``num_binned_output`` = K > 1) the rating is a bin index, an integer in [0, K).
 
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from data_kit import layouts, sizes
 from skill_runtime import exits
 
 PAD_ID = 0
@@ -30,19 +32,26 @@ KEYS = {"pairs": ("prompt", "chosen", "rejected"), "ratings": ("prompt", "respon
 class Examples:
     """Tokenized rows. ``prompts[i]``: the prompt's ids; pairs: ``first[i]`` chosen and
     ``second[i]`` rejected response ids; ratings: ``first[i]`` the response ids and ``ratings[i]``
-    its rating (``second`` empty)."""
+    its rating (``second`` empty); ``places[i]`` where the row is (``config [data] pairs: FILE line
+    3``)."""
     kind: str
     prompts: list[list[int]] = field(default_factory=list)
     first: list[list[int]] = field(default_factory=list)
     second: list[list[int]] = field(default_factory=list)
     ratings: list[float] = field(default_factory=list)
+    places: list[str] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.prompts)
 
     def subset(self, indices: list[int]) -> "Examples":
         pick = lambda values: [values[i] for i in indices] if values else []  # noqa: E731
-        return Examples(self.kind, pick(self.prompts), pick(self.first), pick(self.second), pick(self.ratings))
+        return Examples(self.kind, pick(self.prompts), pick(self.first), pick(self.second), pick(self.ratings),
+                        pick(self.places))
+
+    def lengths(self) -> list[int]:
+        """Each row's longest sequence (prompt + its longer response), in tokens."""
+        return [len(p) + max(len(a), len(b)) for p, a, b in zip(self.prompts, self.first, self.second or self.first)]
 
     def ids(self) -> set[int]:
         """Every token id the rows contain (prompts and responses)."""
@@ -50,33 +59,30 @@ class Examples:
 
     def longest(self) -> int:
         """The longest sequence (prompt + response) of the rows, in tokens."""
-        pairs = zip(self.prompts, self.first, self.second or self.first)
-        return max((len(p) + max(len(a), len(b)) for p, a, b in pairs), default=1)
+        return max(self.lengths(), default=1)
 
 
-def read_rows(path: str, kind: str, where: str, bins: int) -> list[dict[str, Any]]:
-    """The rows of the JSONL file ``path``, each checked: an object with the string keys of
-    ``KEYS[kind]``, chosen and rejected different and not empty, a response not empty, a rating a
-    finite number (with ``bins`` > 1 an integer bin index in [0, bins)). Raises SkillError(2)
-    naming ``where`` (the config key), the file and the line."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise exits.SkillError(f"{where}: {path}: cannot read it: {exits.one_line(exc)}") from None
-    rows = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        at = f"{where}: {path} line {number}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise exits.SkillError(f"{at}: not JSON ({exc.msg}): one object per line") from None
-        rows.append(check_row(row, kind, at, bins))
-    if not rows:
-        raise exits.SkillError(f"{where}: {path}: no rows (one JSON object per line: "
-                               + ", ".join(f'"{k}"' for k in KEYS[kind]) + ")")
-    return rows
+def read_rows(path: str, kind: str, where: str, bins: int, data: dict[str, Any] | None = None,
+              held_out: bool = False) -> list[dict[str, Any]]:
+    """The rows of ``path`` (any file or folder ``data_kit.tables`` reads; pairs in any layout of
+    ``data_kit.layouts``, ``data`` the [data] table that says how), each checked: pairs
+    ``{"prompt", "chosen", "rejected"}`` texts, chosen and rejected different and not empty;
+    ratings ``{"prompt", "response", "rating"}``, a response not empty, a rating a finite number
+    (with ``bins`` > 1 an integer bin index in [0, bins)). Each row also holds ``place`` (``FILE
+    line 3``) and ``group``. ``held_out``: the [data] held_out file (its split is [data]
+    held_out_split, default ``test``). Raises SkillError(2) naming ``where`` (the config key),
+    the file and the row."""
+    data = data or {}
+    options = layouts.options_from(data, "config [data]")
+    split, split_key = (data.get("held_out_split"), "[data] held_out_split") if held_out else \
+        (data.get("split"), "[data] split")
+    prefer = "test" if held_out else "train"
+    if kind == "pairs":
+        pairs, _ = layouts.read_pairs(path, where, options, split, split_key, prefer)
+        return [{"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected, "group": p.group, "place": p.place}
+                for p in pairs]
+    return [{**check_row(row, kind, at, bins), "place": at}
+            for row, at in layouts.read_ratings(path, where, options, split, split_key, prefer)]
 
 
 def check_row(row: Any, kind: str, at: str, bins: int) -> dict[str, Any]:
@@ -121,6 +127,7 @@ def tokenize(rows: list[dict[str, Any]], kind: str, tokenizer: Callable, num_tok
     table[""] = []
     out = Examples(kind)
     for row in rows:
+        out.places.append(row.get("place", where))
         out.prompts.append(table[row["prompt"]])
         if kind == "pairs":
             out.first.append(table[row["chosen"]])
@@ -131,6 +138,32 @@ def tokenize(rows: list[dict[str, Any]], kind: str, tokenizer: Callable, num_tok
     if any(not response for response in out.first + out.second):
         raise exits.SkillError(f"{where}: the tokenizer gave a response no ids (all pad)")
     return out
+
+
+def fit(examples: Examples, max_length: int, truncate: bool, key: str) -> int:
+    """Every row within ``max_length`` tokens (prompt + its longer response). Over it: with
+    ``truncate`` the prompt loses its first ids (the end, nearest the response, is kept), then
+    the responses their last ids, until the row fits; without (the default) SkillError(2) naming
+    the longest row, its length, the limit and the options (``data_kit.sizes.check_length``).
+    Returns how many rows were truncated. ``key``: the config key of the file, for the message."""
+    lengths = examples.lengths()
+    if not truncate:
+        sizes.check_length(lengths, examples.places, max_length, "" if examples.places else key,
+                           f"raise [data] max_length, or set [data] truncate = true (the prompt's start goes first, "
+                           f"then the responses' end)")
+        return 0
+    cut = 0
+    for i, length in enumerate(lengths):
+        if length <= max_length:
+            continue
+        cut += 1
+        keep = max(0, max_length - max(len(examples.first[i]), len(examples.second[i]) if examples.second else 0))
+        examples.prompts[i] = examples.prompts[i][len(examples.prompts[i]) - keep:] if keep else []
+        room = max_length - len(examples.prompts[i])
+        examples.first[i] = examples.first[i][:room]
+        if examples.second:
+            examples.second[i] = examples.second[i][:room]
+    return cut
 
 
 def split(examples: Examples, fraction: float, seed: int) -> tuple[Examples, Examples]:

@@ -12,7 +12,8 @@ from skill_runtime import reporting
 
 # The keys of a reward run's metrics row, in order; units and meaning: references/reports.md#reward-metrics-row.
 ROW_KEYS = ("round", "epoch", "step", "examples", "wall_s", "examples_per_s", "loss", "train_accuracy", "margin",
-            "held_out_loss", "held_out_accuracy", "held_out_margin", "grad_norm", "trainable_change_norm", "lr")
+            "held_out_loss", "held_out_accuracy", "held_out_margin", "held_out_pairs", "grad_norm",
+            "trainable_change_norm", "lr")
 _NUMBER = (int, float)
 STATUSES = ("finished", "paused", "interrupted", "failed")
 # what a stored summary.json must hold for watch and a resume to read it (references/reports.md#train-reward-summary)
@@ -127,6 +128,7 @@ def summarize(run, status: str, reason: str | None, files: dict[str, Any], probe
     command, and (``options.env`` given) the versions and warnings."""
     trained = [r for r in run.rows if r["round"] > 0]
     held = [(r["round"], r["held_out_accuracy"]) for r in run.rows if r["held_out_accuracy"] is not None]
+    pairs = run.rows[-1].get("held_out_pairs") if run.rows else None
     wall = sum(r["wall_s"] for r in trained)
     count = sum(r["examples"] for r in trained)
     resolved = run.resolved
@@ -139,7 +141,8 @@ def summarize(run, status: str, reason: str | None, files: dict[str, Any], probe
                             "held_out_from": run.prepared.held_out_from},
                "held_out_accuracy": held[-1][1] if held else None,
                "held_out": {"before": held[0][1] if held else None, "after": held[-1][1] if len(held) > 1 else None,
-                            "rounds": [h[0] for h in held]},
+                            "rounds": [h[0] for h in held], "pairs": pairs,
+                            "reason": no_accuracy_reason(run.prepared.held_out, pairs)},
                "loss": {"first": trained[0]["loss"] if trained else None, "last": trained[-1]["loss"] if trained else None},
                "examples_per_s": round(count / wall, 1) if wall > 0 else None,
                "tie_unseen_embeddings": resolved["train"]["tie_unseen_embeddings"],
@@ -153,6 +156,26 @@ def summarize(run, status: str, reason: str | None, files: dict[str, Any], probe
     if run.notes:  # an inexact resume is said where the run's result is
         summary["warnings"] = [*summary.get("warnings", []), *run.notes]
     return summary
+
+
+def no_accuracy_reason(held_out, pairs: int | None) -> str | None:
+    """Why the held-out accuracy is not a number, or None when it is: an accuracy over zero pairs
+    (ratings all equal leave none to rank) is n/a, never 0."""
+    if pairs is None or pairs > 0:
+        return None
+    if held_out.kind == "ratings":
+        return (f"0 held-out pairs: the {len(held_out)} held-out rows share one rating, so none ranks above another; "
+                "hold out rows of different ratings")
+    return f"0 held-out pairs among {len(held_out)} held-out rows"
+
+
+def accuracy_words(held: dict[str, Any]) -> str:
+    """``held-out accuracy 0.450 -> 0.850``, or ``n/a (REASON)`` when it is not a number."""
+    if held["after"] is not None:
+        return f"held-out accuracy {held['before']:.3f} -> {held['after']:.3f}"
+    if held["before"] is not None:
+        return f"held-out accuracy {held['before']:.3f} before training"
+    return f"held-out accuracy n/a ({held.get('reason') or 'not scored'})"
 
 
 def learned(summary: dict[str, Any]) -> bool:
@@ -178,9 +201,10 @@ def verdict(summary: dict[str, Any], resume_flags: str = "", curves: bool = True
     run's next step is the policy run either way)."""
     held, status = summary["held_out"], summary["status"]
     run_dir = str(Path(summary["files"]["metrics"]).parent)
-    change = (f"held-out accuracy {held['before']:.3f} -> {held['after']:.3f}" if held["after"] is not None else
-              f"held-out accuracy {held['before']:.3f} before training" if held["before"] is not None else
-              "no held-out accuracy")
+    change = accuracy_words(held)
+    if status == "finished" and held["after"] is None and held.get("reason"):  # no number, no verdict on learning
+        return (f"FINISHED: {summary['rounds_done']} rounds ({summary['epochs_done']:g} epochs), {change}: no verdict "
+                f"on learning; {coverage_words(summary)}", f"read {DOC}#held-out-rows")
     if status == "finished":
         word = "FINISHED" if learned(summary) else "FINISHED, NOT LEARNING"
         risky = coverage.gameable(summary.get("coverage") or {}) and not summary["tie_unseen_embeddings"]
@@ -213,6 +237,8 @@ def plain(summary: dict[str, Any]) -> str:
     if held["before"] is not None:
         after = "-" if held["after"] is None else f"{held['after']:.3f}"
         lines.append(f"held-out accuracy: {held['before']:.3f} -> {after} (rounds {', '.join(map(str, held['rounds']))})")
+    elif held.get("reason"):
+        lines.append(f"held-out accuracy: n/a ({held['reason']})")
     probe = summary.get("coverage") or {}
     lines.append(f"token coverage: {coverage_words(summary)}" + (
         " (tied to the mean of the seen ones)" if summary["tie_unseen_embeddings"] else ""))

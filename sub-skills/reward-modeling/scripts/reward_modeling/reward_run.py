@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import signal
 import sys
 import time
@@ -42,7 +43,8 @@ from skill_runtime import byte_tokenizer, exits, placement, streams
 PROG = "palm-rlhf-skill train-reward"
 KIND = "reward"                     # run_config.json's kind, the checkpoints' trainer (watch.kind_of)
 GROWABLE = frozenset({"train.epochs"})  # a resume may raise epochs: the run goes on
-EVAL_BATCH = 256                    # sequences per forward when scoring held-out rows and the probe
+EVAL_BATCH = 256                    # sequences per forward when scoring held-out rows and the probe (at most)
+EVAL_LENGTH = 256                   # ... of this many tokens; longer rows score in smaller batches (eval_batch)
 
 
 @dataclass
@@ -76,11 +78,14 @@ class Prepared:
     placed: dict[str, Any] = field(default_factory=dict)
 
     def place(self, device_spec: str) -> tuple[dict[str, Any], Any]:
-        """``placement.resolve_device(device_spec)``, once; a refusal refuses the start."""
+        """``placement.resolve_device(device_spec)`` and the memory the rows need on that device
+        (``check_memory``), once; a refusal refuses the start."""
         if device_spec not in self.placed:
             try:
                 self.placed[device_spec] = placement.resolve_device(device_spec)
+                check_memory(self, self.placed[device_spec][1], max(1, int(os.environ.get("WORLD_SIZE", "1") or 1)))
             except BaseException:
+                self.placed.pop(device_spec, None)
                 self.claim.refused()
                 raise
         return self.placed[device_spec]
@@ -129,8 +134,12 @@ def prepare(config_path: str | None, run_dir: str | Path, resume: bool, force: b
 
 
 def load_examples(resolved: dict[str, Any]) -> tuple[examples.Examples, examples.Examples, str]:
-    """(training rows, held-out rows, "file" or "fraction"): [data] pairs or ratings read and
-    tokenized, held out from [data] held_out or as a seeded ``held_out_fraction`` of them."""
+    """(training rows, held-out rows, "file" or "fraction"): [data] pairs or ratings read
+    (``examples.read_rows``: any file kind and layout), tokenized and fitted to [data] max_length
+    (``examples.fit``: refused, or truncated with [data] truncate), held out from [data] held_out or
+    as a seeded ``held_out_fraction`` of them. Raises SkillError(2) naming the file and the row,
+    or when fewer than [data] min_held_out rows are held out (an accuracy over a handful of pairs
+    says nothing) or nothing is left to train on."""
     data, kind = resolved["data"], resolved["kind"]
     bins = int(resolved["effective_reward_model"]["num_binned_output"])
     tokenizer = resolved["programs"].get("data.tokenizer") or byte_tokenizer.ByteTokenizer()
@@ -138,13 +147,51 @@ def load_examples(resolved: dict[str, Any]) -> tuple[examples.Examples, examples
 
     def read(key: str) -> examples.Examples:
         where = f"config [data] {key}"
-        return examples.tokenize(examples.read_rows(data[key], kind, where, bins), kind, tokenizer, num_tokens, where)
+        rows = examples.read_rows(data[key], kind, where, bins, data, held_out=key == "held_out")
+        out = examples.tokenize(rows, kind, tokenizer, num_tokens, where)
+        examples.fit(out, data["max_length"], data["truncate"], where)
+        return out
     rows = read(kind)
     if data["held_out"] is not None:
-        return rows, read("held_out"), "file"
-    fraction = data["held_out_fraction"] if data["held_out_fraction"] is not None else rm_config.OWN_KEYS["data"][
-        "held_out_fraction"][1]
-    return (*examples.split(rows, fraction, resolved["run"]["seed"]), "fraction")
+        train, held, source = rows, read("held_out"), "file"
+        how = f"the {len(held)} rows of [data] held_out"
+    else:
+        fraction = data["held_out_fraction"]
+        train, held = examples.split(rows, fraction, resolved["run"]["seed"])
+        source, how = "fraction", f"held_out_fraction = {fraction:g} of {len(rows)} rows holds out {len(held)}"
+    if len(held) < data["min_held_out"]:
+        raise exits.SkillError(f"config [data]: {how}, fewer than min_held_out = {data['min_held_out']}: a held-out "
+                               "accuracy over so few pairs says nothing; more rows, a larger held_out_fraction or a "
+                               "held_out file (or a lower [data] min_held_out)")
+    return train, held, source
+
+
+def eval_batch(longest: int) -> int:
+    """Sequences per forward when scoring: EVAL_BATCH, fewer for long rows so that a batch holds
+    at most EVAL_BATCH sequences of EVAL_LENGTH tokens' worth of attention (``EVAL_BATCH *
+    EVAL_LENGTH**2`` cells). It follows from the data alone, so a resumed run scores alike."""
+    return max(1, min(EVAL_BATCH, EVAL_BATCH * EVAL_LENGTH ** 2 // max(1, longest) ** 2))
+
+
+def check_memory(prepared: "Prepared", device, world: int) -> None:
+    """Refuse (SkillError 2) a run whose attention cannot fit, before a model exists
+    (``data_kit.sizes``): a training step's sequences (a pair is two) of this process at the
+    longest row, with gradients, and a scoring batch (``eval_batch``) without, against the
+    memory available on ``device``."""
+    from data_kit import sizes
+    resolved, palm = prepared.resolved, prepared.resolved["effective_palm"]
+    longest = max(prepared.train.longest(), prepared.held_out.longest())
+    per_row = 2 if prepared.train.kind == "pairs" else 1
+    sequences = per_row * -(-resolved["train"]["batch_size"] // world)
+    available = sizes.available_bytes(device)
+    fix = (f"a lower [data] max_length (now {resolved['data']['max_length']:,}) with [data] truncate = true, or "
+           "shorter rows")
+    sizes.check_memory(sizes.attention_bytes(sequences, longest, palm["heads"], palm["depth"], True), available,
+                       "config [data]", f"a training step of {sequences} sequences of {longest:,} tokens (the longest "
+                       f"row, {palm['heads']} heads, depth {palm['depth']})", fix + ", or a smaller [train] batch_size")
+    batch = eval_batch(longest)
+    sizes.check_memory(sizes.attention_bytes(batch, longest, palm["heads"], palm["depth"], False), available,
+                       "config [data]", f"scoring {batch} sequences of {longest:,} tokens", fix)
 
 
 def torch_module():
@@ -179,6 +226,7 @@ class RewardRun:
     notes: list[str] = field(default_factory=list)         # an inexact resume, said in summary.json's warnings
     loss_sum: float = 0.0                                   # the current round's, this process's
     scored: dict[str, Any] = field(default_factory=dict)   # to_pred's last output (the forward hook)
+    scoring_batch: int = EVAL_BATCH                         # sequences per scoring forward (eval_batch)
 
     # --- building -----------------------------------------------------------------------------
     @classmethod
@@ -236,6 +284,7 @@ class RewardRun:
         self = cls(prepared, trainer, device, unseen, [p for p in trainable], len(slices), slices)
         self.unwrapped.to_pred.register_forward_hook(lambda module, args, output: self.scored.update(pred=output))
         longest = max(prepared.train.longest(), prepared.held_out.longest())
+        self.scoring_batch = eval_batch(longest)
         checkpoint.prime_rotary_to(trainer, longest)
         state, self.last_checkpoint, note = checkpoint.restore(trainer, run, prepared.resume, self.run_id, KIND, longest,
                                                                options.allow_inexact, options.say)
@@ -294,7 +343,7 @@ class RewardRun:
 
     def score(self, prompts: list[list[int]], responses: list[list[int]]) -> list[float]:
         """The model's scores of prompt + response sequences, in eval mode without gradients, in
-        batches of EVAL_BATCH; the model's train/eval mode is restored."""
+        batches of ``scoring_batch``; the model's train/eval mode is restored."""
         import torch
         model = self.unwrapped
         was_training = model.training
@@ -302,8 +351,9 @@ class RewardRun:
         out: list[float] = []
         try:
             with torch.no_grad():
-                for a in range(0, len(prompts), EVAL_BATCH):
-                    x, mask, lengths = examples.collate(prompts[a:a + EVAL_BATCH], responses[a:a + EVAL_BATCH], self.device)
+                step = self.scoring_batch
+                for a in range(0, len(prompts), step):
+                    x, mask, lengths = examples.collate(prompts[a:a + step], responses[a:a + step], self.device)
                     model(x, mask=mask, prompt_lengths=lengths)  # a binned model's own output is a sampled bin
                     out += self.scores(self.scored["pred"]).tolist()
         finally:
@@ -311,10 +361,11 @@ class RewardRun:
         return out
 
     def held_out_figures(self) -> dict[str, float | None]:
-        """``held_out_loss``, ``held_out_accuracy`` and ``held_out_margin`` of the held-out rows
+        """``held_out_loss``, ``held_out_accuracy``, ``held_out_margin`` and ``held_out_pairs`` (the
+        pairs the accuracy is over: None for no pair, never 0) of the held-out rows
         (``reward_report.pairwise``); the main process only (else all None)."""
         if not self.main:
-            return dict.fromkeys(("held_out_loss", "held_out_accuracy", "held_out_margin"))
+            return dict.fromkeys(("held_out_loss", "held_out_accuracy", "held_out_margin", "held_out_pairs"))
         import torch
         held = self.prepared.held_out
         first = self.score(held.prompts, held.first)
@@ -326,7 +377,8 @@ class RewardRun:
         else:
             loss = self.ratings_loss(held)
             figures = reward_report.ranked(first, held.ratings)
-        return {"held_out_loss": loss, "held_out_accuracy": figures["accuracy"], "held_out_margin": figures["margin"]}
+        return {"held_out_loss": loss, "held_out_accuracy": figures["accuracy"], "held_out_margin": figures["margin"],
+                "held_out_pairs": figures["count"]}
 
     def ratings_loss(self, held: examples.Examples) -> float:
         """The library's loss (``labels=``: MSE, or cross-entropy when binned) over ``held``, the
@@ -337,10 +389,10 @@ class RewardRun:
         model.eval()
         try:
             with torch.no_grad():
-                for a in range(0, len(held), EVAL_BATCH):
-                    x, mask, lengths = examples.collate(held.prompts[a:a + EVAL_BATCH], held.first[a:a + EVAL_BATCH],
-                                                        self.device)
-                    labels = self.labels(held.ratings[a:a + EVAL_BATCH])
+                step = self.scoring_batch
+                for a in range(0, len(held), step):
+                    x, mask, lengths = examples.collate(held.prompts[a:a + step], held.first[a:a + step], self.device)
+                    labels = self.labels(held.ratings[a:a + step])
                     total += float(model(x, mask=mask, prompt_lengths=lengths, labels=labels)) * len(labels)
         finally:
             model.train(was_training)

@@ -6,10 +6,13 @@ TOML (or JSON by its ``.json`` suffix), read by the policy run's own reader
 - ``[palm]``: the reward model's own PaLM (``PaLM``'s arguments; ``checkpoint``: a PaLM state dict
   to start from, such as the policy's ``policy.pt``);
 - ``[reward_model]``: ``RewardModel``'s arguments (``use_lora``, ``dropout``, ``num_binned_output``...);
-- ``[data]``: ``pairs`` (JSONL ``{"prompt", "chosen", "rejected"}``) or ``ratings`` (JSONL
-  ``{"prompt", "response", "rating"}``), ``held_out`` (a file of the same form) or
-  ``held_out_fraction``, ``tokenizer`` (``"file.py:callable"``, as ``train``'s ``[prompts] tokenizer``;
-  default the skill's byte tokenizer);
+- ``[data]``: ``pairs`` (any layout of ``data_kit.layouts``: explicit or implicit prompt, text
+  or conversations) or ``ratings`` (``{"prompt", "response", "rating"}``), each a JSONL, JSON, CSV
+  or Parquet file or a datasets folder (``data_kit.tables``), ``held_out`` (a file of the same
+  form) or ``held_out_fraction``, ``min_held_out``, ``tokenizer`` (``"file.py:callable"``, as
+  ``train``'s ``[prompts] tokenizer``; default the skill's byte tokenizer); how to read them:
+  ``format``, ``implicit_prompt``, ``template``, ``columns``, ``split``, ``held_out_split``; the
+  length limit: ``max_length`` (tokens), ``truncate``;
 - ``[train]``: ``epochs``, ``batch_size``, ``lr``, ``weight_decay``, ``steps_per_round``,
   ``tie_unseen_embeddings``;
 - ``[run]``: ``seed``, ``checkpoint_every`` (rounds).
@@ -25,6 +28,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from data_kit import layouts, tables
 from skill_runtime import exits, options
 from policy_optimization import run_config
 
@@ -34,7 +38,9 @@ REQUIRED = ("palm", "data")
 OWN_KEYS: dict[str, dict[str, tuple[type, Any]]] = {
     "palm": {"checkpoint": (str, None)},
     "data": {"pairs": (str, None), "ratings": (str, None), "held_out": (str, None), "held_out_fraction": (float, 0.1),
-             "tokenizer": (str, None)},
+             "tokenizer": (str, None), "format": (str, "auto"), "implicit_prompt": (str, "turn"),
+             "template": (dict, None), "columns": (dict, None), "split": (str, None), "held_out_split": (str, None),
+             "max_length": (int, 2048), "truncate": (bool, False), "min_held_out": (int, 10)},
     "train": {"epochs": (int, 3), "batch_size": (int, 32), "lr": (float, 1e-3), "weight_decay": (float, 0.0),
               "steps_per_round": (int, None), "tie_unseen_embeddings": (bool, False)},
     "run": {"seed": (int, 0), "checkpoint_every": (int, 1)},
@@ -42,7 +48,8 @@ OWN_KEYS: dict[str, dict[str, tuple[type, Any]]] = {
 PATH_KEYS = (("palm", "checkpoint"), ("data", "pairs"), ("data", "ratings"), ("data", "held_out"), ("data", "tokenizer"))
 PROGRAM_KEYS = (("data", "tokenizer"),)
 DATA_KINDS = ("pairs", "ratings")
-MIN_INT = {("train", "epochs"): 1, ("train", "batch_size"): 1, ("train", "steps_per_round"): 1,
+CHOICES = {("data", "format"): layouts.FORMATS, ("data", "implicit_prompt"): layouts.CUTS}
+MIN_INT = {("data", "max_length"): 2, ("data", "min_held_out"): 1, ("train", "epochs"): 1, ("train", "batch_size"): 1, ("train", "steps_per_round"): 1,
            ("run", "checkpoint_every"): 1, ("run", "seed"): 0}
 SHIPPED = Path(__file__).resolve().parents[2] / "assets" / "preferences"  # the worked example's rm.toml
 
@@ -70,6 +77,12 @@ def check_value(section: str, key: str, value: Any) -> None:
     ok = type(value) is want or (want is float and type(value) is int)
     if not ok:
         raise exits.SkillError(f"{where}: expected {run_config.type_name(want())}, got {run_config.type_name(value)}")
+    if (section, key) in CHOICES and value not in CHOICES[section, key]:
+        raise exits.SkillError(f"{where}: {value!r}; choose one of {', '.join(CHOICES[section, key])}")
+    if key == "template":
+        layouts.check_template(value, where)
+    if key == "columns":
+        layouts.check_columns(value, where)
     if (section, key) in PROGRAM_KEYS and not run_config.program_syntax(value):
         raise exits.SkillError(f"{where}: expected \"file.py:callable\", got {value!r}")
     low = MIN_INT.get((section, key))
@@ -111,6 +124,9 @@ def check_structure(config: dict[str, Any]) -> None:
         raise exits.SkillError("config [data]: give exactly one of pairs (JSONL {\"prompt\", \"chosen\", \"rejected\"}) "
                                "and ratings (JSONL {\"prompt\", \"response\", \"rating\"})"
                                + (", not both" if len(given) > 1 else ""))
+    if "held_out_split" in data and "held_out" not in data:
+        raise exits.SkillError("config [data] held_out_split: applies to a [data] held_out datasets folder; give "
+                               "held_out, or remove it")
     if "held_out" in data and "held_out_fraction" in data:
         raise exits.SkillError("config [data]: held_out (a file) and held_out_fraction (rows held out of the data): "
                                "give one")
@@ -151,7 +167,9 @@ def check_against_library(config: dict[str, Any]) -> dict[str, Any]:
                                "(Bradley-Terry on the scalar score), or give [data] ratings")
     for section, key in PATH_KEYS:
         value = config.get(section, {}).get(key)
-        if value and (section, key) not in PROGRAM_KEYS:
+        if value and section == "data" and (section, key) not in PROGRAM_KEYS:
+            tables.must_exist(f"config [{section}] {key}", value)  # a file, or a datasets folder
+        elif value and (section, key) not in PROGRAM_KEYS:
             programs.must_be_file(f"config [{section}] {key}", value)
     tokenizer = resolved["data"]["tokenizer"]
     resolved["programs"] = {} if tokenizer is None else {

@@ -130,7 +130,7 @@ def score(run_dir: str, device_spec: str, prompts: str | None = None, metric: st
     reward_model = trainers.unwrap(trainer, trainer.reward_model)
     gold = programs.rule_reward(resolved, anchor=False, section="eval")
     gold = None if gold is None else gold.to(device)
-    texts = builder.read_lines(resolved["eval"]["prompts_file"], "[eval] prompts_file")
+    texts = builder.prompt_texts(resolved, "eval")[0]
 
     def scored(palm, scope, label: str) -> evaluation.HeldOut:
         try:
