@@ -234,9 +234,6 @@ def test_dependency_modules_are_exactly_the_other_distributions_the_tree_imports
                     imported |= {alias.name.partition(".")[0] for alias in node.names}
                 elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                     imported.add(node.module.partition(".")[0])
-                elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "_hf_import" \
-                        and isinstance(node.args[0], ast.Constant):  # data_kit.tables: the [hf] extra, imported by name
-                    imported.add(node.args[0].value.partition(".")[0])
     others = imported - tree_modules() - set(sys.stdlib_module_names)
     assert others == skill_runtime.DEPENDENCY_MODULES
 

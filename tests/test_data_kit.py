@@ -225,7 +225,6 @@ def test_without_the_hf_extra_parquet_and_folders_name_it(tmp_path, monkeypatch,
             raise ImportError(f"No module named {name!r}")
         return real(name, *args, **kwargs)
     monkeypatch.setattr(builtins, "__import__", without)
-    monkeypatch.setattr("importlib.import_module", lambda name: without(name))
     path = paths["parquet" if module == "pyarrow.parquet" else "datasets"]
     with pytest.raises(exits.SkillError, match="pip install 'palm-rlhf-skill\\[hf\\]'") as caught:
         layouts.read_pairs(path, "config [data] pairs", layouts.Options())

@@ -203,18 +203,17 @@ def _csv(path: str, where: str, split, split_key) -> Table:
     return table
 
 
-def _hf_import(name: str, where: str):
-    """``import name`` (pyarrow.parquet or datasets), or SkillError(2) naming the extra."""
-    import importlib
-    try:
-        return importlib.import_module(name)
-    except ImportError:
-        raise exits.SkillError(f"{where}: reading it needs {name.split('.')[0]}: {HF_EXTRA}") from None
+def _needs_hf(module: str, where: str) -> exits.SkillError:
+    """The one-line error for a Parquet file or datasets folder read without the [hf] extra."""
+    return exits.SkillError(f"{where}: reading it needs {module}: {HF_EXTRA}")
 
 
 def _parquet(path: str, where: str, split, split_key) -> Table:
-    parquet = _hf_import("pyarrow.parquet", where)
-    import pyarrow
+    try:
+        import pyarrow
+        import pyarrow.parquet as parquet
+    except ImportError:
+        raise _needs_hf("pyarrow", where) from None
     try:
         data = parquet.read_table(path)
     except (pyarrow.ArrowException, OSError, ValueError) as exc:
@@ -229,7 +228,10 @@ def _datasets(path: str, where: str, split: str | None, option: tuple[str, str])
     if not any((folder / name).is_file() for name in DATASETS_MARKERS):
         raise exits.SkillError(f"{where}: a folder without {' or '.join(DATASETS_MARKERS)}: not a datasets "
                                "save_to_disk folder (give a file, or the folder save_to_disk wrote)")
-    datasets = _hf_import("datasets", where)
+    try:
+        import datasets
+    except ImportError:
+        raise _needs_hf("datasets", where) from None
     datasets.disable_progress_bars()
     try:
         data = datasets.load_from_disk(str(folder))
