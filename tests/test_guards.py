@@ -374,3 +374,98 @@ def test_the_overhead_measure_names_where_the_time_goes():
             "row (token figures)", "change norms"} <= set(result["parts_s"])
     assert result["cpu_ratio"]["metrics_ratio"] is not None and result["paired"]["metrics_ratio"]["min"] <= \
         result["metrics_ratio"] <= result["paired"]["metrics_ratio"]["max"]
+
+
+# --- evaluate: repetition and groups (issue 35) -----------------------------------------------------------
+
+def test_repetition_pools_the_samples_and_reads_each_long_response():
+    long = torch.tensor([5] * 7 + [6, 7, 8])  # 10 tokens, 7 of one id
+    r = evaluation.repetition([long, torch.tensor([1, 2, 3, 4]), torch.tensor([], dtype=torch.long)])
+    assert r["top_token_share"] == 7 / 14 and r["longest_run"] == 7
+    assert r["distinct_bigram_fraction"] == 7 / 12  # (5,5) x6, (5,6) (6,7) (7,8), (1,2) (2,3) (3,4)
+    assert r["response_top_token_share"] == 0.7, "only responses of OWN_MIN_TOKENS or more have their own share"
+    assert evaluation.repetition([torch.tensor([1, 2])])["response_top_token_share"] is None
+    assert set(evaluation.repetition([]).values()) == {None}
+
+
+def test_group_means_weigh_each_group_and_need_two_groups():
+    assert evaluation.group_means([1.0, 3.0, 5.0], ["a", None, "a"]) == {"a": 3.0, evaluation.NO_GROUP: 3.0}
+    assert evaluation.group_means([1.0, 2.0], ["a", "a"]) is None and evaluation.group_means(None, ["a", "b"]) is None
+
+
+def side_of(reward, gold=None, groups=None, own=0.1):
+    """One synthetic side of an evaluate report: one prompt per group, every response 8 ids."""
+    groups = groups or {None: reward}
+    samples = [{"prompt": [1], "response": [2, 3, 4, 5, 6, 7, 8, 9], "index": 0, "group": g, "reward": v, "gold": None}
+               for g, v in groups.items()]
+    return {"reward_mean": reward, "reward_std": 0.0, "gold_mean": gold,
+            "per_prompt": [{"prompt": "p", "group": g, "reward": v, "gold": None} for g, v in groups.items()],
+            "per_group": [{"group": g, "prompts": 1, "reward": v, "gold": None} for g, v in groups.items()],
+            "repetition": {"top_token_share": own, "distinct_bigram_fraction": 0.9, "response_top_token_share": own,
+                           "longest_run": 2}, "samples": samples, "all_samples": samples}
+
+
+@pytest.mark.parametrize("initial, policy, rule, word, says", [
+    (side_of(0.1), side_of(0.5), False, "IMPROVED", "load /r/policy.pt"),
+    (side_of(0.1), side_of(0.5, own=0.9), False, "NOT IMPROVED", "training-run.md#collapse"),
+    (side_of(0.1), side_of(0.5, own=0.9), True, "IMPROVED", "load /r/policy.pt"),  # the rule itself rose
+    (side_of(0.1, gold=0.2), side_of(0.5, gold=0.9, own=0.9), False, "IMPROVED", "load"),
+    (side_of(0.1, gold=0.2), side_of(0.5, gold=0.2, own=0.9), True, "NOT IMPROVED", "#collapse"),  # gold did not rise
+    (side_of(0.3, groups={"a": 0.1, "r": 0.5}), side_of(0.6, groups={"a": 0.9, "r": 0.3}), False, "NOT IMPROVED",
+     "group 'r' did not: read sub-skills/policy-optimization/references/training-run.md#prompt-groups"),
+])
+def test_the_verdict_needs_every_group_and_no_collapse(initial, policy, rule, word, says):
+    from policy_optimization.run import evaluate
+    report = {"run_dir": "/r", "policy_source": "policy.pt", "initial": initial, "policy": policy}
+    report.update(evaluate.findings(report, None, rule_reward=rule))
+    line, nxt = evaluate.verdict(report)
+    assert line.startswith(f"evaluate: {word} (") and says in nxt, (line, nxt)
+    if report["groups_fallen"]:
+        assert report["evidence"] and all(s["group"] == "r" for s in report["evidence"]) and "no gain on group 'r'" in line
+    elif report["collapse"]:
+        assert report["evidence"] and "of the policy's response tokens" in report["collapse"]
+
+
+def grouped_held_out(config) -> None:
+    """The case's held-out prompts as JSONL with a group column: 'rst' alone in group 'r'."""
+    (config.parent / "held.jsonl").write_text("".join(json.dumps({"prompt": p, "group": "r" if p[0] == "r" else "a"})
+                                                      + "\n" for p in cases.HELD_OUT))
+    config.write_text(config.read_text().replace('prompts_file = "held_out.txt"', 'prompts_file = "held.jsonl"'))
+
+
+def test_evaluate_names_the_group_a_rising_mean_left_behind(tmp_path, monkeypatch, capsys):
+    """The case whose held-out prompt 'rst' wants the opposite: its own group falls as the mean rises;
+    the rows and evaluate report the group, and the verdict names it with its samples."""
+    config = cases.write(BROKEN["held_out_prompt_collapse"], tmp_path / "config")
+    grouped_held_out(config)
+    run_, _, _ = loop.train_to_end(str(config), tmp_path / "run", options=loop.Options(progress=False, say=lambda l: None))
+    first, last = run_.rows[0], run_.rows[-1]
+    assert set(last["held_out_per_group"]) == {"a", "r"} and last["held_out_per_group"]["r"] < first["held_out_per_group"]["r"]
+    code, out, err = main_in_process(evaluate_main(), capsys, monkeypatch, tmp_path, "--run-dir", "run", "--json",
+                                     "--device", "cpu")
+    assert code == 0, err[-2000:]
+    report = json.loads(out)
+    assert report["policy"]["reward_mean"] > report["initial"]["reward_mean"], "the mean rose"
+    assert [g["group"] for g in report["policy"]["per_group"]] == ["a", "r"] and report["groups_fallen"] == ["r"]
+    assert report["policy"]["per_group"][1]["reward"] == last["held_out_per_group"]["r"]
+    assert report["verdict"].startswith("evaluate: NOT IMPROVED") and "group 'r'" in report["verdict"]
+    assert {s["prompt"] for s in report["evidence"]} == {"rst"}
+
+
+def test_evaluate_does_not_call_a_collapsed_policy_improved(tmp_path, monkeypatch, capsys):
+    """The '!' reward at lr 0.3: the policy repeats one byte. Its rule reward rose with it, so the rule's
+    own verdict stands, the collapse named; a gold metric that did not rise makes it NOT IMPROVED."""
+    config = cases.write(BROKEN["repeated_token"], tmp_path / "config")
+    run_, _, _ = loop.train_to_end(str(config), tmp_path / "run", options=loop.Options(progress=False, say=lambda l: None))
+    assert run_.rows[-1]["held_out_top_token_share"] >= watchdog.TOP_TOKEN_SHARE > run_.rows[0]["held_out_top_token_share"]
+    code, out, err = main_in_process(evaluate_main(), capsys, monkeypatch, tmp_path, "--run-dir", "run", "--json",
+                                     "--device", "cpu")
+    report = json.loads(out)
+    assert code == 0 and report["collapse"] and report["collapse_with_gold"] == "the rule reward", err[-2000:]
+    assert report["verdict"].startswith("evaluate: IMPROVED") and "the rule reward rose with it" in report["verdict"]
+    assert report["policy"]["repetition"]["longest_run"] > report["initial"]["repetition"]["longest_run"]
+    (tmp_path / "flat.py").write_text("import torch\n\ndef score(x, response_mask):\n    return torch.zeros(x.shape[0])\n")
+    code, out, err = main_in_process(evaluate_main(), capsys, monkeypatch, tmp_path, "--run-dir", "run",
+                                     "--metric", "flat.py:score", "--device", "cpu")
+    assert code == 0, err[-2000:]
+    assert "evaluate: NOT IMPROVED" in out and "collapsed: one id is" in out and "it shows: " in out

@@ -61,7 +61,7 @@ BUDGET = {
         "references/glossary.md": 1000,
         "references/installation.md": 2750,  # 2,250 until the verified-torch table (issue 29)
         "references/probes.md": 1500,  # the probe kit and three worked probes: ~1190 tokens, plus about 25%
-        "references/reports.md": 12000,  # issue 30: train-reward's metrics row, summary and probe (~1150 tokens)
+        "references/reports.md": 12400,  # issue 30: train-reward's metrics row, summary and probe (~1150 tokens); issue 35: per group and repetition keys (~330)
         "sub-skills/palm-modeling/references/lora-scopes.md": 1350,
         "sub-skills/palm-modeling/references/palm-api.md": 5000,  # 4th knowledge test: size, qk_scale, flash GPUs, label leak (~3670); 5th: ids >= V, mixed lengths (~80)
         "sub-skills/policy-optimization/references/api-reference.md": 9250,
@@ -70,7 +70,7 @@ BUDGET = {
         "sub-skills/policy-optimization/references/inputs.md": 2000,  # issue 38: the input table, 24 rows (~1630)
         "sub-skills/policy-optimization/references/run-directory.md": 1500,  # issue 31's file table: ~1250, plus 20%
         "sub-skills/policy-optimization/references/sizing.md": 5250,
-        "sub-skills/policy-optimization/references/training-run.md": 6350,  # issue 30 item 4: the longer-run table (~330)
+        "sub-skills/policy-optimization/references/training-run.md": 6700,  # issue 30 item 4: the longer-run table (~330); issue 35: the verdict's groups and collapse, prompt groups (~300)
         "sub-skills/policy-optimization/references/trainer-selection.md": 3350,
         "sub-skills/policy-optimization/references/troubleshooting.md": 18200,  # issue 30: the reward-hacking rows (guards', and the unseen-ids one)
         "sub-skills/policy-optimization/references/workflows.md": 9300,  # 5th knowledge test: the default-size step counts, with their block (~250)

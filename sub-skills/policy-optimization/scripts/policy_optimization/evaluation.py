@@ -1,7 +1,7 @@
 """The held-out reward of a policy: the measure of the learning check (``tiny-rlhf-smoke --learn``),
 of a real run (``palm-rlhf-skill train``'s ``[eval]``) and of ``palm-rlhf-skill evaluate``, one
 function for all three (``held_out``), with the per-prompt breakdown and an optional gold metric
-scored on the same samples."""
+scored on the same samples, and what the samples are made of (``repetition``)."""
 from __future__ import annotations
 
 import math
@@ -14,8 +14,9 @@ class HeldOut:
     """One held-out evaluation. Means weigh every prompt and sample the same; ``per_prompt`` is
     one mean per prompt in the order given (the file's); stds are population stds over every
     sample; the gold figures are None without a gold metric. ``samples``: the first ``keep``
-    sequences' ``{prompt, response}`` (lists of int ids, the response up to its eos), ``reward``
-    and ``gold``, the first sample of each prompt first."""
+    sequences' ``{prompt, response}`` (lists of int ids, the response up to its eos), ``index``
+    (the prompt's, file order), ``reward`` and ``gold``, the first sample of each prompt first;
+    ``repetition``: ``repetition`` of every sample's response."""
     reward_mean: float
     reward_std: float
     per_prompt: list[float]
@@ -23,6 +24,7 @@ class HeldOut:
     gold_std: float | None = None
     gold_per_prompt: list[float] | None = None
     samples: list[dict[str, Any]] = field(default_factory=list)
+    repetition: dict[str, float | int | None] = field(default_factory=dict)
 
 
 def _summary(values: list[list[float]]) -> tuple[float, float, list[float]]:
@@ -31,6 +33,56 @@ def _summary(values: list[list[float]]) -> tuple[float, float, list[float]]:
     mean = sum(flat) / len(flat)
     std = math.sqrt(sum((v - mean) ** 2 for v in flat) / len(flat))
     return mean, std, [sum(group) / len(group) for group in values]
+
+
+def token_shares(tokens, bigrams) -> tuple[float | None, float | None]:
+    """(top_token_share, distinct_bigram_fraction) of response ``tokens`` (1-D int64 ids) and
+    their ``bigrams`` (1-D int64, each ``a * 2**32 + b``): the share of every token that is the
+    single most frequent id (1.0: one repeated token), and distinct bigrams over all bigrams (the
+    "distinct-2" of Li et al. 2016, "A diversity-promoting objective"); None where there are none."""
+    import torch
+    top = float(torch.unique(tokens, return_counts=True)[1].max()) / tokens.numel() if tokens.numel() else None
+    distinct = torch.unique(bigrams).numel() / bigrams.numel() if bigrams.numel() else None
+    return top, distinct
+
+
+OWN_MIN_TOKENS = 8  # a response shorter than this has no own top token share (``repetition``)
+
+
+def repetition(responses: list) -> dict[str, float | int | None]:
+    """What sampled ``responses`` (1-D int64 ids each, up to its eos) are made of, pooled as a
+    round's rollouts are (``token_shares``): ``top_token_share``, ``distinct_bigram_fraction``;
+    per response: ``response_top_token_share``, the median over responses of at least
+    OWN_MIN_TOKENS tokens of each one's own top token share (a policy that repeats a different id
+    for each prompt; None without such responses: in a shorter one a single repeat is half of it),
+    and ``longest_run``, the longest run of one id in any response (tokens). Every figure None
+    without response tokens."""
+    import torch
+    responses = [r for r in responses if r.numel()]
+    if not responses:
+        return dict.fromkeys(("top_token_share", "distinct_bigram_fraction", "response_top_token_share", "longest_run"))
+    top, distinct = token_shares(torch.cat(responses), torch.cat([r[:-1] * 2**32 + r[1:] for r in responses]))
+    own = sorted(token_shares(r, r[:0])[0] for r in responses if r.numel() >= OWN_MIN_TOKENS)
+    median = None if not own else own[len(own) // 2] if len(own) % 2 else (own[len(own) // 2 - 1] + own[len(own) // 2]) / 2
+    runs = max(int(torch.unique_consecutive(r, return_counts=True)[1].max()) for r in responses)
+    return {"top_token_share": top, "distinct_bigram_fraction": distinct, "response_top_token_share": median,
+            "longest_run": runs}
+
+
+NO_GROUP = "(no group)"  # the group of a prompt without one, beside prompts that have one
+
+
+def group_means(values: list[float] | None, groups: list[str | None]) -> dict[str, float] | None:
+    """The mean of per-prompt ``values`` (``HeldOut.per_prompt`` or ``gold_per_prompt``) within
+    each group of ``groups`` (one name per prompt, file order; None: NO_GROUP), in order of first
+    appearance; every prompt has the same number of samples, so this is the mean over the group's
+    samples. None without values, or when every prompt is in one group (the held-out mean says it)."""
+    if values is None or len(set(groups)) < 2:
+        return None
+    out: dict[str, list[float]] = {}
+    for value, group in zip(values, groups):
+        out.setdefault(NO_GROUP if group is None else group, []).append(value)
+    return {group: sum(v) / len(v) for group, v in out.items()}
 
 
 def held_out(palm, scope: str | None, reward_model, prompts, samples: int, max_seq_len: int, seed: int,
@@ -50,7 +102,8 @@ def held_out(palm, scope: str | None, reward_model, prompts, samples: int, max_s
     bool, False after each row's first eos (palm_rlhf_pytorch/grpo.py ``Actor.generate``).
     Sampling runs inside ``torch.random.fork_rng`` with the generator seeded by ``seed``:
     training's random stream is untouched, and the same noise is drawn before and after training.
-    ``keep``: how many decoded sequences to return in ``samples`` (0: none). Returns a HeldOut.
+    ``keep``: how many decoded sequences to return in ``samples`` (0: none); ``repetition`` is over
+    every sample's response either way. Returns a HeldOut.
     """
     import torch
     import torch.nn.functional as F
@@ -63,6 +116,7 @@ def held_out(palm, scope: str | None, reward_model, prompts, samples: int, max_s
     rewards: list[list[float]] = [[] for _ in rows]
     gold: list[list[float]] = [[] for _ in rows]
     kept: list[tuple[int, int, dict[str, Any]]] = []  # (sample index, prompt index, sample)
+    responses = []  # every sample's response ids, up to its eos (host)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
         for group in by_length.values():
@@ -83,12 +137,15 @@ def held_out(palm, scope: str | None, reward_model, prompts, samples: int, max_s
                 rewards[i].append(score)
                 if golds is not None:
                     gold[i].append(golds[j])
+                valid = kwargs["mask"][j, batch.shape[1]:] if kwargs else torch.ones_like(response[j], dtype=torch.bool)
+                responses.append(response[j][valid].cpu())
                 if keep:
-                    valid = kwargs["mask"][j, batch.shape[1]:] if kwargs else torch.ones_like(response[j], dtype=torch.bool)
-                    kept.append((j % samples, i, {"prompt": rows[i].tolist(), "response": response[j][valid].tolist(),
-                                                  "reward": score, "gold": None if golds is None else golds[j]}))
+                    kept.append((j % samples, i, {"prompt": rows[i].tolist(), "response": responses[-1].tolist(),
+                                                  "index": i, "reward": score,
+                                                  "gold": None if golds is None else golds[j]}))
     mean, std, per_prompt = _summary(rewards)
-    out = HeldOut(mean, std, per_prompt, samples=[s for _, _, s in sorted(kept, key=lambda k: k[:2])[:keep]])
+    out = HeldOut(mean, std, per_prompt, samples=[s for _, _, s in sorted(kept, key=lambda k: k[:2])[:keep]],
+                  repetition=repetition(responses))
     if metric is not None:
         out.gold_mean, out.gold_std, out.gold_per_prompt = _summary(gold)
     return out

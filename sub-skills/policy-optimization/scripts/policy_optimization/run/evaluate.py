@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from policy_optimization import builder, evaluation, programs, run_config, trainers
-from policy_optimization.run import loop
+from policy_optimization.run import loop, watchdog
 from run_kit import checkpoint, rundir
 from skill_runtime import exits, reporting, streams
 
@@ -92,14 +92,71 @@ def decoded(tokenizer, ids: list[int]) -> str | list[int]:
         return ids
 
 
-def side(held: evaluation.HeldOut, prompt_texts: list[str], tokenizer) -> dict[str, Any]:
-    """One side of the report (``initial`` or ``policy``): the means, per prompt, decoded samples."""
+def side(held: evaluation.HeldOut, prompt_texts: list[str], groups: list[str | None], tokenizer,
+         show: int = SHOW) -> dict[str, Any]:
+    """One side of the report (``initial`` or ``policy``): the means, per prompt (with its group),
+    per group (``evaluation.group_means``; one entry, group null, when the prompts have no groups),
+    ``repetition`` (``evaluation.repetition`` of every sample), the first ``show`` decoded samples,
+    and ``all_samples`` (every sample, ids; dropped from the report by ``score``)."""
     gold = held.gold_per_prompt or [None] * len(held.per_prompt)
+    rewards = evaluation.group_means(held.per_prompt, groups)
+    golds = evaluation.group_means(held.gold_per_prompt, groups)
+    names = [evaluation.NO_GROUP if g is None else g for g in groups]
+    per_group = [{"group": None, "prompts": len(held.per_prompt), "reward": held.reward_mean, "gold": held.gold_mean}]
+    if rewards is not None:
+        per_group = [{"group": name, "prompts": names.count(name), "reward": value,
+                      "gold": None if golds is None else golds[name]} for name, value in rewards.items()]
+    with_group = [{**s, "group": names[s["index"]]} for s in held.samples]
     return {"reward_mean": held.reward_mean, "reward_std": held.reward_std, "gold_mean": held.gold_mean,
-            "per_prompt": [{"prompt": text, "reward": reward, "gold": g}
-                           for text, reward, g in zip(prompt_texts, held.per_prompt, gold)],
-            "samples": [{"prompt": decoded(tokenizer, s["prompt"]), "response": decoded(tokenizer, s["response"]),
-                         "reward": s["reward"], "gold": s["gold"]} for s in held.samples]}
+            "per_prompt": [{"prompt": text, "group": g, "reward": reward, "gold": value}
+                           for text, g, reward, value in zip(prompt_texts, groups, held.per_prompt, gold)],
+            "per_group": per_group, "repetition": held.repetition,
+            "samples": [shown(s, tokenizer) for s in with_group[:show]], "all_samples": with_group}
+
+
+def shown(sample: dict[str, Any], tokenizer) -> dict[str, Any]:
+    """One sample of ``HeldOut.samples`` as the report shows it: decoded, with its group."""
+    return {"prompt": decoded(tokenizer, sample["prompt"]), "response": decoded(tokenizer, sample["response"]),
+            "group": sample["group"], "reward": sample["reward"], "gold": sample["gold"]}
+
+
+def own_top_share(ids: list[int]) -> float:
+    """The share of ``ids`` that is its most frequent id (0.0 for none)."""
+    return max((ids.count(i) for i in set(ids)), default=0) / len(ids) if ids else 0.0
+
+
+def findings(report: dict[str, Any], tokenizer, show: int = SHOW, rule_reward: bool = False) -> dict[str, Any]:
+    """What stops a policy whose mean rose from being IMPROVED, from the two sides of ``report``:
+    ``groups_fallen``, the groups (more than one) whose reward did not rise or whose gold metric
+    fell; ``collapse``, ``watchdog.repetition_reason`` of the policy's samples (the
+    ``repeated_token`` rule's thresholds), or None; ``collapse_with_gold``, what the raters want
+    that rose with the collapse, so it does not block (their rule is maxed by a repeated token:
+    training-run.md#collapse): "the gold metric" (one is given and rose), "the rule reward" (no
+    gold metric, and ``rule_reward``: the reward is a [reward] program or text_program, and it
+    rose), else None;
+    ``evidence``, up to ``show`` decoded policy
+    samples that show it (the fallen group's, else the most repetitive ones)."""
+    a, b = report["initial"], report["policy"]
+    fallen = [q["group"] for p, q in zip(a["per_group"], b["per_group"]) if len(b["per_group"]) > 1 and (
+        q["reward"] <= p["reward"] or (q["gold"] is not None and q["gold"] < p["gold"]))]
+    repeated = b["repetition"]
+    collapse = watchdog.repetition_reason(repeated.get("top_token_share"), repeated.get("distinct_bigram_fraction"),
+                                          repeated.get("response_top_token_share"), where="the policy's")
+    if collapse is None:
+        with_gold = None
+    elif b["gold_mean"] is not None:
+        with_gold = "the gold metric" if b["gold_mean"] > a["gold_mean"] else None
+    else:  # a rule reward is the raters' own rule: the mean's rise is its rise
+        with_gold = "the rule reward" if rule_reward and b["reward_mean"] > a["reward_mean"] else None
+    pool = b["all_samples"]
+    if fallen:
+        evidence = [s for s in pool if s["group"] == fallen[0]][:show]
+    elif collapse:
+        evidence = sorted(pool, key=lambda s: -own_top_share(s["response"]))[:show]
+    else:
+        evidence = []
+    return {"groups_fallen": fallen, "collapse": collapse, "collapse_with_gold": with_gold,
+            "evidence": [shown(s, tokenizer) for s in evidence]}
 
 
 def score(run_dir: str, device_spec: str, prompts: str | None = None, metric: str | None = None,
@@ -130,13 +187,14 @@ def score(run_dir: str, device_spec: str, prompts: str | None = None, metric: st
     reward_model = trainers.unwrap(trainer, trainer.reward_model)
     gold = programs.rule_reward(resolved, anchor=False, section="eval")
     gold = None if gold is None else gold.to(device)
-    texts = builder.prompt_texts(resolved, "eval")[0]
+    texts, groups = builder.prompt_texts(resolved, "eval")[:2]
+    every = len(texts) * resolved["eval"]["samples"]  # every sample kept: repetition, groups, evidence
 
     def scored(palm, scope, label: str) -> evaluation.HeldOut:
         try:
             with progress.stage(f"score the {label} on {len(texts)} held-out prompts"), streams.capture_library_output():
                 return evaluation.of_run(resolved, palm, scope, reward_model, built.eval_prompt_ids, seed, metric=gold,
-                                         pad_value=int(trainer.pad_value), keep=show)
+                                         pad_value=int(trainer.pad_value), keep=every)
         except programs.RewardProgramError as exc:  # a gold metric of the wrong kind, or a program's wrong output
             raise exits.SkillError(f"scoring the {label}: {exc}: fix the program, or give it with the other option "
                                    "(--metric: ids and a response mask -> (b,); --text-metric: prompt and response "
@@ -162,7 +220,12 @@ def score(run_dir: str, device_spec: str, prompts: str | None = None, metric: st
     report = {"run_dir": str(run.path), "trainer": name, "device": str(device), "policy_source": source,
               "prompts_file": eval_table["prompts_file"], "samples_per_prompt": eval_table["samples"], "seed": seed,
               "reward": describe_reward(resolved), "gold_metric": programs.label(eval_table[gold_key]) if gold_key else None,
-              "initial": side(initial, texts, built.tokenizer), "policy": side(policy, texts, built.tokenizer)}
+              "initial": side(initial, texts, groups, built.tokenizer, show),
+              "policy": side(policy, texts, groups, built.tokenizer, show)}
+    report.update(findings(report, built.tokenizer, show,
+                           rule_reward=any(key in resolved["reward"] for key in ("program", "text_program"))))
+    for part in ("initial", "policy"):
+        del report[part]["all_samples"]
     report["verdict"], report["next"] = verdict(report)
     return report
 
@@ -179,31 +242,53 @@ def describe_reward(resolved: dict[str, Any]) -> str:
 
 
 def verdict(report: dict[str, Any]) -> tuple[str, str]:
-    """The last line (reward and gold initial -> policy) and the next step."""
+    """The last line (reward and gold initial -> policy; IMPROVED only when the mean reward rose,
+    the gold metric did not fall, every group rose and no collapse blocks: ``findings``) and the
+    next step."""
     a, b = report["initial"], report["policy"]
     line = f"reward {a['reward_mean']:.4g} -> {b['reward_mean']:.4g}"
     if b["gold_mean"] is not None:
         line += f", gold metric {a['gold_mean']:.4g} -> {b['gold_mean']:.4g}"
     worst = min(range(len(b["per_prompt"])), key=lambda i: b["per_prompt"][i]["reward"] - a["per_prompt"][i]["reward"])
-    rose = b["reward_mean"] > a["reward_mean"] and (b["gold_mean"] is None or b["gold_mean"] >= a["gold_mean"])
+    mean_rose = b["reward_mean"] > a["reward_mean"] and (b["gold_mean"] is None or b["gold_mean"] >= a["gold_mean"])
+    collapsed = report["collapse"] is not None and not report["collapse_with_gold"]
+    rose = mean_rose and not collapsed and not report["groups_fallen"]
+    doc = "sub-skills/policy-optimization/references/training-run.md"
     if rose and report["policy_source"] != rundir.POLICY:  # a paused or stopped run: its latest checkpoint
         nxt = f"finish the run ({reporting.command('palm-rlhf-skill train', '--resume ' + report['run_dir'])}), " \
               f"then load its {rundir.POLICY}"
     elif rose:
         nxt = f"load {report['run_dir']}/{rundir.POLICY} with PaLM(**[palm]).load(path)"
+    elif collapsed:
+        nxt = f"the policy repeats itself ({report['collapse']}): read {doc}#collapse"
+    elif mean_rose:
+        fell = report["groups_fallen"][0]
+        nxt = f"the mean rose and group {fell!r} did not: read {doc}#prompt-groups"
     elif b["gold_mean"] is not None and b["reward_mean"] > a["reward_mean"]:
-        nxt = "the reward rose and the gold metric did not: read sub-skills/policy-optimization/references/" \
-              "training-run.md#reward-hacking"
+        nxt = f"the reward rose and the gold metric did not: read {doc}#reward-hacking"
     else:
-        nxt = "read sub-skills/policy-optimization/references/training-run.md#held-out-flat"
+        nxt = f"read {doc}#held-out-flat"
     word = "IMPROVED" if rose else "NOT IMPROVED"
+    why = ""
+    if collapsed:
+        why = f"; collapsed: {report['collapse']}"
+    elif report["collapse"]:
+        why = f"; {report['collapse']}, and {report['collapse_with_gold']} rose with it"
+    if report["groups_fallen"]:
+        why += "; no gain on group " + ", ".join(repr(g) for g in report["groups_fallen"])
     return (f"evaluate: {word} ({report['policy_source']}): {line} over {len(b['per_prompt'])} held-out prompts; "
-            f"least gain on prompt {worst + 1}"), nxt
+            f"least gain on prompt {worst + 1}{why}"), nxt
+
+
+def percent(value: float | None) -> str:
+    """A share as a percentage, or n/a."""
+    return "n/a" if value is None else f"{value:.0%}"
 
 
 def text(report: dict[str, Any]) -> str:
-    """The plain report: per prompt initial -> policy, the samples (``repr``: a control byte the
-    policy wrote cannot reach the terminal raw), the verdict and next step last."""
+    """The plain report: per prompt and per group initial -> policy, repetition, the samples
+    (``repr``: a control byte the policy wrote cannot reach the terminal raw), the samples that
+    show a fallen group or a collapse, the verdict and next step last."""
     a, b = report["initial"], report["policy"]
     lines = [f"run {report['run_dir']} ({report['trainer']}, {report['policy_source']}): {report['reward']}"
              + (f", gold metric {report['gold_metric']}" if report["gold_metric"] else "")
@@ -211,10 +296,23 @@ def text(report: dict[str, Any]) -> str:
     for i, (p, q) in enumerate(zip(a["per_prompt"], b["per_prompt"]), 1):
         gold = f"; gold {p['gold']:.3f} -> {q['gold']:.3f}" if q["gold"] is not None else ""
         lines.append(f"prompt {i} {str(p['prompt'])[:40]!r}: reward {p['reward']:.3f} -> {q['reward']:.3f}{gold}")
+    if len(b["per_group"]) > 1:
+        for p, q in zip(a["per_group"], b["per_group"]):
+            gold = f"; gold {p['gold']:.3f} -> {q['gold']:.3f}" if q["gold"] is not None else ""
+            lines.append(f"group {q['group']!r} ({q['prompts']} prompts): reward {p['reward']:.3f} -> "
+                         f"{q['reward']:.3f}{gold}")
+    for label, part in (("initial", a), ("policy", b)):
+        r = part["repetition"]
+        if r.get("top_token_share") is not None:
+            lines.append(f"{label} repetition: top token {percent(r['top_token_share'])} (per response, median "
+                         f"{percent(r['response_top_token_share'])}), distinct bigrams "
+                         f"{percent(r['distinct_bigram_fraction'])}, longest run {r['longest_run']} tokens")
     for label, part in (("initial", a), ("policy", b)):
         for s in part["samples"]:
             gold = f", gold {s['gold']:.3f}" if s["gold"] is not None else ""
             lines.append(f"{label} sample: {str(s['prompt'])[:30]!r} -> {str(s['response'])[:60]!r} "
                          f"(reward {s['reward']:.3f}{gold})")
+    for s in report["evidence"]:
+        lines.append(f"it shows: {str(s['prompt'])[:30]!r} -> {str(s['response'])[:60]!r} (reward {s['reward']:.3f})")
     lines.append(f"{report['verdict']}; next: {report['next']}")
     return "\n".join(lines)

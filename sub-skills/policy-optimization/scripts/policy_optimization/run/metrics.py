@@ -35,15 +35,19 @@ ROW_KEYS = ("round", "rollouts", "group_size", "learn_calls", "wall_s", "tokens_
             "one_token_response_fraction", "top_token_share", "distinct_bigram_fraction", "unseen_id_fraction",
             "unseen_reward_gain", "unseen_reward_gain_se", "kl_rollout", "kl_base", "entropy", "losses", "grad_norm",
             "optimizer_steps", "trainable_change_norm", "non_finite_weights", "lr", "held_out_reward",
-            "held_out_std", "held_out_per_prompt", "held_out_gold", "held_out_gold_std", "held_out_gold_per_prompt", "rules")
+            "held_out_std", "held_out_per_prompt", "held_out_gold", "held_out_gold_std", "held_out_gold_per_prompt",
+            "held_out_per_group", "held_out_gold_per_group", "held_out_top_token_share",
+            "held_out_distinct_bigram_fraction", "held_out_longest_run", "rules")
 HELD_OUT_KEYS = ("held_out_reward", "held_out_std", "held_out_per_prompt", "held_out_gold", "held_out_gold_std",
-                 "held_out_gold_per_prompt")  # what one held-out evaluation fills (``held_out_figures``)
+                 "held_out_gold_per_prompt", "held_out_per_group", "held_out_gold_per_group", "held_out_top_token_share",
+                 "held_out_distinct_bigram_fraction", "held_out_longest_run")  # what one held-out evaluation fills (``held_out_figures``)
 # The JSON type of each key that is not a number or null (every other key of ROW_KEYS is one):
 # what ``parse_row`` checks in a row read back from a file.
 ROW_TYPES = {"round": "round", "rollouts": "count", "group_size": "count", "learn_calls": "count",
              "losses": "losses", "optimizer_steps": "counts", "trainable_change_norm": "numbers",
              "non_finite_weights": "flag", "rules": "names", "held_out_per_prompt": "list",
-             "held_out_gold_per_prompt": "list"}
+             "held_out_gold_per_prompt": "list", "held_out_per_group": "numbers", "held_out_gold_per_group": "numbers",
+             "held_out_longest_run": "count"}
 PROBE_SEQUENCES = 2  # sequences of the round's last rollout that the entropy and kl_base forwards see
 UNSEEN_SEQUENCES = 16  # the round's last sequences that unseen_gain scores twice (with a reward model's coverage)
 
@@ -289,22 +293,19 @@ def unseen_mask(ids: list[int], num_tokens: int):
 
 
 def token_figures(seen: Observation, unseen=None) -> dict[str, float | None]:
-    """What the round's responses are made of: ``top_token_share``, the share of every response
-    token that is the round's single most frequent id (1.0: one repeated token);
-    ``distinct_bigram_fraction``, distinct bigrams over all bigrams inside the responses (the
-    "distinct-2" of Li et al. 2016, "A diversity-promoting objective"); with ``unseen``
+    """What the round's responses are made of (``evaluation.token_shares``): ``top_token_share``,
+    the share of every response token that is the round's single most frequent id;
+    ``distinct_bigram_fraction``, distinct bigrams over all bigrams inside the responses; with ``unseen``
     (``unseen_mask``) ``unseen_id_fraction``, the share of response tokens the reward model never
     trained on (else None)."""
     import torch
-    out: dict[str, float | None] = dict.fromkeys(("top_token_share", "distinct_bigram_fraction", "unseen_id_fraction"))
+    from policy_optimization import evaluation
+    out: dict[str, float | None] = {"unseen_id_fraction": None}
     tokens = torch.cat(seen.tokens) if seen.tokens else torch.zeros(0, dtype=torch.long)
-    if tokens.numel():
-        out["top_token_share"] = float(torch.unique(tokens, return_counts=True)[1].max()) / tokens.numel()
-        if unseen is not None:
-            out["unseen_id_fraction"] = float(unseen[tokens.clamp(0, unseen.shape[0] - 1)].float().mean())
     bigrams = torch.cat(seen.bigrams) if seen.bigrams else torch.zeros(0, dtype=torch.long)
-    if bigrams.numel():
-        out["distinct_bigram_fraction"] = torch.unique(bigrams).numel() / bigrams.numel()
+    out["top_token_share"], out["distinct_bigram_fraction"] = evaluation.token_shares(tokens, bigrams)
+    if tokens.numel() and unseen is not None:
+        out["unseen_id_fraction"] = float(unseen[tokens.clamp(0, unseen.shape[0] - 1)].float().mean())
     return out
 
 
@@ -344,26 +345,37 @@ def unseen_gain(reward_model, seen: Observation, unseen, seed: int) -> dict[str,
     return {"unseen_reward_gain": mean, "unseen_reward_gain_se": spread / math.sqrt(len(gains))}
 
 
-def held_out_figures(held) -> dict[str, Any]:
-    """The row's HELD_OUT_KEYS from one ``evaluation.HeldOut`` (None: not evaluated, every key null)."""
+def held_out_figures(held, groups: list[str | None] | None = None) -> dict[str, Any]:
+    """The row's HELD_OUT_KEYS from one ``evaluation.HeldOut`` (None: not evaluated, every key
+    null); ``groups``: the held-out prompts' groups (``builder.prompt_texts``; the per-group means
+    null with one group or none)."""
+    from policy_optimization import evaluation
     if held is None:
         return dict.fromkeys(HELD_OUT_KEYS)
+    groups = groups or [None] * len(held.per_prompt)
+    repeated = held.repetition or {}
     return {"held_out_reward": held.reward_mean, "held_out_std": held.reward_std, "held_out_per_prompt": held.per_prompt,
             "held_out_gold": held.gold_mean, "held_out_gold_std": held.gold_std,
-            "held_out_gold_per_prompt": held.gold_per_prompt}
+            "held_out_gold_per_prompt": held.gold_per_prompt,
+            "held_out_per_group": evaluation.group_means(held.per_prompt, groups),
+            "held_out_gold_per_group": evaluation.group_means(held.gold_per_prompt, groups),
+            "held_out_top_token_share": repeated.get("top_token_share"),
+            "held_out_distinct_bigram_fraction": repeated.get("distinct_bigram_fraction"),
+            "held_out_longest_run": repeated.get("longest_run")}
 
 
 def build_row(round_: int, seen: Observation, grouped: bool, wall_s: float, printed: str,
               memory: dict[str, float], probe: dict[str, float | None], norms: dict[str, float],
               non_finite_weights: bool, lr: float, held_out, unseen=None,
-              gain: dict[str, float | None] | None = None) -> dict[str, Any]:
+              gain: dict[str, float | None] | None = None, groups: list[str | None] | None = None) -> dict[str, Any]:
     """The metrics row of one round, keys ``ROW_KEYS`` (``rules`` filled by the watchdog): rewards
     and groups, advantages, response lengths and tokens (``token_figures``), the library's KL term
     (mean over minibatches), the policy probe, printed losses (``streams.parse_losses``), gradient
     norm (mean over the actor's steps), trainable change norms, seconds (``wall_s``), MiB
     (``memory``: peak_mib, rss_mib) and the held-out evaluation (``held_out``: an
     ``evaluation.HeldOut``, or None on a round not evaluated), the reward model's coverage
-    (``unseen``: ``unseen_mask``; ``gain``: ``unseen_gain``'s figures)."""
+    (``unseen``: ``unseen_mask``; ``gain``: ``unseen_gain``'s figures), per group of held-out
+    prompts (``groups``: ``held_out_figures``)."""
     lengths = seen.response_lengths
     advantages = seen.advantages
     sizes = {len(rollout) for rollout in seen.rewards}
@@ -379,5 +391,5 @@ def build_row(round_: int, seen: Observation, grouped: bool, wall_s: float, prin
            "kl_rollout": _mean([float(v) for v in seen.kl_terms]), **probe, "losses": streams.parse_losses(printed),
            "grad_norm": _mean([float(v) for v in seen.grad_norms]), "optimizer_steps": dict(seen.steps),
            "trainable_change_norm": norms, "non_finite_weights": non_finite_weights, "lr": lr,
-           **held_out_figures(held_out), "rules": []}
+           **held_out_figures(held_out, groups), "rules": []}
     return {key: row[key] for key in ROW_KEYS}

@@ -253,13 +253,23 @@ def _entropy_blowup(row, rows, facts):
     return None
 
 
-def _repeated_token(row, rows, facts):
-    top, distinct = row.get("top_token_share"), row.get("distinct_bigram_fraction")
+def repetition_reason(top: float | None, distinct: float | None, own_top: float | None = None,
+                      where: str = "the round's") -> str | None:
+    """Why responses collapsed, or None: ``top`` (``top_token_share``) at least TOP_TOKEN_SHARE,
+    ``distinct`` (``distinct_bigram_fraction``) at most DISTINCT_FLOOR, or ``own_top`` (the median
+    response's own top token share, ``evaluation.repetition``) at least TOP_TOKEN_SHARE: each
+    response repeats an id of its own. The ``repeated_token`` rule, and ``evaluate``'s collapse."""
     if _finite(top) and top >= TOP_TOKEN_SHARE:
-        return f"one id is {top:.0%} of the round's response tokens"
+        return f"one id is {top:.0%} of {where} response tokens"
+    if _finite(own_top) and own_top >= TOP_TOKEN_SHARE:
+        return f"in half of {where} responses one id is at least {own_top:.0%} of the response"
     if _finite(distinct) and distinct <= DISTINCT_FLOOR:
-        return f"distinct bigrams {distinct:.0%} of the responses' bigrams: the responses repeat each other"
+        return f"distinct bigrams {distinct:.0%} of {where} responses' bigrams: the responses repeat each other"
     return None
+
+
+def _repeated_token(row, rows, facts):
+    return repetition_reason(row.get("top_token_share"), row.get("distinct_bigram_fraction"))
 
 
 def _evaluated(rows, row, key: str) -> list[dict[str, Any]]:
