@@ -95,7 +95,7 @@ def test_rm_config_round_trip_loads_and_scores_as_the_run(shipped):
     from reward_modeling import examples
     run, summary = shipped
     c = json.loads((run.run.path / "rm_config.json").read_text())
-    assert set(c) == {"palm", "reward_model"} and c["palm"]["dim"] == 32 and c["reward_model"]["use_lora"] is False
+    assert set(c) == {"palm", "reward_model", "tokenizer"} and c["tokenizer"] == {"kind": "bytes"} and c["palm"]["dim"] == 32 and c["reward_model"]["use_lora"] is False
     model = RewardModel(PaLM(**c["palm"]), **c["reward_model"])
     model.load_state_dict(torch.load(run.run.path / "rm.pt"))
     model.eval()

@@ -82,8 +82,10 @@ def load_program(section: str, key: str, value: str) -> Callable:
 
 
 def tokenizer(resolved: dict[str, Any]):
-    """The prompt tokenizer: [prompts] tokenizer's callable, else the skill's ByteTokenizer."""
-    return resolved["programs"].get("prompts.tokenizer") or byte_tokenizer.ByteTokenizer()
+    """The prompt tokenizer: [prompts] tokenizer's callable, [tokenizer] file's
+    (``data_kit.tokenizer_file.TokenizerFile``), else the skill's ByteTokenizer."""
+    return resolved["programs"].get("prompts.tokenizer") or resolved.get("tokenizer_file") \
+        or byte_tokenizer.ByteTokenizer()
 
 
 def tokenize(tokenizer: Callable, texts: list[str], where: str, num_tokens: int):

@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import cached_sampler  # torch-free at import
-from data_kit import layouts, tables
+from data_kit import layouts, tables, tokenizer_file
 from skill_runtime import exits, options
 from policy_optimization import trainers
 
-SECTIONS = ("palm", "reward_model", "reward", "trainer", "prompts", "train", "eval", "run")
+SECTIONS = ("palm", "reward_model", "reward", "trainer", "prompts", "train", "eval", "run", "tokenizer")
 REQUIRED_SECTIONS = ("palm", "trainer", "prompts")
 # The skill's own keys (not arguments of a library function): their type per table. [palm]
 # also holds PaLM's arguments beside its own ``checkpoint``.
@@ -36,6 +36,7 @@ OWN_KEYS: dict[str, dict[str, type]] = {
     "reward": {"program": str, "text_program": str, "checkpoint": str},
     "eval": {"prompts_file": str, "every": int, "samples": int, "metric": str, "text_metric": str, "split": str},
     "run": {"rounds": int, "checkpoint_every": int, "seed": int, "sampler": str},
+    "tokenizer": {"file": str, "eos": str},  # a tokenizer.json (data_kit.tokenizer_file)
 }
 LIBRARY_SECTIONS = ("palm", "reward_model", "trainer", "train")  # checked against signatures
 # the skill's defaults for its own keys (listed in a plan's ``defaults_applied`` when used)
@@ -48,7 +49,7 @@ READING_KEYS = ("format", "implicit_prompt", "template", "columns")
 # keys naming a file, relative to the config file; "file.py:callable" keeps its callable part
 PATH_KEYS = (("palm", "checkpoint"), ("prompts", "file"), ("prompts", "tokenizer"), ("reward", "program"),
              ("reward", "text_program"), ("reward", "checkpoint"), ("eval", "prompts_file"), ("eval", "metric"),
-             ("eval", "text_metric"))
+             ("eval", "text_metric"), ("tokenizer", "file"))
 SIZE_KEYS = ("heads", "dim_head", "ff_mult")  # PaLM arguments that size the model beside dim and depth
 PROGRAM_KEYS = (("prompts", "tokenizer"), ("reward", "program"), ("reward", "text_program"), ("eval", "metric"),
                 ("eval", "text_metric"))
@@ -238,6 +239,7 @@ def check_structure(config: dict[str, Any]) -> None:
     for section in OWN_KEYS:
         check_own_keys(config, section)
     check_prompts(config["prompts"])
+    check_tokenizer(config)
     check_reward(config)
     check_rounds(config)
     check_library_numbers(config)
@@ -273,6 +275,11 @@ def check_prompts(prompts: dict[str, Any]) -> None:
                                "random ids)")
     if "split" in prompts and "file" not in prompts:
         raise exits.SkillError("config [prompts] split: applies to a [prompts] file that is a datasets folder")
+
+
+def check_tokenizer(config: dict[str, Any]) -> None:
+    """[tokenizer] names its file, and is the run's one tokenizer (``tokenizer_file.check_table``)."""
+    tokenizer_file.check_table(config.get("tokenizer"), "[prompts] tokenizer" if "tokenizer" in config["prompts"] else None)
 
 
 def check_reward(config: dict[str, Any]) -> None:
@@ -396,7 +403,7 @@ def check_against_library(config: dict[str, Any]) -> dict[str, Any]:
     resolved["reward_palm"] = None
     trained = reward_checkpoint_config(config)
     if trained is not None:
-        resolved["reward_palm"], resolved["reward_model"], resolved["effective"]["reward_model"] = trained
+        resolved["reward_palm"], resolved["reward_model"], resolved["effective"]["reward_model"] = trained[:3]
         if resolved["palm"]["num_tokens"] > resolved["reward_palm"]["num_tokens"]:
             raise exits.SkillError(f"config [palm] num_tokens = {resolved['palm']['num_tokens']}: the policy samples ids "
                                    f"the reward model of [reward] checkpoint has no embedding for (its num_tokens is "
@@ -415,6 +422,17 @@ def check_against_library(config: dict[str, Any]) -> dict[str, Any]:
             programs.must_be_file(f"config [{section}] {key}", config[section][key])
     resolved["programs"] = {f"{section}.{key}": programs.load_program(section, key, config[section][key])
                             for section, key in PROGRAM_KEYS if key in config.get(section, {})}
+    resolved["tokenizer_file"] = tokenizer_file.load(config.get("tokenizer"), "config [tokenizer]",
+                                                     resolved["palm"]["num_tokens"], "config [palm] num_tokens")
+    if resolved["tokenizer_file"] is not None and "eos" in config["tokenizer"]:
+        eos = resolved["tokenizer_file"].eos_id(config["tokenizer"]["eos"], "config [tokenizer] eos")
+        if resolved["train"].get("eos_token", eos) != eos:
+            raise exits.SkillError(f"config [train] eos_token = {resolved['train']['eos_token']}: [tokenizer] eos "
+                                   f"{config['tokenizer']['eos']!r} is id {eos}: give one of them")
+        resolved["train"]["eos_token"] = resolved["effective"]["train"]["eos_token"] = eos
+    if trained is not None:
+        tokenizer_file.check_shared(resolved["tokenizer_file"], "prompts.tokenizer" in resolved["programs"], trained[3],
+                                    "config [reward] checkpoint")
     for section, key in (("reward", "text_program"), ("eval", "text_metric")):
         tokenizer = resolved["programs"].get("prompts.tokenizer")
         if f"{section}.{key}" in resolved["programs"] and tokenizer is not None \
@@ -426,11 +444,12 @@ def check_against_library(config: dict[str, Any]) -> dict[str, Any]:
     return resolved
 
 
-def reward_checkpoint_config(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]] | None:
+def reward_checkpoint_config(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any],
+                                                              dict[str, Any] | None] | None:
     """The reward model's own arguments when [reward] checkpoint names a ``train-reward`` output:
     ``rm_config.json`` beside the checkpoint (``reward_modeling.artifacts``), checked against the
     installed ``PaLM`` and ``RewardModel``. Returns (PaLM arguments, RewardModel arguments, the
-    latter with the defaults filled in), or None without a checkpoint or that file (the reward
+    latter with the defaults filled in, its tokenizer's record: ``artifacts.read``), or None without a checkpoint or that file (the reward
     model is then built on the policy's [palm] and [reward_model], as before). Raises
     SkillError(2) naming the file: unreadable, an argument the library refuses, or [reward_model]
     given as well (the file sets it)."""
@@ -450,7 +469,7 @@ def reward_checkpoint_config(config: dict[str, Any]) -> tuple[dict[str, Any], di
         values, effective = check_section("reward_model", RewardModel.__init__, trained["reward_model"])
     except exits.SkillError as err:
         raise exits.SkillError(f"{where}: {path}: {str(err).removeprefix('config ')}") from None
-    return palm, values, effective
+    return palm, values, effective, trained.get("tokenizer")
 
 
 def round_counts(resolved: dict[str, Any]) -> dict[str, int] | None:

@@ -1,6 +1,6 @@
 """What ``train-reward`` leaves for the policy run: ``DIR/rm.pt``, the reward model's state dict,
-and ``DIR/rm_config.json``, ``{"palm": {...}, "reward_model": {...}}``, the arguments that build
-it: ``RewardModel(PaLM(**c["palm"]), **c["reward_model"])`` then ``load_state_dict(torch.load(rm.pt))``.
+and ``DIR/rm_config.json``, ``{"palm": {...}, "reward_model": {...}, "tokenizer": {...}}``, the
+arguments that build it and the tokenizer it read (the policy must read the same): ``RewardModel(PaLM(**c["palm"]), **c["reward_model"])`` then ``load_state_dict(torch.load(rm.pt))``.
 
 ``palm-rlhf-skill train``'s ``[reward] checkpoint = ".../rm.pt"`` reads the rm_config.json beside
 it (``beside``, ``read``), so the reward model keeps its own sizes whatever the policy's [palm] is.
@@ -16,17 +16,18 @@ from run_kit import rundir
 from skill_runtime import exits
 
 
-def write(reward_model, palm_kwargs: dict[str, Any], reward_model_kwargs: dict[str, Any], run: rundir.RunDir
-          ) -> dict[str, str]:
+def write(reward_model, palm_kwargs: dict[str, Any], reward_model_kwargs: dict[str, Any], run: rundir.RunDir,
+          tokenizer: dict[str, Any]) -> dict[str, str]:
     """Write ``rm.pt`` (``reward_model.state_dict()`` on the CPU, ``torch.save``) and
     ``rm_config.json`` (the PaLM's and the RewardModel's arguments, library defaults filled in, so
-    a later default cannot change the model; ``jsonable``) into ``run``, each atomically. Returns
+    a later default cannot change the model; ``jsonable``; ``tokenizer``, what it was trained with:
+    ``data_kit.tokenizer_file.record``) into ``run``, each atomically. Returns
     ``{"rm": path, "rm_config": path}``."""
     state = {key: value.detach().cpu().clone() for key, value in reward_model.state_dict().items()}
     rm = rundir.write_torch_atomic(state, run.path / rundir.RM)
     config = run.path / rundir.RM_CONFIG
-    rundir.write_atomic(config, json.dumps({"palm": jsonable(palm_kwargs), "reward_model": jsonable(reward_model_kwargs)},
-                                           indent=1))
+    rundir.write_atomic(config, json.dumps({"palm": jsonable(palm_kwargs), "reward_model": jsonable(reward_model_kwargs),
+                                            "tokenizer": tokenizer}, indent=1))
     return {"rm": str(rm), "rm_config": str(config)}
 
 
@@ -42,7 +43,8 @@ def beside(checkpoint: str | Path) -> Path:
 
 
 def read(path: Path, where: str) -> dict[str, dict[str, Any]]:
-    """``rm_config.json`` at ``path`` as ``{"palm": {...}, "reward_model": {...}}``. Raises
+    """``rm_config.json`` at ``path`` as ``{"palm": {...}, "reward_model": {...}}`` and, from this
+    version on, ``"tokenizer"`` (``data_kit.tokenizer_file.record``). Raises
     SkillError(2) naming ``where`` (the config key) when it is unreadable, not JSON, or not two
     tables of arguments."""
     try:

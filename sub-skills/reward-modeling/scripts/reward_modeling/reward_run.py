@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from data_kit import tokenizer_file
 from policy_optimization import run_config
 from reward_modeling import artifacts, coverage, examples, reward_report, rm_config
 from run_kit import checkpoint, command, launch, rundir, trackers
@@ -142,7 +143,7 @@ def load_examples(resolved: dict[str, Any]) -> tuple[examples.Examples, examples
     says nothing) or nothing is left to train on."""
     data, kind = resolved["data"], resolved["kind"]
     bins = int(resolved["effective_reward_model"]["num_binned_output"])
-    tokenizer = resolved["programs"].get("data.tokenizer") or byte_tokenizer.ByteTokenizer()
+    tokenizer = resolved["programs"].get("data.tokenizer") or resolved["tokenizer_file"] or byte_tokenizer.ByteTokenizer()
     num_tokens = resolved["palm"]["num_tokens"]
 
     def read(key: str) -> examples.Examples:
@@ -533,7 +534,9 @@ class RewardRun:
         if self.main:
             if status == "finished":
                 files.update(artifacts.write(self.unwrapped, self.resolved["effective_palm"],
-                                             self.resolved["effective_reward_model"], self.run))
+                                             self.resolved["effective_reward_model"], self.run,
+                                             tokenizer_file.record(self.resolved["tokenizer_file"],
+                                                                   "data.tokenizer" in self.resolved["programs"])))
             probe = self.coverage_probe()
         if self.prepared.options.log_with:
             files["trackers"] = str(self.run.trackers)

@@ -15,7 +15,9 @@ TOML (or JSON by its ``.json`` suffix), read by the policy run's own reader
   length limit: ``max_length`` (tokens), ``truncate``;
 - ``[train]``: ``epochs``, ``batch_size``, ``lr``, ``weight_decay``, ``steps_per_round``,
   ``tie_unseen_embeddings``;
-- ``[run]``: ``seed``, ``checkpoint_every`` (rounds).
+- ``[run]``: ``seed``, ``checkpoint_every`` (rounds);
+- ``[tokenizer]``: ``file``, a ``tokenizer.json`` (``data_kit.tokenizer_file``, as the policy's),
+  ``eos`` (checked to exist: the policy run uses it).
 
 Two steps, as ``run_config``: ``load`` (torch-free: structure, types, paths made absolute relative
 to the config file's folder) and ``check_against_library`` (every [palm] and [reward_model] key
@@ -28,11 +30,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-from data_kit import layouts, tables
+from data_kit import layouts, tables, tokenizer_file
 from skill_runtime import exits, options
 from policy_optimization import run_config
 
-SECTIONS = ("palm", "reward_model", "data", "train", "run")
+SECTIONS = ("palm", "reward_model", "data", "train", "run", "tokenizer")
 REQUIRED = ("palm", "data")
 # The skill's own keys: (type, default); default None: optional, no value. The one table of them.
 OWN_KEYS: dict[str, dict[str, tuple[type, Any]]] = {
@@ -44,8 +46,10 @@ OWN_KEYS: dict[str, dict[str, tuple[type, Any]]] = {
     "train": {"epochs": (int, 3), "batch_size": (int, 32), "lr": (float, 1e-3), "weight_decay": (float, 0.0),
               "steps_per_round": (int, None), "tie_unseen_embeddings": (bool, False)},
     "run": {"seed": (int, 0), "checkpoint_every": (int, 1)},
+    "tokenizer": {"file": (str, None), "eos": (str, None)},  # as the policy's (data_kit.tokenizer_file); eos: checked
 }
-PATH_KEYS = (("palm", "checkpoint"), ("data", "pairs"), ("data", "ratings"), ("data", "held_out"), ("data", "tokenizer"))
+PATH_KEYS = (("palm", "checkpoint"), ("data", "pairs"), ("data", "ratings"), ("data", "held_out"), ("data", "tokenizer"),
+             ("tokenizer", "file"))
 PROGRAM_KEYS = (("data", "tokenizer"),)
 DATA_KINDS = ("pairs", "ratings")
 CHOICES = {("data", "format"): layouts.FORMATS, ("data", "implicit_prompt"): layouts.CUTS}
@@ -127,6 +131,7 @@ def check_structure(config: dict[str, Any]) -> None:
     if "held_out_split" in data and "held_out" not in data:
         raise exits.SkillError("config [data] held_out_split: applies to a [data] held_out datasets folder; give "
                                "held_out, or remove it")
+    tokenizer_file.check_table(config.get("tokenizer"), "[data] tokenizer" if "tokenizer" in data else None)
     if "held_out" in data and "held_out_fraction" in data:
         raise exits.SkillError("config [data]: held_out (a file) and held_out_fraction (rows held out of the data): "
                                "give one")
@@ -146,7 +151,8 @@ def check_against_library(config: dict[str, Any]) -> dict[str, Any]:
     Returns the resolved config: ``palm`` and ``reward_model`` (the values to pass),
     ``effective_palm`` and ``effective_reward_model`` (with the library defaults filled in: what
     rm_config.json records), ``palm_checkpoint`` (a path or None), ``kind`` (pairs or ratings),
-    ``data``, ``train``, ``run`` (own keys with defaults), ``programs`` ({"data.tokenizer": callable}).
+    ``data``, ``train``, ``run`` (own keys with defaults), ``programs`` ({"data.tokenizer": callable}),
+    ``tokenizer_file`` ([tokenizer] file's ``TokenizerFile``, or None).
     Raises SkillError(2) naming the first bad key, file or program; a binned model on pairs
     (``num_binned_output`` > 1: its forward returns a sampled bin index, no gradient for a
     Bradley-Terry loss, reward.py:125-130)."""
@@ -174,6 +180,10 @@ def check_against_library(config: dict[str, Any]) -> dict[str, Any]:
     tokenizer = resolved["data"]["tokenizer"]
     resolved["programs"] = {} if tokenizer is None else {
         "data.tokenizer": programs.load_program("data", "tokenizer", tokenizer)}
+    resolved["tokenizer_file"] = tokenizer_file.load(config.get("tokenizer"), "config [tokenizer]",
+                                                     resolved["effective_palm"]["num_tokens"], "config [palm] num_tokens")
+    if resolved["tokenizer_file"] is not None and "eos" in config["tokenizer"]:
+        resolved["tokenizer_file"].eos_id(config["tokenizer"]["eos"], "config [tokenizer] eos")
     return resolved
 
 
