@@ -405,6 +405,53 @@ def test_the_worked_example_runs_as_typed(tmp_path, capsys, monkeypatch):
     assert config["palm"]["dim"] == 64
 
 
+CONVERSATIONS = EXAMPLE.parent / "conversations"
+
+
+def test_the_second_examples_pairs_are_what_its_generator_writes(tmp_path):
+    """assets/conversations: HH-RLHF rows with a group column, the raters' rule depending on the prompt."""
+    proc = run([sys.executable, str(CONVERSATIONS / "make_pairs.py"), "--out", str(tmp_path)], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    for name in ("pairs.jsonl", "held_out.jsonl"):
+        assert (tmp_path / name).read_bytes() == (CONVERSATIONS / name).read_bytes(), f"rerun make_pairs.py: {name}"
+    from data_kit import layouts
+    pairs, layout = layouts.read_pairs(str(CONVERSATIONS / "pairs.jsonl"), "k", layouts.Options())[:2]
+    assert layout == "implicit" and len(pairs) == 3000 and {p.group for p in pairs} == {"count", "spell"}
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("conversations_rater", CONVERSATIONS / "rater.py")
+    rater = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rater)  # by path: the first example's module is also named rater
+    agree = sum(rater.wanted_share(p.prompt, p.chosen) > rater.wanted_share(p.prompt, p.rejected) for p in pairs)
+    assert abs(agree / len(pairs) - rater.AGREEMENT) < 0.02
+    assert all(rater.group(p.prompt) == p.group for p in pairs), "the group column is the rule's kind of prompt"
+
+
+def test_the_second_example_runs_as_typed_with_its_groups(tmp_path, capsys, monkeypatch):
+    """preferences.md#second-example's commands from a root holding the folder (fewer rounds):
+    train-reward reads the HH layout as it is, train takes the pairs' prompts, evaluate reports the
+    two groups of held_out.jsonl with the raters' rule as the gold metric."""
+    from evaluate_run import main as evaluate_main
+    from train_run import main as train_main
+    folder = tmp_path / "sub-skills" / "reward-modeling" / "assets" / "conversations"
+    shutil.copytree(CONVERSATIONS, folder, ignore=shutil.ignore_patterns("__pycache__"))
+    code, out, err = cli(tmp_path, capsys, monkeypatch, "--config", str(folder.relative_to(tmp_path) / "rm.toml"),
+                         "--run-dir", "runs/rm-conversations", "--device", "cpu", "--set", "train.epochs=1")
+    assert code == 0 and out.splitlines()[-1].startswith("FINISHED:"), err
+    code, out, err = main_in_process(train_main, capsys, monkeypatch, tmp_path, "--config",
+                                     str(folder.relative_to(tmp_path) / "policy.toml"), "--run-dir",
+                                     "runs/policy-conversations", "--device", "cpu", "--json", "--set", "run.rounds=20")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["held_out"]["gold_after"] > summary["held_out"]["gold_before"], summary["held_out"]
+    code, out, err = main_in_process(evaluate_main, capsys, monkeypatch, tmp_path, "--run-dir",
+                                     "runs/policy-conversations", "--json", "--device", "cpu")
+    assert code == 0, err
+    report = json.loads(out)
+    assert [(g["group"], g["prompts"]) for g in report["policy"]["per_group"]] == [("spell", 4), ("count", 4)]
+    assert report["policy"]["per_prompt"][0]["prompt"].startswith("\n\nHuman: ")
+    assert report["gold_metric"] == "rater.py:wanted_share"
+
+
 @pytest.mark.distributed
 def test_nproc_2_trains_with_both_ranks_and_rank_0_writes(tmp_path, capsys, monkeypatch):
     """--nproc 2 (torchrun, gloo on the CPU): each rank takes half of every batch, rank 0 writes the

@@ -76,7 +76,7 @@ BUDGET = {
         "sub-skills/policy-optimization/references/workflows.md": 9450,  # 5th knowledge test: the default-size step counts, with their block (~250); issue 35: [tokenizer] rows (~120)
         "sub-skills/reward-modeling/references/implicit-prm.md": 1500,
         "sub-skills/reward-modeling/references/reward-api.md": 5000,  # 5th knowledge test: left padding, prompt length k (~110)
-        "sub-skills/reward-modeling/references/preferences.md": 3250,  # issue 30: train-reward, the worked example, token coverage; issue 35: the layouts and the [data] reading keys (~1000)
+        "sub-skills/reward-modeling/references/preferences.md": 3550,  # issue 30: train-reward, the worked example, token coverage; issue 35: the layouts and the [data] reading keys (~1000), the second example and [tokenizer] (~380)
         "*": 2000,
     },
 }

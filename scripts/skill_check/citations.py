@@ -288,6 +288,7 @@ NO_LIBRARY_CLAIM = {
     "references/reports.md": "the --json keys of this tree's helpers",
     "sub-skills/policy-optimization/references/inputs.md": "this tree's checks of its inputs, and their tests",
     "sub-skills/reward-modeling/references/preferences.md#layouts": "the layouts this tree reads (data_kit.layouts)",
+    "sub-skills/reward-modeling/references/preferences.md#second-example": "this tree's second worked example and its figures",
     "references/probes.md": "the probe kit (scripts/probe_kit.py): what its helpers build and run",
     "sub-skills/policy-optimization/references/multi-node.md": "launch recipes for this tree's smoke helper",
     "sub-skills/policy-optimization/references/sizing.md": _OURS,

@@ -127,8 +127,8 @@ def own_top_share(ids: list[int]) -> float:
 
 def findings(report: dict[str, Any], tokenizer, show: int = SHOW, rule_reward: bool = False) -> dict[str, Any]:
     """What stops a policy whose mean rose from being IMPROVED, from the two sides of ``report``:
-    ``groups_fallen``, the groups (more than one) whose reward did not rise or whose gold metric
-    fell; ``collapse``, ``watchdog.repetition_reason`` of the policy's samples (the
+    ``groups_fallen``, the groups (more than one) whose gold metric did not rise (without one:
+    whose reward did not rise; with one, what the raters want decides); ``collapse``, ``watchdog.repetition_reason`` of the policy's samples (the
     ``repeated_token`` rule's thresholds), or None; ``collapse_with_gold``, what the raters want
     that rose with the collapse, so it does not block (their rule is maxed by a repeated token:
     training-run.md#collapse): "the gold metric" (one is given and rose), "the rule reward" (no
@@ -138,7 +138,7 @@ def findings(report: dict[str, Any], tokenizer, show: int = SHOW, rule_reward: b
     samples that show it (the fallen group's, else the most repetitive ones)."""
     a, b = report["initial"], report["policy"]
     fallen = [q["group"] for p, q in zip(a["per_group"], b["per_group"]) if len(b["per_group"]) > 1 and (
-        q["reward"] <= p["reward"] or (q["gold"] is not None and q["gold"] < p["gold"]))]
+        q["gold"] <= p["gold"] if q["gold"] is not None else q["reward"] <= p["reward"])]
     repeated = b["repetition"]
     collapse = watchdog.repetition_reason(repeated.get("top_token_share"), repeated.get("distinct_bigram_fraction"),
                                           repeated.get("response_top_token_share"), where="the policy's")
