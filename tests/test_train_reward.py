@@ -417,10 +417,8 @@ def test_the_second_examples_pairs_are_what_its_generator_writes(tmp_path):
     from data_kit import layouts
     pairs, layout = layouts.read_pairs(str(CONVERSATIONS / "pairs.jsonl"), "k", layouts.Options())[:2]
     assert layout == "implicit" and len(pairs) == 3000 and {p.group for p in pairs} == {"count", "spell"}
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("conversations_rater", CONVERSATIONS / "rater.py")
-    rater = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rater)  # by path: the first example's module is also named rater
+    sys.path.insert(0, str(CONVERSATIONS))
+    import group_rater as rater
     agree = sum(rater.wanted_share(p.prompt, p.chosen) > rater.wanted_share(p.prompt, p.rejected) for p in pairs)
     assert abs(agree / len(pairs) - rater.AGREEMENT) < 0.02
     assert all(rater.group(p.prompt) == p.group for p in pairs), "the group column is the rule's kind of prompt"
@@ -449,7 +447,7 @@ def test_the_second_example_runs_as_typed_with_its_groups(tmp_path, capsys, monk
     report = json.loads(out)
     assert [(g["group"], g["prompts"]) for g in report["policy"]["per_group"]] == [("spell", 4), ("count", 4)]
     assert report["policy"]["per_prompt"][0]["prompt"].startswith("\n\nHuman: ")
-    assert report["gold_metric"] == "rater.py:wanted_share"
+    assert report["gold_metric"] == "group_rater.py:wanted_share"
 
 
 @pytest.mark.distributed

@@ -56,7 +56,7 @@ for _root in IMPORT_ROOTS:
 # Modules of other distributions that the tree imports (tests/test_damaged_tree.py: exactly the
 # ones it imports): one of them missing is not a damaged tree.
 DEPENDENCY_MODULES = frozenset({"accelerate", "datasets", "matplotlib", "packaging", "palm_rlhf_pytorch", "psutil",
-                                "pyarrow", "skills_ref", "torch", "tqdm"})
+                                "pyarrow", "skills_ref", "tokenizers", "torch", "tqdm"})
 REINSTALL = "reinstall the skill tree"
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write the second worked example's data in the Anthropic HH-RLHF layout (implicit prompt: each
 row's ``chosen`` and ``rejected`` are whole conversations, ``"\\n\\nHuman: ...\\n\\nAssistant: ..."``,
-sharing the prompt), rated by ``rater.py``, with a ``group`` column: ``pairs.jsonl`` (the reward
+sharing the prompt), rated by ``group_rater.py``, with a ``group`` column: ``pairs.jsonl`` (the reward
 model's training pairs; its prompts are the policy's) and ``held_out.jsonl`` (pairs on prompts
 about other things: the reward model's held-out pairs and the policy's held-out prompts).
 
@@ -21,7 +21,7 @@ import random
 import sys
 from pathlib import Path
 
-import rater
+import group_rater
 
 HERE = Path(__file__).resolve().parent
 SEED = 35  # issue 35
@@ -44,7 +44,7 @@ def rows(rng: random.Random, things: list[str], count: int) -> list[dict[str, st
     while len(out) < count:
         kind = rng.choice(sorted(ASKS))
         prompt = f"\n\nHuman: {ASKS[kind].format(rng.choice(things))}\n\nAssistant:"
-        rated = rater.rate(prompt, answer(rng), answer(rng), rng)
+        rated = group_rater.rate(prompt, answer(rng), answer(rng), rng)
         if rated is not None:
             out.append({"chosen": f"{prompt} {rated[0]}", "rejected": f"{prompt} {rated[1]}", "group": kind})
     return out
