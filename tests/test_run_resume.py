@@ -185,3 +185,45 @@ def test_a_run_paused_before_its_first_evaluation_names_the_baseline(tmp_path, m
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["held_out"]["rounds"] == [0] and summary["held_out"]["after"] is None
     assert f"held-out reward {summary['held_out']['before']:.4g} before training, not evaluated since" in summary["verdict"]
+
+
+@pytest.mark.parametrize("how", ["cp -r", "mv"])
+def test_a_copied_or_moved_run_prints_only_its_own_paths(how, tmp_path, monkeypatch, capsys):
+    """A finished run copied with cp -r (or moved) and resumed printed the original's paths (next:
+    load ORIGINAL/policy.pt, its curves command). It prints the directory given now, rewrites its
+    summary.json so, and keeps its run id; a paused copy goes on writing only its own paths."""
+    import train_run
+    from skill_runtime import runner
+    monkeypatch.chdir(tmp_path)
+    config = write_config(tmp_path / "cfg", "grpo", rounds=2, run={"checkpoint_every": 1})
+    original, moved = tmp_path / "original-run", tmp_path / "elsewhere"
+    train(config, original)
+    run_id = json.loads((original / "run_config.json").read_text())["run_id"]
+    (shutil.copytree if how == "cp -r" else shutil.move)(original, moved)
+    for flags in ([], ["--json"]):
+        assert runner.run_cli(train_run.main, ["--resume", str(moved), "--device", "cpu", *flags]) == 0
+        out, err = capsys.readouterr()
+        assert str(original) not in out + err and f"load {moved}/policy.pt" in out
+    assert str(original) not in (moved / "summary.json").read_text() and str(moved) in (moved / "summary.json").read_text()
+    assert json.loads((moved / "run_config.json").read_text())["run_id"] == run_id
+    paused, copy = tmp_path / "paused", tmp_path / "paused-copy"
+    train(config, paused, until=1)
+    shutil.copytree(paused, copy)
+    said: list[str] = []
+    train(None, copy, resume=True, said=said)
+    assert str(paused) + "/" not in "\n".join(said) + (copy / "summary.json").read_text()
+
+
+def test_a_moved_reward_models_run_prints_its_own_paths(tmp_path, monkeypatch, capsys):
+    import train_reward
+    from skill_runtime import runner
+    import probe_kit
+    from reward_modeling import reward_run
+    monkeypatch.chdir(tmp_path)
+    example = rundir.Path(__file__).resolve().parents[1] / "sub-skills" / "reward-modeling" / "assets" / "preferences"
+    tiny = [f"palm.{k}={v}" for k, v in probe_kit.TINY_PALM.items() if k != "num_tokens"] + ["train.epochs=1"]
+    reward_run.train_to_end(str(example / "rm.toml"), tmp_path / "rm", "cpu", tiny)
+    shutil.move(tmp_path / "rm", tmp_path / "rm-moved")
+    assert runner.run_cli(train_reward.main, ["--resume", str(tmp_path / "rm-moved"), "--device", "cpu"]) == 0
+    out, err = capsys.readouterr()
+    assert f"{tmp_path / 'rm'}/" not in out + err and f'checkpoint = "{tmp_path / "rm-moved"}/rm.pt"' in out

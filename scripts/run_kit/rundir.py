@@ -170,9 +170,10 @@ def config_problem(stored: Any) -> str | None:
 def checked_summary(run: RunDir, run_id: str | None, problem: Callable[[Any], str | None],
                     helper: str) -> dict[str, Any] | None:
     """``run``'s summary.json checked by ``problem`` (a kind of run's shape check), and of run
-    ``run_id`` when given, or None while there is none. Raises SkillError(2) naming the file when
-    it is a link, damaged, edited or another run's; ``helper`` (``train``) names the command whose
-    ``--resume`` writes it again."""
+    ``run_id`` when given, or None while there is none; its paths re-based (``rebased``) to where
+    ``run`` is now (``keep_rebased`` writes them back). Raises
+    SkillError(2) naming the file when it is a link, damaged, edited or another run's; ``helper``
+    (``train``) names the command whose ``--resume`` writes it again."""
     summary = run.read_summary()
     if summary is None:
         return None
@@ -182,7 +183,37 @@ def checked_summary(run: RunDir, run_id: str | None, problem: Callable[[Any], st
     if wrong:
         raise exits.SkillError(f"{run.summary}: not this run's summary ({wrong}): damaged, edited or copied; "
                                f"{helper} --resume {run.path} writes it again")
-    return summary
+    return rebased(summary, run.path)
+
+
+def keep_rebased(run: RunDir, summary: dict[str, Any]) -> None:
+    """Write ``summary`` (``checked_summary``'s, re-based) to ``run``'s summary.json when the file
+    still names another directory: what a ``--resume`` of a finished, copied or moved run does
+    before it prints it."""
+    if run.read_summary() != summary:
+        write_atomic(run.summary, json.dumps(summary, indent=1, allow_nan=True))
+
+
+def rebased(summary: dict[str, Any], path: Path) -> dict[str, Any]:
+    """``summary`` with the run directory it was written in (its ``files.metrics``' folder) replaced
+    by ``path`` in every string that names it (a file path, or a path inside a sentence such as
+    ``next``), so a copied (``cp -r``) or moved run directory prints its own paths; its run id is
+    kept. A summary without ``files.metrics`` is returned as it is."""
+    import re
+    metrics = (summary.get("files") or {}).get("metrics") if isinstance(summary.get("files"), dict) else None
+    if not isinstance(metrics, str) or str(Path(metrics).parent) == str(path):
+        return summary
+    old = re.compile(re.escape(str(Path(metrics).parent)) + r"(?=$|[/\s,;:)'\"])")
+
+    def move(value: Any) -> Any:
+        if isinstance(value, str):
+            return old.sub(lambda _: str(path), value)
+        if isinstance(value, dict):
+            return {key: move(v) for key, v in value.items()}
+        if isinstance(value, list):
+            return [move(v) for v in value]
+        return value
+    return move(summary)
 
 
 def first_missing(path: Path) -> Path | None:

@@ -30,7 +30,7 @@ except (ImportError, SyntaxError) as damage:  # the runtime's own __init__.py is
                      f"{damage} (reinstall the skill tree)\n")
     sys.exit(2)
 from skill_runtime import exits, options, reporting, runner, streams, version_gate, workspace  # noqa: E402
-from run_kit import command  # noqa: E402
+from run_kit import command, rundir  # noqa: E402
 
 EXIT_EPILOG = ("exit codes: 0 the run finished (or paused at --until); 1 a --stop-on rule fired or the library "
                "raised in a round; 2 usage, config, reward program or run-directory error (disk full, or another "
@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         # build, the run's summary again (without its policy.pt: built, to write it again)
         prepared.release()
         progress.note(f"{run_dir} finished all {finished['rounds_done']} rounds: nothing to resume")
+        rundir.keep_rebased(prepared.run, finished)  # a copied or moved run: its own paths
         finished["versions"], finished["warnings"] = env["versions"], env["warnings"]
         return runner.emit(finished, args.json, plain_summary, exits.EXIT_OK)
     prepared.place(args.device)  # a device it cannot have: one line, before the build's progress line

@@ -95,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                 and finished.get("epochs_done", 0) >= prepared.resolved["train"]["epochs"]:  # nothing to train
             prepared.claim.release()
             progress.note(f"{run_dir} finished all {finished['rounds_done']} rounds: nothing to resume")
+            rundir.keep_rebased(prepared.claim.run, finished)  # a copied or moved run: its own paths
             finished["versions"], finished["warnings"] = env["versions"], env["warnings"]
             return runner.emit(finished, args.json, reward_report.plain, exits.EXIT_OK)
         prepared.place(args.device)

@@ -103,7 +103,7 @@ def problem(summary: Any) -> str | None:
 def read(run: rundir.RunDir, run_id: str | None = None) -> dict[str, Any] | None:
     """The run's summary.json, checked (``problem``; of run ``run_id`` when given), or None while
     there is none (``rundir.checked_summary``: SkillError(2) for a link, a damaged, edited or
-    another run's file)."""
+    another run's file; its paths re-based to where ``run`` is)."""
     return rundir.checked_summary(run, run_id, problem, "train-reward")
 
 

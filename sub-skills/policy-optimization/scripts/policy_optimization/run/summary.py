@@ -92,7 +92,7 @@ def read(run: rundir.RunDir, run_id: str | None = None) -> dict[str, Any] | None
     """The run's summary.json, checked (``problem``), or None while there is none (a running run).
     ``run_id``: this run's (the stored config's); a summary of another id is another run's.
     Raises SkillError(2) naming the file when it is a link, damaged, edited or another run's
-    (``rundir.checked_summary``)."""
+    (``rundir.checked_summary``: its paths re-based to where ``run`` is)."""
     return rundir.checked_summary(run, run_id, problem, "train")
 
 
