@@ -16,9 +16,9 @@ import hashlib
 from pathlib import Path
 
 from data_kit import tables
-from skill_runtime import exits
+from skill_runtime import byte_tokenizer, exits
 
-PAD_ID = 0  # the kit's pad id: the file's ids are shifted up by one past it
+PAD_ID = byte_tokenizer.PAD_ID  # the kit's pad id: the file's ids are shifted up by one past it
 
 
 class TokenizerFile:
@@ -50,16 +50,8 @@ class TokenizerFile:
         self.dropped_empty = 0
 
     def __call__(self, texts: list[str]):
-        import torch
-        kept = [t for t in texts if t.strip()]
-        self.dropped_empty += len(texts) - len(kept)
-        if not kept:
-            raise exits.SkillError("no non-empty prompts to tokenize")
-        rows = [[i + 1 for i in e.ids] for e in self.tokenizer.encode_batch(kept, add_special_tokens=False)]
-        out = torch.full((len(rows), max(1, max(map(len, rows)))), PAD_ID, dtype=torch.long)
-        for i, row in enumerate(rows):
-            out[i, :len(row)] = torch.tensor(row, dtype=torch.long)
-        return out
+        encoded = self.tokenizer.encode_batch(byte_tokenizer.non_empty(self, texts), add_special_tokens=False)
+        return byte_tokenizer.padded([[i + 1 for i in e.ids] for e in encoded])
 
     def decode(self, ids) -> str:
         """The text of kit ids (any iterable of ints, a 1-D tensor included)."""
