@@ -27,13 +27,15 @@ class Built:
     trainer's device; ``eval_prompt_ids``: (q, m) int64 on the host, or None without [eval];
     ``tokenizer``: the prompt tokenizer ([prompts] tokenizer's callable, else the ByteTokenizer; its
     ``decode`` where it has one);
-    ``trainer``: the trainer."""
+    ``trainer``: the trainer; ``eval_groups``: the held-out prompts' groups (``prompt_texts``), or None
+    without [eval]."""
     palm: Any
     reward_model: Any
     prompt_ids: Any
     eval_prompt_ids: Any
     tokenizer: Any
     trainer: Any
+    eval_groups: list[str | None] | None = None
 
 
 def read_lines(path: str, key: str) -> list[str]:
@@ -60,11 +62,11 @@ def prompt_texts(resolved: dict[str, Any], section: str) -> tuple[list[str], lis
 
 def tokenize_file(resolved: dict[str, Any], section: str):
     """The prompts of ``section`` (``prompt_texts``) through the run's tokenizer
-    (``programs.tokenizer``): (n, len) int64, checked (``programs.checked_ids``). Raises
-    SkillError(2) naming the key."""
+    (``programs.tokenizer``): ((n, len) int64, checked by ``programs.checked_ids``; the rows'
+    groups, ``prompt_texts``'). Raises SkillError(2) naming the key."""
     key = "[prompts] file" if section == "prompts" else "[eval] prompts_file"
-    return programs.tokenize(programs.tokenizer(resolved), prompt_texts(resolved, section)[0], f"config {key}",
-                             resolved["palm"]["num_tokens"])
+    texts, groups, _ = prompt_texts(resolved, section)
+    return programs.tokenize(programs.tokenizer(resolved), texts, f"config {key}", resolved["palm"]["num_tokens"]), groups
 
 
 def prompt_token_ids(resolved: dict[str, Any], seed: int, meta: bool = False):
@@ -80,13 +82,14 @@ def prompt_token_ids(resolved: dict[str, Any], seed: int, meta: bool = False):
     if "file" not in prompts:
         generator = torch.Generator().manual_seed(seed)
         return torch.randint(1, num_tokens, (prompts["count"], prompts["length"]), generator=generator)
-    return tokenize_file(resolved, "prompts")
+    return tokenize_file(resolved, "prompts")[0]
 
 
 def eval_prompt_ids(resolved: dict[str, Any]):
-    """[eval] prompts_file through the run's tokenizer: (q, m) int64, or None without [eval]."""
+    """[eval] prompts_file through the run's tokenizer: ((q, m) int64, the q prompts' groups), or
+    (None, None) without [eval]."""
     if resolved["eval"] is None:
-        return None
+        return None, None
     return tokenize_file(resolved, "eval")
 
 
@@ -252,7 +255,7 @@ def build(resolved: dict[str, Any], device_kwargs: dict[str, Any], device, seed:
 
     cls = resolved["trainer_class"]
     ids = prompt_token_ids(resolved, seed, meta) if prompt_ids is None else prompt_ids
-    held_out = eval_prompt_ids(resolved)
+    held_out, eval_groups = eval_prompt_ids(resolved)
     try:
         with large_tensors_on_meta() if meta else contextlib.nullcontext():
             palm = PaLM(**resolved["palm"])
@@ -279,4 +282,5 @@ def build(resolved: dict[str, Any], device_kwargs: dict[str, Any], device, seed:
     if not meta:
         import cached_sampler
         cached_sampler.apply(trainer, resolved.get("sampler", cached_sampler.DEFAULT_SAMPLER))
-    return Built(palm, reward_model, trainer.prompt_token_ids, held_out, programs.tokenizer(resolved), trainer)
+    return Built(palm, reward_model, trainer.prompt_token_ids, held_out, programs.tokenizer(resolved), trainer,
+                 eval_groups)

@@ -239,7 +239,7 @@ def check_structure(config: dict[str, Any]) -> None:
     for section in OWN_KEYS:
         check_own_keys(config, section)
     check_prompts(config["prompts"])
-    check_tokenizer(config)
+    tokenizer_file.check_table(config.get("tokenizer"), "[prompts] tokenizer" if "tokenizer" in config["prompts"] else None)
     check_reward(config)
     check_rounds(config)
     check_library_numbers(config)
@@ -275,11 +275,6 @@ def check_prompts(prompts: dict[str, Any]) -> None:
                                "random ids)")
     if "split" in prompts and "file" not in prompts:
         raise exits.SkillError("config [prompts] split: applies to a [prompts] file that is a datasets folder")
-
-
-def check_tokenizer(config: dict[str, Any]) -> None:
-    """[tokenizer] names its file, and is the run's one tokenizer (``tokenizer_file.check_table``)."""
-    tokenizer_file.check_table(config.get("tokenizer"), "[prompts] tokenizer" if "tokenizer" in config["prompts"] else None)
 
 
 def check_reward(config: dict[str, Any]) -> None:

@@ -120,11 +120,6 @@ def shown(sample: dict[str, Any], tokenizer) -> dict[str, Any]:
             "group": sample["group"], "reward": sample["reward"], "gold": sample["gold"]}
 
 
-def own_top_share(ids: list[int]) -> float:
-    """The share of ``ids`` that is its most frequent id (0.0 for none)."""
-    return max((ids.count(i) for i in set(ids)), default=0) / len(ids) if ids else 0.0
-
-
 def findings(report: dict[str, Any], tokenizer, show: int = SHOW, rule_reward: bool = False) -> dict[str, Any]:
     """What stops a policy whose mean rose from being IMPROVED, from the two sides of ``report``:
     ``groups_fallen``, the groups (more than one) whose gold metric did not rise (without one:
@@ -152,7 +147,10 @@ def findings(report: dict[str, Any], tokenizer, show: int = SHOW, rule_reward: b
     if fallen:
         evidence = [s for s in pool if s["group"] == fallen[0]][:show]
     elif collapse:
-        evidence = sorted(pool, key=lambda s: -own_top_share(s["response"]))[:show]
+        import torch
+        share = [evaluation.token_shares(torch.tensor(s["response"], dtype=torch.long), torch.zeros(0))[0] or 0.0
+                 for s in pool]
+        evidence = [pool[i] for i in sorted(range(len(pool)), key=lambda i: -share[i])][:show]
     else:
         evidence = []
     return {"groups_fallen": fallen, "collapse": collapse, "collapse_with_gold": with_gold,
@@ -187,7 +185,7 @@ def score(run_dir: str, device_spec: str, prompts: str | None = None, metric: st
     reward_model = trainers.unwrap(trainer, trainer.reward_model)
     gold = programs.rule_reward(resolved, anchor=False, section="eval")
     gold = None if gold is None else gold.to(device)
-    texts, groups = builder.prompt_texts(resolved, "eval")[:2]
+    texts, groups = builder.prompt_texts(resolved, "eval")[0], built.eval_groups
     every = len(texts) * resolved["eval"]["samples"]  # every sample kept: repetition, groups, evidence
 
     def scored(palm, scope, label: str) -> evaluation.HeldOut:

@@ -93,7 +93,6 @@ class Run:
     notes: list[str] = field(default_factory=list)           # warnings for summary.json (an inexact resume, ...)
     unseen: Any = None      # (num_tokens,) bool: ids the reward model never trained on (metrics.unseen_mask), or None
     gold: Any = None        # the [eval] gold metric (a RuleReward), or None
-    eval_groups: list | None = None  # the held-out prompts' groups (builder.prompt_texts), or None without [eval]
     threads: dict[str, Any] = field(default_factory=dict)  # threads.start's record; a resume's: its checkpoint's
 
     @property
@@ -154,8 +153,7 @@ class Run:
                    policy_palm=trainers.actor_palm(name, trainer), scope=trainers.actor_scope(name, trainer),
                    run_id=prepared.loaded.get("run_id"),
                    unseen=None if coverage is None else metrics.unseen_mask(coverage, resolved["palm"]["num_tokens"]),
-                   gold=None if gold is None else gold.to(device),
-                   eval_groups=builder.prompt_texts(resolved, "eval")[1] if resolved["eval"] else None)
+                   gold=None if gold is None else gold.to(device))
         self.check_prompt_lengths()
         checkpoint.prime_rotary_to(self.trainer, self.rotary_cap())
         state, self.last_checkpoint, note = checkpoint.restore(self.trainer, run, prepared.resume, self.run_id, name,
@@ -222,7 +220,7 @@ class Run:
     def baseline_row(self) -> dict[str, Any]:
         """Row 0: the held-out reward before training, every other figure null."""
         row = dict.fromkeys(metrics.ROW_KEYS)
-        row.update(metrics.held_out_figures(self.held_out(), self.eval_groups), round=0, rules=[])
+        row.update(metrics.held_out_figures(self.held_out(), self.built.eval_groups), round=0, rules=[])
         return row
 
     def evaluates(self, round_: int) -> bool:
@@ -252,7 +250,7 @@ class Run:
         gain = metrics.unseen_gain(trainers.unwrap(trainer, trainer.reward_model), seen, self.unseen,
                                    self.resolved["run"]["seed"] + round_) if self.main else None
         row = metrics.build_row(round_, seen, self.facts.grouped, wall, captured.stdout, memory, probe, norms,
-                                non_finite, lr, held, self.unseen, gain, self.eval_groups)
+                                non_finite, lr, held, self.unseen, gain, self.built.eval_groups)
         fired = watchdog.evaluate(row, self.rows, self.facts) if self.main else []
         row["rules"] = self.from_main([rule.id for rule, _ in fired])  # every rank stops on the same rules
         if self.main:
