@@ -42,8 +42,8 @@ GROUP_SAMPLES = 3        # extra samples per prompt of GRPO, TPO and FlowRL: gro
 # makes the optimizer steps that move every trainable tensor (workflows.md#optimizer-step-arithmetic).
 SMOKE_MINIBATCH = {"ppo": 2, "grpo": 4, "tpo": 1, "flowrl": 4}
 # Constructor arguments beyond minibatch and group: PPO's max_norm stays None (a value fails in
-# learn(): troubleshooting.md#ppo-max-norm). FlowRL's partition function is made as wide as the PaLM
-# by ``trainer_kwargs`` (its default 768 fails at the first learn(): troubleshooting.md#flowrl-partition-dim).
+# learn(): traps-setup.md#ppo-max-norm). FlowRL's partition function is made as wide as the PaLM
+# by ``trainer_kwargs`` (its default 768 fails at the first learn(): traps-setup.md#flowrl-partition-dim).
 SMOKE_EXTRA: dict[str, dict[str, Any]] = {"ppo": {"max_norm": None}}
 
 _UNSET: Any = object()  # "not given", distinct from an explicit None (prompt_token_ids=None is a probe too)

@@ -1,8 +1,9 @@
 """Shared helpers of the canaries (tests/test_canaries.py, tests/test_silent_failures.py).
 
-A canary reproduces one trap of ``sub-skills/policy-optimization/references/troubleshooting.md`` on
-the installed palm-rlhf-pytorch and asserts it. When upstream fixes or changes the trap, the canary
-fails with a message naming the doc section (``troubleshooting.md#anchor``) to update.
+A canary reproduces one trap of ``sub-skills/policy-optimization/references/traps-*.md`` (one file
+per topic; ``troubleshooting.md`` indexes them) on the installed palm-rlhf-pytorch and asserts it.
+When upstream fixes or changes the trap, the canary fails with a message naming the doc section
+(``traps-<topic>.md#anchor``) to update.
 
 ``covers(anchor, *subjects)`` registers a canary with the subjects its section's ``Applies to:``
 line names (trainers ``ppo``, ``grpo``, ``tpo``, ``flowrl``, or classes such as ``RewardModel``).
@@ -24,9 +25,10 @@ import torch
 from palm_rlhf_pytorch import PaLM, RewardModel
 
 import probe_kit
+from conftest import REPO
 from policy_optimization import trainers
 
-DOC = "sub-skills/policy-optimization/references/troubleshooting.md"
+INDEX = "sub-skills/policy-optimization/references/troubleshooting.md"  # the symptom index, the silent-failure table
 SKILL = "sub-skills/policy-optimization/SKILL.md"
 VOCAB = probe_kit.TINY_PALM["num_tokens"]  # the probe kit's tiny PaLM: one config for smokes, probes and canaries
 CANARY_GROUP = 2  # completions per prompt of a grouped trainer: the smallest group that has a spread, and fast
@@ -43,7 +45,7 @@ TOUCHED: set[str] = set()        # trainers the running test built or read
 
 
 def covers(anchor: str, *subjects: str):
-    """Register the canary for ``troubleshooting.md#anchor``; ``subjects`` are what its section's
+    """Register the canary for ``traps-<topic>.md#anchor``; ``subjects`` are what its section's
     ``Applies to:`` line names. A test with a ``name`` argument and no parametrization of its own
     is parametrized over the trainers among ``subjects``; one with its own must use exactly those."""
     names = [s for s in subjects if s in trainers.TRAINERS]
@@ -64,8 +66,25 @@ def covers(anchor: str, *subjects: str):
     return mark
 
 
+def trap_sections() -> dict[str, tuple[str, str]]:
+    """``{anchor: (file, section text)}`` of every trap: the sections of the ``traps-*.md`` files
+    beside ``INDEX``, each up to the next anchor, the file as a path from the repository root."""
+    found: dict[str, tuple[str, str]] = {}
+    for path in sorted((REPO / INDEX).parent.glob("traps-*.md")):
+        parts = re.split(r'<a id="([^"]+)"></a>\n', path.read_text(encoding="utf-8"))[1:]
+        for anchor, text in zip(parts[0::2], parts[1::2]):
+            assert anchor not in found, f"{anchor}: two sections (in {found[anchor][0]} and {path.name})"
+            found[anchor] = (path.relative_to(REPO).as_posix(), text)
+    return found
+
+
+def doc(anchor: str) -> str:
+    """``file#anchor`` of the trap's section (``INDEX`` for an anchor no traps file holds)."""
+    return f"{trap_sections().get(anchor, (INDEX,))[0]}#{anchor}"
+
+
 def update(anchor: str, what: str) -> str:
-    return (f"upstream palm-rlhf-pytorch changed: {what}. Update {DOC}#{anchor} "
+    return (f"upstream palm-rlhf-pytorch changed: {what}. Update {doc(anchor)} "
             f"(and its one-liner in {SKILL} if it has one), then this canary.")
 
 
@@ -195,7 +214,7 @@ def canary_env(request, tmp_path, monkeypatch):
     yield
     callspec = getattr(request.node, "callspec", None)
     missing = unexercised(request.function, callspec.params if callspec else {})
-    assert not missing, (f"{request.function.__name__} covers {DOC}#{request.function.anchor}, whose "
+    assert not missing, (f"{request.function.__name__} covers {doc(request.function.anchor)}, whose "
                          f"'Applies to' names {sorted(missing)}, but never built or read them")
 
 

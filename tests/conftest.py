@@ -109,7 +109,7 @@ def canary_failure(item, excinfo) -> str:
     test's line, the doc section it guards, and its own message (which names what to update),
     without pytest's assertion introspection, where ``trainer.attr`` put the trainer's whole
     module tree into the report; a library exception as its type and message."""
-    anchor, doc = item.function.anchor, sys.modules["canary"].DOC
+    anchor = item.function.anchor
     frames = [e for e in excinfo.traceback if Path(str(e.path)) == Path(item.path)]
     own = [e for e in frames if e.name == item.function.__name__] or frames  # the test's line, else a helper's
     where = f"{Path(item.path).name}:{own[-1].lineno + 1}" if own else item.nodeid
@@ -121,7 +121,7 @@ def canary_failure(item, excinfo) -> str:
     room = CANARY_LINES - 1
     if len(lines) > room:
         lines = lines[:room - 1] + [f"... ({len(lines) - room + 1} more lines)"]
-    return "\n".join([f"{where}: the canary of {doc}#{anchor} failed:", *lines])
+    return "\n".join([f"{where}: the canary of {sys.modules['canary'].doc(anchor)} failed:", *lines])
 
 
 def pytest_configure(config):

@@ -12,7 +12,9 @@ from pathlib import Path
 
 from conftest import REPO
 
-REPORTS = REPO / "references" / "reports.md"  # the --json keys of every helper
+REPORTS = REPO / "references" / "reports.md"  # the --json keys of the smoke helpers
+# the --json keys of every helper: the smokes, then plan/doctor/bench/list, then the runs
+REPORT_FILES = (REPORTS, REPO / "references" / "tool-reports.md", REPO / "references" / "run-reports.md")
 PLACEHOLDERS = {"results": "<trainer>", "losses": "<loss>", "observed": "<optimizer>"}
 JSON_TYPES = {str: "string", bool: "boolean", int: "integer", float: "number", dict: "object",
               list: "array", type(None): "null"}
@@ -83,18 +85,28 @@ def flatten(value, path: str, found: dict[str, set], copies: set[str] = frozense
                 flatten(inner, f"{path}[].{key}", found, copies, placeholders)
 
 
+def report_file(heading: str) -> Path:
+    """The one file of ``REPORT_FILES`` holding ``heading`` (a full heading line); AssertionError
+    naming the files when none or several do."""
+    found = [p for p in REPORT_FILES if heading + "\n" in p.read_text(encoding="utf-8")]
+    names = ", ".join(p.name for p in REPORT_FILES)
+    assert len(found) == 1, f"references/ ({names}): {len(found)} headings {heading!r} (restore one, or update this test)"
+    return found[0]
+
+
 def assert_keys_documented(heading: str, reports: list[dict], placeholders: dict[str, str] | None = None) -> None:
-    """The key table under ``heading`` in reports.md against real reports: every key path they hold
-    is a row, every row is seen in one of them, and the JSON types agree. A row with no row below it
-    is a leaf: its meaning cell describes what it holds (not checked here), so a table documents
-    as deep as it means to and can still not drift."""
-    rows = {code(r[0]): r for r in table(REPORTS, heading)}
+    """The key table under ``heading`` in the report files against real reports: every key path
+    they hold is a row, every row is seen in one of them, and the JSON types agree. A row with no
+    row below it is a leaf: its meaning cell describes what it holds (not checked here), so a table
+    documents as deep as it means to and can still not drift."""
+    doc = report_file(heading)
+    rows = {code(r[0]): r for r in table(doc, heading)}
     leaves = {k for k in rows if not any(o.startswith((k + ".", k + "[].")) for o in rows)}
     found: dict[str, set] = {}
     for report in reports:
         flatten(report, "", found, leaves, placeholders or {})
-    assert set(found) == set(rows), (f"{where(REPORTS, heading)}: undocumented: {sorted(set(found) - set(rows))}; "
+    assert set(found) == set(rows), (f"{where(doc, heading)}: undocumented: {sorted(set(found) - set(rows))}; "
                                      f"documented but never seen: {sorted(set(rows) - set(found))}")
     for key, types in found.items():
         documented = {t.strip() for t in rows[key][1].split(" or ")}
-        assert types <= documented, f"{where(REPORTS, heading)}: {key}: real {types}, documented {documented}"
+        assert types <= documented, f"{where(doc, heading)}: {key}: real {types}, documented {documented}"

@@ -128,7 +128,7 @@ def test_quick_bench_through_the_console_script(empty_dir):
     assert proc.stderr == ""  # --json: no progress unless --progress
     assert report["kind"] == "bench" and report["children_ok"] is True and report["repeat"] == 1
     assert list(report["cases"]) == ["floor", "ppo/construct-only", "ppo/train-smoke"]
-    assert_keys_documented("## bench report", [report], {"cases": "<case>"})  # references/reports.md
+    assert_keys_documented("## bench report", [report], {"cases": "<case>"})  # references/tool-reports.md
     for key, case in report["cases"].items():
         assert case["ok"] and case["exit_codes"] == [0]
         for metric in ("wall_s", "cpu_s", "peak_rss_mib"):

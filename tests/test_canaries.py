@@ -1,8 +1,8 @@
-"""Canaries: one test per trap in sub-skills/policy-optimization/references/troubleshooting.md.
+"""Canaries: one test per trap in sub-skills/policy-optimization/references/traps-*.md.
 
 Each reproduces the upstream behaviour on the installed palm-rlhf-pytorch and asserts it. When
 upstream fixes or changes a trap, its canary fails with a message naming the doc section
-(``troubleshooting.md#anchor``) and the SKILL.md one-liner to update. Tiny sizes, CPU, temp dirs.
+(``traps-<topic>.md#anchor``) and the SKILL.md one-liner to update. Tiny sizes, CPU, temp dirs.
 The silent-failure canaries are in test_silent_failures.py; the shared helpers in canary.py.
 """
 from __future__ import annotations
@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,8 +23,9 @@ import palm_rlhf_pytorch.flowrl as flowrl
 import palm_rlhf_pytorch.grpo as grpo
 from palm_rlhf_pytorch import ActorCritic
 
-from canary import (COVERED, DOC, SKILL, VOCAB, Rollout, canary_env, capture_memories,  # noqa: F401
-                    capture_state, covers, make, module_of, reseed, tiny_palm, touch, trap_raises, update)
+from canary import (COVERED, INDEX, SKILL, VOCAB, Rollout, canary_env, capture_memories,  # noqa: F401
+                    capture_state, covers, doc, make, module_of, reseed, tiny_palm, touch, trap_raises,
+                    trap_sections, update)
 from conftest import REPO
 from policy_optimization import trainers
 
@@ -619,12 +621,17 @@ INDEXES = {"symptom-index", "silent-failures"}  # navigation sections: no canary
 
 
 def doc_sections() -> dict[str, str]:
-    """``{anchor: section text}`` of troubleshooting.md, each up to the next anchor."""
-    text = (REPO / DOC).read_text(encoding="utf-8")
-    parts = re.split(r'<a id="([^"]+)"></a>\n', text)[1:]
-    anchors = parts[0::2]
-    assert len(anchors) == len(set(anchors)), "duplicate anchors"
-    return dict(zip(anchors, parts[1::2]))
+    """``{anchor: section text}`` of the index (troubleshooting.md) and of every traps file, each up
+    to the next anchor."""
+    parts = re.split(r'<a id="([^"]+)"></a>\n', (REPO / INDEX).read_text(encoding="utf-8"))[1:]
+    index = dict(zip(parts[0::2], parts[1::2]))
+    assert set(index) == INDEXES, f"{INDEX}: sections {sorted(index)}; the traps go in a traps-*.md"
+    return {**index, **{anchor: text for anchor, (_, text) in trap_sections().items()}}
+
+
+def index_links(section: str) -> list[tuple[str, str]]:
+    """``(file, anchor)`` of each link of an index section to a traps file (``traps-x.md#anchor``)."""
+    return re.findall(r"\]\((traps-[\w-]+\.md)#([\w-]+)\)", section)
 
 
 def applies_to(section: str) -> tuple[set[str], set[str]]:
@@ -651,7 +658,7 @@ def test_sections_apply_to_what_their_canaries_cover():
         affected, unaffected = applies_to(section)
         assert affected and not affected & unaffected, anchor
         assert affected | unaffected == COVERED[anchor].subjects, (
-            f"{DOC}#{anchor} applies to {sorted(affected | unaffected)}, its canary "
+            f"{doc(anchor)} applies to {sorted(affected | unaffected)}, its canary "
             f"{COVERED[anchor].test} covers {sorted(COVERED[anchor].subjects)}")
 
 
@@ -664,7 +671,8 @@ def test_silent_failure_table_rows():
     seen = set()
     for row in rows:
         condition, named_cell = [c.strip() for c in row.strip("|").split(" | ")[:2]]
-        (anchor,) = re.findall(r"\]\(#([\w-]+)\)", condition)
+        ((file, anchor),) = index_links(condition)
+        assert doc(anchor).endswith(f"/{file}#{anchor}"), f"row {condition}: {file} holds no #{anchor}"
         named = {trainers.BY_DISPLAY[n] for n in named_cell.split(", ")}
         assert named <= applies_to(sections[anchor])[0], f"row {condition}: {sorted(named)}"
         seen |= named
@@ -672,16 +680,21 @@ def test_silent_failure_table_rows():
 
 
 def test_symptom_index_links_resolve():
-    sections = doc_sections()
-    targets = re.findall(r"\]\(#([\w-]+)\)", sections["symptom-index"])
-    assert targets and set(targets) <= set(sections), set(targets) - set(sections)
+    """Each link of the index to a traps file names the file that holds the section; its links
+    within the page name its own sections."""
+    index = doc_sections()["symptom-index"]
+    targets = index_links(index)
+    assert len(targets) >= 40
+    folder = Path(INDEX).parent.as_posix()
+    wrong = [f"{file}#{anchor}" for file, anchor in targets if doc(anchor) != f"{folder}/{file}#{anchor}"]
+    assert not wrong, f"{INDEX}#symptom-index links a section its file does not hold: {wrong}"
+    assert set(re.findall(r"\]\(#([\w-]+)\)", index)) <= INDEXES
 
 
 def test_cited_source_lines_exist():
-    """Every ``package/file.py:N`` cited in troubleshooting.md names an installed file that long."""
+    """Every ``package/file.py:N`` cited in the traps files names an installed file that long."""
     import importlib.util
-    from pathlib import Path
-    text = (REPO / DOC).read_text(encoding="utf-8")
+    text = "".join(section for _, section in trap_sections().values())
     cites = re.findall(r"`(\w+)/([\w/]+\.py):([\d,-]+)`", text)
     assert len(cites) >= 40
     for package, path, lines in cites:
@@ -693,14 +706,15 @@ def test_cited_source_lines_exist():
 
 def test_skill_gotchas_link_a_canary_section():
     """Each 'Key gotchas' bullet of the sub-skill links the troubleshooting section whose canary
-    checks it: SKILL.md has the one-liner, troubleshooting.md the detail."""
+    checks it: SKILL.md has the one-liner, the traps file the detail."""
     text = (REPO / SKILL).read_text(encoding="utf-8")
     section = text.split("## Key gotchas", 1)[1].split("\n## ", 1)[0]
     bullets = [b for b in re.split(r"\n(?=- )", section.strip()) if b.startswith("- ")]
     assert bullets
     for bullet in bullets:
-        links = re.findall(r"references/troubleshooting\.md#([\w-]+)", bullet)
-        assert links and all(a in COVERED for a in links), f"gotcha without a canary section: {bullet!r}"
+        links = re.findall(r"\((references/traps-[\w-]+\.md)#([\w-]+)\)", bullet)
+        assert links and all(a in COVERED and doc(a).endswith(f"{f}#{a}") for f, a in links), \
+            f"gotcha without a canary section: {bullet!r}"
 
 
 def test_canary_naming_a_trainer_it_never_builds_fails():
@@ -735,7 +749,7 @@ def test_prompts_path_canary_guards_every_reader(tmp_path):
     assert "3 failed, 1 passed" in proc.stdout, proc.stdout[-3000:]
     for name in ("grpo", "tpo", "flowrl"):
         assert f"{name} tokenizer got ['ab', 'cd']" in proc.stdout
-    assert "troubleshooting.md#prompts-path-trailing-newline" in proc.stdout
+    assert "traps-setup.md#prompts-path-trailing-newline" in proc.stdout
     # each failure fits in 10 lines (conftest.canary_failure): its line, its section, its message
     failures = proc.stdout.split(" FAILURES ", 1)[1].split(" short test summary info ", 1)[0]
     blocks = re.split(r"^_{3,} test_\S+ _{3,}$", failures, flags=re.M)[1:]
@@ -765,5 +779,5 @@ def test_a_failing_canary_fits_in_ten_lines(tmp_path):
     block = proc.stdout.split(" FAILURES ", 1)[1].split(" short test summary info ", 1)[0]
     lines = [line for line in block.strip().splitlines() if not line.startswith(("=", "___"))]
     assert 1 < len(lines) <= 10 and "RLHFTrainer(" not in proc.stdout, block
-    assert lines[0] == "test_demo_canary.py:7: the canary of " + DOC + "#demo-anchor failed:", lines
-    assert "grpo num_prompts 3" in lines[1] and "Update " + DOC + "#demo-anchor" in lines[1]
+    assert lines[0] == "test_demo_canary.py:7: the canary of " + doc("demo-anchor") + " failed:", lines
+    assert "grpo num_prompts 3" in lines[1] and "Update " + doc("demo-anchor") in lines[1]

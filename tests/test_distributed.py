@@ -598,7 +598,7 @@ def test_doc_replay_buffers_sharing_a_folder_share_one_timestep_counter(tmp_path
     with pytest.raises(ValueError, match=r"You exceeded the `max_timesteps` \(2\) set on the replay buffer"):
         ranks[0].store(**step)
     assert "You exceeded the `max_timesteps`" in DOC.read_text(encoding="utf-8")
-    assert "share one timestep counter" in (DOC.parent / "troubleshooting.md").read_text(encoding="utf-8")
+    assert "share one timestep counter" in (DOC.parent / "traps-setup.md").read_text(encoding="utf-8")
 
 
 def test_doc_gpu_backend_fact_matches_accelerate_source():

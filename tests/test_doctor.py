@@ -51,7 +51,7 @@ def test_doctor_json_is_fit_on_this_machine(empty_dir, home):
     torch_info = report["torch"]
     assert torch_info["build"] == "CPU" or torch_info["build"].startswith("CUDA ")
     assert torch_info["cuda_available"] is False and torch_info["devices"] == []  # CUDA hidden by run()
-    assert_keys_documented("## doctor report", [report], {"packages": "<package>"})  # references/reports.md
+    assert_keys_documented("## doctor report", [report], {"packages": "<package>"})  # references/tool-reports.md
     assert isinstance(torch_info["cpu_bf16"], bool) and torch_info["auto_device"] == "cpu"
     accel = report["accelerate"]
     assert accel["distributed_type"] == "NO" and accel["device"] == "cpu" and accel["num_processes"] == 1
@@ -89,7 +89,7 @@ def test_doctor_without_json_writes_the_summary_to_stdout(empty_dir, home):
 
 @pytest.mark.slow  # starts a process: not in the quick tier
 def test_doctor_says_what_troubleshooting_says_about_tqdm_disable(empty_dir, home):
-    """troubleshooting.md#tqdm-disable: TQDM_DISABLE=1 hides the generate bars, but the `episodes`
+    """traps-setup.md#tqdm-disable: TQDM_DISABLE=1 hides the generate bars, but the `episodes`
     bar still prints (tests/test_canaries.py::test_tqdm_disable proves it on the library). doctor
     probes the same two bars, says the same, and points to that section."""
     proc, report = run_json([DOCTOR, "doctor", "--json"], empty_dir, env={"HOME": str(home), "TQDM_DISABLE": "1"})

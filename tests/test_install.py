@@ -349,7 +349,7 @@ def test_list_reports_each_location(project, home, capsys):
     statuses = {(r["target"], r["scope"]): r["status"] for r in report["locations"]}
     assert statuses == {("claude", "project"): "up-to-date", ("claude", "user"): "absent",
                         ("agents", "project"): "absent", ("agents", "user"): "different"}
-    assert_keys_documented("## list report", [report])  # references/reports.md
+    assert_keys_documented("## list report", [report])  # references/tool-reports.md
     paths = {(r["target"], r["scope"]): r["path"] for r in report["locations"]}
     assert paths[("claude", "user")] == str(home / ".claude/skills" / NAME)
 

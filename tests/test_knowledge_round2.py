@@ -24,7 +24,8 @@ from canary import actor_palm, canary_env, make, module_of, reseed, tiny_palm, t
 from policy_optimization import trainers
 
 PO = "sub-skills/policy-optimization/references/"
-TS, SEL = PO + "troubleshooting.md", PO + "trainer-selection.md"
+SETUP_TRAPS, WEIGHT_TRAPS, ROLLOUT_TRAPS = PO + "traps-setup.md", PO + "traps-weights.md", PO + "traps-rollouts.md"
+SEL = PO + "trainer-selection.md"
 REWARD_API = "sub-skills/reward-modeling/references/reward-api.md"
 ALL = tuple(trainers.TRAINERS)
 ADOPT = tuple(n for n, spec in trainers.TRAINERS.items() if spec.optimizer == "AdoptAtan2")  # PPO, GRPO, FlowRL
@@ -53,7 +54,7 @@ def moved_per_step(trainer) -> list[int]:
 # 1: LoRA first-step counts from a fresh LoRA, after trainer.load(), after accelerate.load_state ------------
 @pytest.mark.parametrize("name", ALL)
 def test_first_steps_after_load(name):
-    doc = f"{TS}#optimizer-first-steps and {SEL}#decision-table"
+    doc = f"{SETUP_TRAPS}#optimizer-first-steps and {SEL}#decision-table"
     adopt = trainers.TRAINERS[name].optimizer == "AdoptAtan2"
     minibatch = 1 if name in ("ppo", "tpo") else 2  # 3 optimizer steps per learn() of 3 rollouts
     trainer = make(name, minibatch_size=minibatch)
@@ -86,7 +87,7 @@ def test_first_steps_after_load(name):
 
 # 2: the atan2 step ignores a constant gradient scale, not a varying one ------------------------------------
 def test_atan2_ignores_only_a_constant_gradient_scale():
-    doc = f"{TS}#optimizer-settings"
+    doc = f"{SETUP_TRAPS}#optimizer-settings"
     from adam_atan2_pytorch import AdamAtan2, AdoptAtan2
     direction = torch.tensor([1., -2., 0.5, 3.])
 
@@ -115,7 +116,7 @@ def test_atan2_ignores_only_a_constant_gradient_scale():
 # 3: every nn.Dropout of the PaLM set to actor_dropout; flash attention's dropout not ----------------------
 @pytest.mark.parametrize("name", ALL)
 def test_actor_dropout_misses_flash_attention(name):
-    doc = f"{TS}#actor-scope-reused-palm and {TS}#actor-dropout-ratio"
+    doc = f"{WEIGHT_TRAPS}#actor-scope-reused-palm and {ROLLOUT_TRAPS}#actor-dropout-ratio"
     palm = tiny_palm(flash_attn=True, attn_dropout=0.5, ff_dropout=0.5)
     make(name, palm=palm, actor_dropout=0.2)
     ps = {m.p for m in palm.modules() if isinstance(m, torch.nn.Dropout)}
@@ -161,7 +162,7 @@ def test_saved_policy_with_another_actor_lora_r():
 
 # 5: freezing a built PPO's base: the actor's and the critic copy's palm_parameters, .grad = None -----------
 def test_freeze_built_ppo_base_and_critic_copy():
-    doc = f"{TS}#freeze-built-trainer"
+    doc = f"{WEIGHT_TRAPS}#freeze-built-trainer"
     trainer = make("ppo", minibatch_size=1)
     ac = trainer.actor_critic
     palm, critic = ac.actor_palm, ac.critic
@@ -239,7 +240,7 @@ def greedy_eos(palm: PaLM, prompts: torch.Tensor, new_tokens: int) -> int:
 
 @pytest.mark.parametrize("name", ["ppo", "flowrl"])
 def test_eos_log_probs_padded_tail(name, monkeypatch):
-    doc = f"{TS}#log-probs-misaligned"
+    doc = f"{ROLLOUT_TRAPS}#log-probs-misaligned"
     module = module_of(name)
     prompts, new_tokens = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]]), 10  # one prompt length
     eos = greedy_eos(tiny_palm(), prompts, new_tokens)

@@ -203,7 +203,7 @@ def test_a_failing_check_names_its_section_and_the_verdict_is_last(smoke, capsys
     failing = [i for i, line in enumerate(out) if line.startswith("  FAIL ")]
     assert [out[i].split()[1].rstrip(":") for i in failing] == ["optimizer_steps", "actor_lora_changed",
                                                                 "critic_lora_changed", "value_head_changed"]
-    doc = "sub-skills/policy-optimization/references/troubleshooting.md#optimizer-first-steps"
+    doc = "sub-skills/policy-optimization/references/traps-setup.md#optimizer-first-steps"
     assert all(out[i + 1].strip() == f"read: {doc}" for i in failing)
     assert "and 4 more" in out[failing[1]]  # 8 unchanged tensors: 4 named, the rest counted
     assert out[-1] == f"tiny-rlhf-smoke: FAILED: the train smoke failed for ppo on the CPU (exit 1); next: read {doc}"

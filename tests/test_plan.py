@@ -320,7 +320,7 @@ def test_plan_counts_match_the_real_run(plan, tmp_path, empty_dir, capsys, monke
     assert real["learn_calls"] == counts["learn_calls"] and real["items_per_learn"] == [9, 9]
     assert report["predicted"]["peak_mib"] > 0 and report["predicted"]["wall_s"] > 0
     assert report["memory"]["complete"] is True and report["probe"]["regime"] == "measured"
-    assert_keys_documented("## Plan report", [report])  # references/reports.md, both reports
+    assert_keys_documented("## Plan report", [report])  # references/tool-reports.md, both reports
     assert_keys_documented("### Plan --execute report", [real])
     assert list(empty_dir.iterdir()) == []
 

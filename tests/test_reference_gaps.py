@@ -1,7 +1,7 @@
 """The reference sections of issue 21's eight gaps, and the statements it found wrong: each test
 fails, naming the doc file and section, when palm-rlhf-pytorch stops behaving as the section says.
 
-Tiny CPU models (canary.tiny_palm); the two sections in troubleshooting.md are canaries
+Tiny CPU models (canary.tiny_palm); the two trap sections (traps-*.md) are canaries
 (``covers``), registered when test_canaries imports this module. Each test runs in its own
 directory (canary.canary_env), so TPO's replay buffer lands there.
 """
@@ -22,7 +22,7 @@ from conftest import fresh_accelerate
 from canary import canary_env, check, covers, tiny_palm, touch  # noqa: F401
 
 PO = "sub-skills/policy-optimization/references/"
-TS, DI, AR, SEL = PO + "troubleshooting.md", PO + "distributed.md", PO + "api-reference.md", PO + "trainer-selection.md"
+ROLLOUT_TRAPS, DI, AR, SEL = PO + "traps-rollouts.md", PO + "distributed.md", PO + "api-reference.md", PO + "trainer-selection.md"
 PM = "sub-skills/palm-modeling/references/"
 PA, LS = PM + "palm-api.md", PM + "lora-scopes.md"
 GROUPS = {"ppo": {}, "grpo": dict(grpo_num_times_sample_rewards=3), "tpo": dict(num_times_sample_rewards=3),
@@ -316,7 +316,7 @@ def test_weight_copies():
     train(trainer, 4, max_seq_len=bins + 1)    # n - 1 == bins: no error
     err = raises(lambda: train(trainer, 4, max_seq_len=bins + 2), RuntimeError)
     assert err is not None and "must match the size" in str(err), \
-        f"{PO}troubleshooting.md#implicit-prm-critic: ImplicitPRM critic with n - 1 != bins: {err!r}"
+        f"{PO}traps-rewards.md#implicit-prm-critic: ImplicitPRM critic with n - 1 != bins: {err!r}"
     palm = tiny_palm()
     trainer, _ = trainer_of("ppo", palm=palm, critic=ImplicitPRM(palm))
     held = {id(p) for g in trainer.critic_optim.param_groups for p in g["params"]}
@@ -326,8 +326,8 @@ def test_weight_copies():
 # statements found wrong elsewhere -----------------------------------------------------------------
 def test_flash_attention_dropout_survives_set_dropout():
     """palm-api.md said set_dropout reaches every attention dropout; with flash_attn it does not,
-    so troubleshooting.md#actor-dropout-ratio's fix needs attn_dropout=0. for such a PaLM."""
-    doc = f"{PA}#dropout-saving-and-loading and {TS}#actor-dropout-ratio"
+    so traps-rollouts.md#actor-dropout-ratio's fix needs attn_dropout=0. for such a PaLM."""
+    doc = f"{PA}#dropout-saving-and-loading and {ROLLOUT_TRAPS}#actor-dropout-ratio"
     palm = tiny_palm(flash_attn=True, attn_dropout=0.5).set_dropout(0.).train()
     assert all(m.p == 0. for m in palm.modules() if isinstance(m, torch.nn.Dropout)), f"{doc}: set_dropout"
     x = torch.randint(1, 64, (2, 8))

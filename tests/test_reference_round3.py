@@ -18,7 +18,7 @@ from conftest import fresh_accelerate
 from canary import canary_env, capture_memories, make, tiny_palm  # noqa: F401
 
 PO = "sub-skills/policy-optimization/references/"
-TS, DI, AR = PO + "troubleshooting.md", PO + "distributed.md", PO + "api-reference.md"
+REWARD_TRAPS, DI, AR = PO + "traps-rewards.md", PO + "distributed.md", PO + "api-reference.md"
 PA = "sub-skills/palm-modeling/references/palm-api.md"
 LS = "sub-skills/palm-modeling/references/lora-scopes.md"
 RA = "sub-skills/reward-modeling/references/reward-api.md"
@@ -95,7 +95,7 @@ def test_set_seed_device_specific_before_any_accelerator(tmp_path, monkeypatch):
 
 
 def test_temperature_zero_makes_a_group_alike():
-    doc = f"{AR}#arguments (temperature) and {TS}#equal-rewards-group"
+    doc = f"{AR}#arguments (temperature) and {REWARD_TRAPS}#equal-rewards-group"
     from canary import CANARY_GROUP
     memories = capture_memories(make("grpo"), 2, max_seq_len=10, temperature=0.)
     groups = [memories[i:i + CANARY_GROUP] for i in range(0, len(memories), CANARY_GROUP)]

@@ -120,7 +120,7 @@ def test_ppo_beartype_accepts_rule_reward_and_rejects_other_modules(smoke, rules
 
 def test_accelerate_wraps_only_modules_with_trainable_parameters():
     """Why a parameterless reward stays unwrapped on GPUs: Accelerate's prepare_model condition (multi-process
-    CPU wraps every model: troubleshooting.md#rule-reward-multi-cpu)."""
+    CPU wraps every model: traps-devices.md#rule-reward-multi-cpu)."""
     from accelerate import Accelerator
 
     source = inspect.getsource(Accelerator.prepare_model)

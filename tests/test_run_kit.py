@@ -21,7 +21,7 @@ from skill_runtime import exits, runner
 SCRIPTS = REPO / "sub-skills" / "policy-optimization" / "scripts"
 TRAIN, WATCH = SCRIPTS / "train_run.py", SCRIPTS / "watch_run.py"
 RUN_DOC = REPO / "sub-skills" / "policy-optimization" / "references" / "training-run.md"
-REPORTS = REPO / "references" / "reports.md"
+REPORTS = REPO / "references" / "run-reports.md"
 
 
 def open_run(case, tmp_path, rounds=None, **options):
@@ -57,7 +57,7 @@ def trackers_available(name):
 
 def documented_keys(heading: str) -> list[str]:
     text = REPORTS.read_text(encoding="utf-8")
-    assert heading in text, f"references/reports.md: no heading {heading!r}"
+    assert heading in text, f"references/run-reports.md: no heading {heading!r}"
     section = text.split(heading, 1)[1].split("\n## ", 1)[0]
     return re.findall(r"^\| `([a-z_]+)` \|", section, re.M)
 
@@ -67,7 +67,7 @@ def test_every_row_has_the_documented_keys(healthy):
     assert [r["round"] for r in rows] == list(range(9))
     assert all(list(r) == list(metrics.ROW_KEYS) for r in rows)
     assert documented_keys("## Metrics row") == list(metrics.ROW_KEYS), \
-        "references/reports.md#metrics-row: one table row per key of policy_optimization/run/metrics.py ROW_KEYS, in order"
+        "references/run-reports.md#metrics-row: one table row per key of policy_optimization/run/metrics.py ROW_KEYS, in order"
 
 
 def test_a_real_row_has_real_numbers(healthy):
@@ -98,11 +98,11 @@ def test_each_broken_config_fires_its_own_rule(case, tmp_path):
     run_, _ = train(case, tmp_path, rounds=case.within)
     fired = {rule: row["round"] for row in reversed(run_.rows) for rule in row["rules"]}
     assert case.expect in fired, f"{case.name}: {case.expect} did not fire in {case.within} rounds; fired: {fired}"
-    if case.expect == "non_finite":  # a NaN reward is written as reports.md's '## Metrics row' says: a bare NaN
+    if case.expect == "non_finite":  # a NaN reward is written as run-reports.md's '## Metrics row' says: a bare NaN
         assert '"reward_mean": NaN' in run_.run.metrics.read_text() and '"first": NaN' in run_.run.summary.read_text()
         from doc_tables import section
         assert "the bare `NaN`" in " ".join(section(REPORTS, "## Metrics row").split()), \
-            "references/reports.md under '## Metrics row'"
+            "references/run-reports.md under '## Metrics row'"
 
 
 def test_rules_have_their_sections_and_are_documented():
@@ -123,7 +123,7 @@ def test_stop_on_checkpoints_and_exits_1(tmp_path, monkeypatch, capsys):
                                          "equal_rewards", "--device", "cpu"])
     out, err = capsys.readouterr()
     assert code == 1 and "STOPPED after round 2 (rule equal_rewards fired at round 2 (--stop-on))" in out
-    assert "watchdog equal_rewards (round 2):" in err and "troubleshooting.md#equal-rewards-group" in err
+    assert "watchdog equal_rewards (round 2):" in err and "traps-rewards.md#equal-rewards-group" in err
     assert checkpoint.latest(rundir.RunDir(tmp_path / "run")).name == "round-000002"
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "stopped" and summary["rules_fired"]["equal_rewards"] == [2]
@@ -632,7 +632,7 @@ def test_a_printing_reward_keeps_stdout_one_json_object_and_prints_on_stderr(pri
 
 
 def summary_table() -> dict[str, set[str]]:
-    """reports.md ``## train summary``: each key to its JSON types (a cell of n keys and n
+    """run-reports.md ``## train summary``: each key to its JSON types (a cell of n keys and n
     comma-separated types pairs them; one type applies to every key of its cell)."""
     from doc_tables import table
     documented = {}
@@ -644,7 +644,7 @@ def summary_table() -> dict[str, set[str]]:
 
 
 def test_the_summary_keys_are_documented(printing_run):
-    """reports.md's train summary against both copies: ``train --json`` and summary.json held
+    """run-reports.md's train summary against both copies: ``train --json`` and summary.json held
     other keys (versions and warnings were stdout only)."""
     from doc_tables import JSON_TYPES
     _, out, _, run_dir, _ = printing_run

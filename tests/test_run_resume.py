@@ -1,6 +1,6 @@
 """The run kit's checkpoints: N rounds, an interruption, a resume and N more rounds end with the same
 weights, optimizer state and metrics rows as 2N rounds, bitwise, for every trainer
-(references/training-run.md#resume)."""
+(references/training-run.md#checkpoints)."""
 from __future__ import annotations
 
 import json

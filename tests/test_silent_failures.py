@@ -132,9 +132,8 @@ def test_equal_rewards_group(name, monkeypatch):
         dr = normalized_rewards(build(0.1, use_dr_grpo=True), name, monkeypatch)
         check(dr.abs().max() < 1e-6, anchor, f"Dr. GRPO gives {dr.tolist()}")
     if name == "grpo":  # the section's table: chance that a group of G mixes pass and fail, 1 - p^G - (1-p)^G
-        from canary import DOC
-        from conftest import REPO
-        text = (REPO / DOC).read_text(encoding="utf-8").split(f'<a id="{anchor}"></a>')[1].split("<a id=")[0]
+        from canary import trap_sections
+        text = trap_sections()[anchor][1]
         sizes = [int(g) for g in re.findall(r"\| G = (\d+)", text)]
         rows = re.findall(r"^\| (0\.\d+) \|((?: [\d.]+ \|)+)$", text, re.M)
         check(len(sizes) == 3 and len(rows) == 2, anchor, f"table header {sizes}, rows {rows}")
@@ -376,7 +375,7 @@ class ToyLM(torch.nn.Module):
 
 
 class Wrapped(torch.nn.Module):
-    """The interface troubleshooting.md#hugging-face-model lists, around ToyLM; a scope's adapter
+    """The interface traps-weights.md#hugging-face-model lists, around ToyLM; a scope's adapter
     is a zero-initialised Linear on the hidden states added to the logits (a LoRA stand-in)."""
     dim = 16
 

@@ -23,7 +23,7 @@ from skill_runtime import exits, streams, version_gate
 SCRIPTS = REPO / "sub-skills" / "reward-modeling" / "scripts"
 TRAIN_REWARD = SCRIPTS / "train_reward.py"
 EXAMPLE = REPO / "sub-skills" / "reward-modeling" / "assets" / "preferences"
-REPORTS = REPO / "references" / "reports.md"
+REPORTS = REPO / "references" / "run-reports.md"
 PREFERENCES = REPO / "sub-skills" / "reward-modeling" / "references" / "preferences.md"
 # the kit's tiny PaLM (probe_kit.TINY_PALM), one epoch at lr 3e-3
 TINY = [f"palm.{k}={v}" for k, v in probe_kit.TINY_PALM.items() if k != "num_tokens"] + ["train.lr=3e-3", "train.epochs=1"]
@@ -54,7 +54,7 @@ def shipped(tmp_path_factory):
 def documented_keys(heading: str) -> list[str]:
     import re
     text = REPORTS.read_text(encoding="utf-8")
-    assert heading in text, f"references/reports.md: no heading {heading!r}"
+    assert heading in text, f"references/run-reports.md: no heading {heading!r}"
     section = text.split(heading, 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]  # without its subsections
     return re.findall(r"^\| `([a-z_]+)` \|", section, re.M)
 
@@ -76,11 +76,11 @@ def test_bradley_terry_raises_held_out_accuracy_on_the_shipped_pairs(shipped):
 def test_the_reports_keys_are_documented(shipped, tmp_path, capsys):
     run, summary = shipped
     assert documented_keys("## train-reward metrics row") == list(reward_report.ROW_KEYS), \
-        "references/reports.md#train-reward-metrics-row: one row per key of reward_report.ROW_KEYS, in order"
+        "references/run-reports.md#train-reward-metrics-row: one row per key of reward_report.ROW_KEYS, in order"
     on_disk = json.loads(run.run.summary.read_text())
     assert documented_keys("## train-reward summary") == list(on_disk), \
-        "references/reports.md#train-reward-summary: one row per key of summary.json, in order"
-    assert set(documented_keys("### coverage")) == set(on_disk["coverage"]), "reports.md: the coverage probe's keys"
+        "references/run-reports.md#train-reward-summary: one row per key of summary.json, in order"
+    assert set(documented_keys("### coverage")) == set(on_disk["coverage"]), "run-reports.md: the coverage probe's keys"
     view = watch.view(run.run.path)
     assert view["kind"] == "reward" and view["curves"]["held-out accuracy"][-1][1] == summary["held_out_accuracy"]
     assert "`kind` (`policy`, or `reward`" in REPORTS.read_text().split("## watch report", 1)[1]

@@ -563,7 +563,7 @@ def test_selection_reward_shape_rows_match_the_shape_test():
     assert "`(b, num_bins)`" in fail["ppo"] and "per-token `(b, n)`" in fail["ppo"] and "`RuntimeError`" in fail["ppo"]
     assert [ok[n] for n in COLUMNS[1:]] == ["same"] * 3
     assert fail["grpo"] == "same" and fail["flowrl"].startswith("same as PPO, except bin logits with a minibatch of 1")
-    assert "troubleshooting.md#flowrl-binned-reward-broadcast" in fail["flowrl"]  # its canary: test_silent_failures
+    assert "traps-rewards.md#flowrl-binned-reward-broadcast" in fail["flowrl"]  # its canary: test_silent_failures
     assert '`AssertionError` "rewards must be sequence level for TPO"' in fail["tpo"]
 
 

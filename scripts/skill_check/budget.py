@@ -56,23 +56,35 @@ BUDGET = {
     # into sizing.md's run-at-scale facts), reports.md 9750 -> 10750 (the bench --rollouts key table,
     # tested against a real report: ~700 tokens, plus ~2%), workflows.md 8750 -> 9000 (the --sampler
     # option and [run] sampler rows).
+    # Issue 37: troubleshooting.md (18200) split into its two indexes and five files of traps by topic,
+    # reports.md (12400) into the smoke reports, tool-reports.md and run-reports.md; each its size plus ~5%
+    # A reference over 300 lines opens with its contents (api-reference.md, training-run.md, workflows.md,
+    # sizing.md, reward-api.md: ~60-130 tokens each); no markdown file passes 40 kB
+    # (tests/test_reference_contents.py).
     # A reference not listed gets "*".
     "reference tokens": {
         "references/glossary.md": 1000,
         "references/installation.md": 2750,  # 2,250 until the verified-torch table (issue 29)
         "references/probes.md": 1500,  # the probe kit and three worked probes: ~1190 tokens, plus about 25%
-        "references/reports.md": 12400,  # issue 30: train-reward's metrics row, summary and probe (~1150 tokens); issue 35: per group and repetition keys (~330)
+        "references/reports.md": 4750,  # issue 37: the smoke reports (~4540)
+        "references/run-reports.md": 3750,  # issue 37: train, watch, evaluate, train-reward (~3560)
+        "references/tool-reports.md": 4500,  # issue 37: plan, doctor, bench, list (~4150)
         "sub-skills/palm-modeling/references/lora-scopes.md": 1350,
         "sub-skills/palm-modeling/references/palm-api.md": 5000,  # 4th knowledge test: size, qk_scale, flash GPUs, label leak (~3670); 5th: ids >= V, mixed lengths (~80)
-        "sub-skills/policy-optimization/references/api-reference.md": 9250,
+        "sub-skills/policy-optimization/references/api-reference.md": 9500,  # issue 37: its contents (~60)
         "sub-skills/policy-optimization/references/distributed.md": 5500,
         "sub-skills/policy-optimization/references/multi-node.md": 1500,
         "sub-skills/policy-optimization/references/inputs.md": 2000,  # issue 38: the input table, 25 rows (~1700)
         "sub-skills/policy-optimization/references/run-directory.md": 1500,  # issue 31's file table: ~1250, plus 20%
         "sub-skills/policy-optimization/references/sizing.md": 5250,
-        "sub-skills/policy-optimization/references/training-run.md": 6700,  # issue 30 item 4: the longer-run table (~330); issue 35: the verdict's groups and collapse, prompt groups (~300)
+        "sub-skills/policy-optimization/references/training-run.md": 6900,  # issue 30 item 4: the longer-run table (~330); issue 35: the verdict's groups and collapse, prompt groups (~300); issue 37: its contents (~130)
         "sub-skills/policy-optimization/references/trainer-selection.md": 3350,
-        "sub-skills/policy-optimization/references/troubleshooting.md": 18200,  # issue 30: the reward-hacking rows (guards', and the unseen-ids one)
+        "sub-skills/policy-optimization/references/troubleshooting.md": 4250,  # issue 37: the two indexes (~4070)
+        "sub-skills/policy-optimization/references/traps-rewards.md": 4000,  # issue 37: ~3790
+        "sub-skills/policy-optimization/references/traps-rollouts.md": 3500,  # issue 37: ~3320
+        "sub-skills/policy-optimization/references/traps-setup.md": 4250,  # issue 37: ~4080
+        "sub-skills/policy-optimization/references/traps-weights.md": 3000,  # issue 37: ~2770
+        "sub-skills/policy-optimization/references/traps-devices.md": 1500,  # issue 37: ~1230
         "sub-skills/policy-optimization/references/workflows.md": 9450,  # 5th knowledge test: the default-size step counts, with their block (~250); issue 35: [tokenizer] rows (~120)
         "sub-skills/reward-modeling/references/implicit-prm.md": 1500,
         "sub-skills/reward-modeling/references/reward-api.md": 5000,  # 5th knowledge test: left padding, prompt length k (~110)

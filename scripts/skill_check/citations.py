@@ -286,6 +286,8 @@ _INDEX = "a table of links to the sections that cite"
 NO_LIBRARY_CLAIM = {
     "references/installation.md": "this package: install, tested versions, exit codes",
     "references/reports.md": "the --json keys of this tree's helpers",
+    "references/tool-reports.md": "the --json keys of this tree's helpers",
+    "references/run-reports.md": "the --json keys and files of this tree's runs",
     "sub-skills/policy-optimization/references/inputs.md": "this tree's checks of its inputs, and their tests",
     "sub-skills/reward-modeling/references/preferences.md#layouts": "the layouts this tree reads (data_kit.layouts)",
     "sub-skills/reward-modeling/references/preferences.md#second-example": "this tree's second worked example and its figures",

@@ -27,7 +27,12 @@ from typing import Any, Callable
 from skill_check import markdown
 
 Defaults = Callable[[str, str, str], Any]
-TS = "sub-skills/policy-optimization/references/troubleshooting.md"
+PO_REFS = "sub-skills/policy-optimization/references/"
+TS = PO_REFS + "troubleshooting.md"  # the symptom index and the silent-failure table
+REWARD_TRAPS = PO_REFS + "traps-rewards.md"  # the traps, one file per topic
+ROLLOUT_TRAPS = PO_REFS + "traps-rollouts.md"
+SETUP_TRAPS = PO_REFS + "traps-setup.md"
+WEIGHT_TRAPS = PO_REFS + "traps-weights.md"
 TSEL = "sub-skills/policy-optimization/references/trainer-selection.md"
 AR = "sub-skills/policy-optimization/references/api-reference.md"
 PA = "sub-skills/palm-modeling/references/palm-api.md"
@@ -129,38 +134,38 @@ FACTS: list[tuple[str, str, str]] = [
     (TS, "symptom-index", "`The size of tensor a ({ac_dim}) must match the size of tensor b (N)`"),
     (TS, "silent-failures", "with `max_seq_len - 1 == {bins}`"),
     (TS, "silent-failures", "[rewards outside [{hl_min}, {hl_max}]]"),
-    (TS, "equal-rewards-group", "GRPO's default group of {grpo_group}"),
-    (TS, "equal-rewards-group", "multiplies it by `beta` ({beta})"),
-    (TS, "equal-rewards-group", "| p | G = 4 | G = {grpo_group} | G = 32 |"),
-    (TS, "equal-rewards-group", "| 0.05 | 0.19 | {mixed_11[0]} | 0.81 |"),
-    (TS, "equal-rewards-group", "| 0.2 | 0.59 | {mixed_11[1]} | 1.0 |"),
-    (TS, "equal-rewards-group", "(`grpo_num_times_sample_rewards`, {grpo_k} + 1 by default"),
-    (TS, "equal-rewards-group", "keeps only the top {top_pct}% of logits"),
-    (TS, "sampler-mismatch", "`ceil({top_frac} * num_tokens)` largest logits"),
-    (TS, "sampler-mismatch", "the top {top_pct}%"),
-    (TS, "printed-losses", "about `-{beta_s} * ln(num_tokens)`"),
-    (TS, "printed-losses", "the default {minibatch} cuts groups of {grpo_group}"),
-    (TS, "flowrl-printed-balance", "{flowrl_start_g2} for a group of 2 at the default `beta`"),
-    (TS, "stored-probabilities-memory", "`max_seq_len={seq}` and the default `update_timesteps={update}` that is about "
+    (REWARD_TRAPS, "equal-rewards-group", "GRPO's default group of {grpo_group}"),
+    (REWARD_TRAPS, "equal-rewards-group", "multiplies it by `beta` ({beta})"),
+    (REWARD_TRAPS, "equal-rewards-group", "| p | G = 4 | G = {grpo_group} | G = 32 |"),
+    (REWARD_TRAPS, "equal-rewards-group", "| 0.05 | 0.19 | {mixed_11[0]} | 0.81 |"),
+    (REWARD_TRAPS, "equal-rewards-group", "| 0.2 | 0.59 | {mixed_11[1]} | 1.0 |"),
+    (REWARD_TRAPS, "equal-rewards-group", "(`grpo_num_times_sample_rewards`, {grpo_k} + 1 by default"),
+    (REWARD_TRAPS, "equal-rewards-group", "keeps only the top {top_pct}% of logits"),
+    (ROLLOUT_TRAPS, "sampler-mismatch", "`ceil({top_frac} * num_tokens)` largest logits"),
+    (ROLLOUT_TRAPS, "sampler-mismatch", "the top {top_pct}%"),
+    (ROLLOUT_TRAPS, "printed-losses", "about `-{beta_s} * ln(num_tokens)`"),
+    (ROLLOUT_TRAPS, "printed-losses", "the default {minibatch} cuts groups of {grpo_group}"),
+    (ROLLOUT_TRAPS, "flowrl-printed-balance", "{flowrl_start_g2} for a group of 2 at the default `beta`"),
+    (WEIGHT_TRAPS, "stored-probabilities-memory", "`max_seq_len={seq}` and the default `update_timesteps={update}` that is about "
                                         "{ppo_gib} GiB for PPO and {grpo_gib} GiB for GRPO's default group of {grpo_group}"),
-    (TS, "trainer-eval-runs-train", "one episode of `max_timesteps={max_timesteps}` real rollouts"),
-    (TS, "kl-to-rollout-policy", "`kl_div_loss_weight` defaults to {kl}"),
-    (TS, "ppo-critic-reward-range", "`critic_num_pred_bins={bins}` bins centred on 0, 1, ..., {hl_max}"),
-    (TS, "ppo-critic-reward-range", "default `min_value={hl_min}, max_value={hl_max},"),
-    (TS, "tpo-replay-buffer-dir", "(a `train()` argument, default {max_episodes})"),
-    (TS, "tpo-replay-buffer-dir", "(group {tpo_group}, `update_timesteps={update}`, `max_seq_len={seq}`)"),
-    (TS, "tpo-replay-buffer-dir", "about {tpo_seq_gb} GB of sequence file plus {tpo_mask_gb} GB per mask"),
-    (TS, "tpo-replay-buffer-dir", "at the default {max_episodes}"),
-    (TS, "flowrl-partition-dim", "(default {z_dim})"),
-    (TS, "update-timesteps-default", "Default `update_timesteps={update}`"),
-    (TS, "update-timesteps-default", "below {update} never updates"),
-    (TS, "flowrl-probabilities", "`beta` ({beta}) sets the loss scale"),
-    (TS, "generate-one-prompt", "`num_samples` (default {num_samples})"),
-    (TS, "group-size-per-rollout", "`grpo_num_times_sample_rewards + 1` times (default {grpo_group})"),
-    (TS, "group-size-per-rollout", "`flowrl_num_times_sample + 1` times (default {flowrl_group}"),
-    (TS, "implicit-prm-critic", "`critic_num_pred_bins` ({bins}) HL-Gauss bin logits"),
-    (TS, "implicit-prm-critic", "tensor b ({bins})`, and when the rollout length minus one"),
-    (TS, "implicit-prm-critic", "without `eos_token`) happens to be {bins} it trains"),
+    (SETUP_TRAPS, "trainer-eval-runs-train", "one episode of `max_timesteps={max_timesteps}` real rollouts"),
+    (ROLLOUT_TRAPS, "kl-to-rollout-policy", "`kl_div_loss_weight` defaults to {kl}"),
+    (REWARD_TRAPS, "ppo-critic-reward-range", "`critic_num_pred_bins={bins}` bins centred on 0, 1, ..., {hl_max}"),
+    (REWARD_TRAPS, "ppo-critic-reward-range", "default `min_value={hl_min}, max_value={hl_max},"),
+    (SETUP_TRAPS, "tpo-replay-buffer-dir", "(a `train()` argument, default {max_episodes})"),
+    (SETUP_TRAPS, "tpo-replay-buffer-dir", "(group {tpo_group}, `update_timesteps={update}`, `max_seq_len={seq}`)"),
+    (SETUP_TRAPS, "tpo-replay-buffer-dir", "about {tpo_seq_gb} GB of sequence file plus {tpo_mask_gb} GB per mask"),
+    (SETUP_TRAPS, "tpo-replay-buffer-dir", "at the default {max_episodes}"),
+    (SETUP_TRAPS, "flowrl-partition-dim", "(default {z_dim})"),
+    (SETUP_TRAPS, "update-timesteps-default", "Default `update_timesteps={update}`"),
+    (SETUP_TRAPS, "update-timesteps-default", "below {update} never updates"),
+    (ROLLOUT_TRAPS, "flowrl-probabilities", "`beta` ({beta}) sets the loss scale"),
+    (ROLLOUT_TRAPS, "generate-one-prompt", "`num_samples` (default {num_samples})"),
+    (WEIGHT_TRAPS, "group-size-per-rollout", "`grpo_num_times_sample_rewards + 1` times (default {grpo_group})"),
+    (WEIGHT_TRAPS, "group-size-per-rollout", "`flowrl_num_times_sample + 1` times (default {flowrl_group}"),
+    (REWARD_TRAPS, "implicit-prm-critic", "`critic_num_pred_bins` ({bins}) HL-Gauss bin logits"),
+    (REWARD_TRAPS, "implicit-prm-critic", "tensor b ({bins})`, and when the rollout length minus one"),
+    (REWARD_TRAPS, "implicit-prm-critic", "without `eos_token`) happens to be {bins} it trains"),
     (TSEL, "decision-table", "`grpo_num_times_sample_rewards` + 1 (default {grpo_k} + 1)"),
     (TSEL, "decision-table", "`num_times_sample_rewards` + 1 (default {tpo_k} + 1)"),
     (TSEL, "decision-table", "`flowrl_num_times_sample` + 1 (default {flowrl_k} + 1)"),

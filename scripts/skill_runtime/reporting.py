@@ -36,7 +36,12 @@ class Checks:
 # Where each check a helper reports is explained: the section to read when it fails, as a path from
 # the skill root. The one map of check names to docs (tests/test_output.py: every anchor exists and
 # every check name the helpers emit is here).
+# the symptom index and the silent-failure table; the traps, one file per topic
 TROUBLE = "sub-skills/policy-optimization/references/troubleshooting.md"
+REWARD_TRAPS = "sub-skills/policy-optimization/references/traps-rewards.md"
+ROLLOUT_TRAPS = "sub-skills/policy-optimization/references/traps-rollouts.md"
+SETUP_TRAPS = "sub-skills/policy-optimization/references/traps-setup.md"
+WEIGHT_TRAPS = "sub-skills/policy-optimization/references/traps-weights.md"
 
 
 DIST = "sub-skills/policy-optimization/references/distributed.md"
@@ -48,22 +53,22 @@ REPORTS = "references/reports.md"
 CHECK_DOCS = {
     # tiny-rlhf-smoke train smoke
     "trainer_constructed": f"{TROUBLE}#symptom-index",
-    "actor_lora_scope_added": f"{TROUBLE}#actor-scope-reused-palm",
+    "actor_lora_scope_added": f"{WEIGHT_TRAPS}#actor-scope-reused-palm",
     "trainable_parameters_on_device": f"{REPORTS}#train-smoke-checks",
     "update_ran": f"{TROUBLE}#symptom-index",
-    "optimizer_steps": f"{TROUBLE}#optimizer-first-steps",
-    "rollout_group_size": f"{TROUBLE}#group-size-per-rollout",
+    "optimizer_steps": f"{SETUP_TRAPS}#optimizer-first-steps",
+    "rollout_group_size": f"{WEIGHT_TRAPS}#group-size-per-rollout",
     "rollouts_ended_at_eos": f"{REPORTS}#train-smoke-checks",
-    "actor_lora_changed": f"{TROUBLE}#optimizer-first-steps",
-    "critic_lora_changed": f"{TROUBLE}#optimizer-first-steps",
-    "value_head_changed": f"{TROUBLE}#optimizer-first-steps",
-    "partition_function_changed": f"{TROUBLE}#optimizer-first-steps",
-    "base_weights_unchanged": f"{TROUBLE}#base-weights-accumulate-grad",
+    "actor_lora_changed": f"{SETUP_TRAPS}#optimizer-first-steps",
+    "critic_lora_changed": f"{SETUP_TRAPS}#optimizer-first-steps",
+    "value_head_changed": f"{SETUP_TRAPS}#optimizer-first-steps",
+    "partition_function_changed": f"{SETUP_TRAPS}#optimizer-first-steps",
+    "base_weights_unchanged": f"{WEIGHT_TRAPS}#base-weights-accumulate-grad",
     "reward_model_unchanged": f"{REPORTS}#train-smoke-checks",
     "losses_finite": f"{TROUBLE}#symptom-index",
-    "replay_buffer_in_private_dir": f"{TROUBLE}#tpo-replay-buffer-dir",
-    "reference_policy_is_lora_off_palm": f"{TROUBLE}#flowrl-no-lora-reference",
-    "generated_sequence": f"{TROUBLE}#generate-one-prompt",
+    "replay_buffer_in_private_dir": f"{SETUP_TRAPS}#tpo-replay-buffer-dir",
+    "reference_policy_is_lora_off_palm": f"{ROLLOUT_TRAPS}#flowrl-no-lora-reference",
+    "generated_sequence": f"{ROLLOUT_TRAPS}#generate-one-prompt",
     "caller_directory_untouched": "references/installation.md#exit-codes-of-every-helper",
     # tiny-rlhf-smoke --learn
     "learning_ran": f"{TROUBLE}#symptom-index",
@@ -92,7 +97,7 @@ CHECK_DOCS = {
     "scalar_mse_loss_decreases": "sub-skills/reward-modeling/references/reward-api.md#training",
     "held_out_accuracy_above_chance": f"{REPORTS}#tiny-reward-smoke",
     "binned_cross_entropy_decreases": "sub-skills/reward-modeling/references/reward-api.md#forward",
-    "binned_inference_returns_bin_index": f"{TROUBLE}#binned-reward-sampled",
+    "binned_inference_returns_bin_index": f"{REWARD_TRAPS}#binned-reward-sampled",
     "implicit_prm_rewards_shape": "sub-skills/reward-modeling/references/implicit-prm.md#what-it-computes",
     "implicit_prm_loss_backpropagates": "sub-skills/reward-modeling/references/implicit-prm.md#what-it-computes",
     "implicit_prm_output_is_minus_bce": "sub-skills/reward-modeling/references/implicit-prm.md#what-it-computes",

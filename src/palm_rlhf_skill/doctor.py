@@ -316,8 +316,8 @@ def accelerate_check(torch_info: dict[str, Any], shadowed: set[str]) -> tuple[di
     return info, _check("accelerate", "ok", detail)
 
 
-TQDM_DOC = "sub-skills/policy-optimization/references/troubleshooting.md#tqdm-disable"
-TPO_BUFFER_DOC = "sub-skills/policy-optimization/references/troubleshooting.md#tpo-replay-buffer-dir"
+TQDM_DOC = "sub-skills/policy-optimization/references/traps-setup.md#tqdm-disable"
+TPO_BUFFER_DOC = "sub-skills/policy-optimization/references/traps-setup.md#tpo-replay-buffer-dir"
 
 
 def tqdm_check(shadowed: set[str]) -> tuple[dict[str, Any], dict[str, str]]:

@@ -10,7 +10,7 @@ Usage:
 
 The initial weights are rebuilt as train built them ([palm] checkpoint or the run's seed); the
 policy is DIR/policy.pt, or the latest checkpoint of a run still going. Keys:
-references/reports.md#evaluate-report; references/training-run.md#evaluate.
+references/run-reports.md#evaluate-report; references/training-run.md#evaluate.
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ Usage:
     watch_run.py runs/first --json             # one JSON object
     watch_run.py runs/first --plot curves.png  # the curves with matplotlib (pip install 'palm-rlhf-skill[plot]')
 
-Reads JSON only (no torch): it answers while the run trains. Keys: references/reports.md#watch-report.
+Reads JSON only (no torch): it answers while the run trains. Keys: references/run-reports.md#watch-report.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ reward tensors. Accelerate's ``prepare`` only moves it in one process and on GPU
 ``DistributedDataParallel`` for a module without parameters that require grad); under
 multi-process CPU (``MULTI_CPU``) Accelerate wraps every model and DDP refuses this one: the
 trainer's constructor raises ``RuntimeError: DistributedDataParallel is not needed ...``
-(workaround: policy-optimization/references/troubleshooting.md#rule-reward-multi-cpu).
+(workaround: policy-optimization/references/traps-devices.md#rule-reward-multi-cpu).
 
 What ``forward`` receives (palm-rlhf-pytorch 0.8.0; documented and tested in
 references/reward-api.md, "Rule-based rewards"):

@@ -204,7 +204,7 @@ def rule_reward(resolved: dict[str, Any], anchor: bool, section: str = "reward")
     text_program (``section`` "eval": the gold metric, [eval] metric or text_metric), or None when
     the section names neither. With ``anchor`` it carries one parameter nothing uses
     (``ddp_anchor``, a 0-d float32): under multi-process CPU Accelerate wraps every model in DDP,
-    which refuses a module without one (references/troubleshooting.md#rule-reward-multi-cpu)."""
+    which refuses a module without one (references/traps-devices.md#rule-reward-multi-cpu)."""
     import torch
     from rule_reward import RuleReward  # imports torch and the library
 

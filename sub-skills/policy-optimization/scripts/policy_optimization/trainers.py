@@ -133,7 +133,7 @@ def construct_trainer(spec: TrainerSpec, palm, reward_model, prompt_args: dict[s
     """Build ``spec``'s trainer on ``palm`` and ``reward_model`` with the library's output captured,
     ``accelerate_kwargs=device_kwargs`` and the prompts of ``prompt_args`` (``prompt_token_ids``,
     or ``prompts``/``prompts_path`` with ``tokenizer``); then move its prompt ids (a buffer of its
-    own that Accelerate does not prepare: troubleshooting.md#prompt-ids-device) to ``device``.
+    own that Accelerate does not prepare: traps-devices.md#prompt-ids-device) to ``device``.
     Raises whatever the library's constructor raises."""
     with streams.capture_library_output():
         trainer = spec.load()(palm=palm, reward_model=reward_model, accelerate_kwargs=device_kwargs,

@@ -10,13 +10,13 @@ from reward_modeling import coverage
 from run_kit import rundir
 from skill_runtime import reporting
 
-# The keys of a reward run's metrics row, in order; units and meaning: references/reports.md#reward-metrics-row.
+# The keys of a reward run's metrics row, in order; units and meaning: references/run-reports.md#train-reward-metrics-row.
 ROW_KEYS = ("round", "epoch", "step", "examples", "wall_s", "examples_per_s", "loss", "train_accuracy", "margin",
             "held_out_loss", "held_out_accuracy", "held_out_margin", "held_out_pairs", "grad_norm",
             "trainable_change_norm", "lr")
 _NUMBER = (int, float)
 STATUSES = ("finished", "paused", "interrupted", "failed")
-# what a stored summary.json must hold for watch and a resume to read it (references/reports.md#train-reward-summary)
+# what a stored summary.json must hold for watch and a resume to read it (references/run-reports.md#train-reward-summary)
 SHAPE = {"status": str, "reason": (str, type(None)), "kind": str, "data": str, "device": str, "rounds_done": int,
          "rounds_planned": int, "steps_done": int, "held_out": dict, "unseen_ids": list, "files": dict,
          "wall_s": _NUMBER, "verdict": str, "next": str}
@@ -204,7 +204,7 @@ def verdict(summary: dict[str, Any], resume_flags: str = "", curves: bool = True
     change = accuracy_words(held)
     if status == "finished" and held["after"] is None and held.get("reason"):  # no number, no verdict on learning
         return (f"FINISHED: {summary['rounds_done']} rounds ({summary['epochs_done']:g} epochs), {change}: no verdict "
-                f"on learning; {coverage_words(summary)}", f"read {DOC}#held-out-rows")
+                f"on learning; {coverage_words(summary)}", f"read {DOC}#what-it-trains")
     if status == "finished":
         word = "FINISHED" if learned(summary) else "FINISHED, NOT LEARNING"
         risky = coverage.gameable(summary.get("coverage") or {}) and not summary["tie_unseen_embeddings"]

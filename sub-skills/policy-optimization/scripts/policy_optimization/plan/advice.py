@@ -136,7 +136,7 @@ def prompts_fill_max_seq_len(prompt_lens: dict[int, int] | None, max_seq_len: in
             "message": f"{full} of {total} prompts have {max_seq_len - 1} ids or more (the longest {longest}) for "
                        f"max_seq_len {max_seq_len}, the prompt included: each gets a one-token response",
             "fix": f"max_seq_len above {longest + 1} (the longest prompt plus the response length you want), "
-                   "or shorter prompts", "doc": f"{prediction.DOCS}#generate-seq-len"}
+                   "or shorter prompts", "doc": "references/traps-rollouts.md#generate-seq-len"}
 
 
 def threads_warning(check: dict[str, Any] | None, load: dict[str, Any]) -> dict[str, Any] | None:

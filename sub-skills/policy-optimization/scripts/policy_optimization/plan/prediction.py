@@ -13,7 +13,10 @@ from skill_runtime import reporting
 from policy_optimization import trainers
 
 MIB = 2**20
+# the symptom index and the silent-failure table; the traps, one file per topic
 DOCS = "references/troubleshooting.md"
+SETUP_TRAPS = "references/traps-setup.md"
+WEIGHT_TRAPS = "references/traps-weights.md"
 MAX_DAYS = 30.0  # --max-days: a longer predicted wall time is the verdict too_slow (exit 1)
 # Settings the installed library accepts and never uses (tests/test_plan.py checks each against
 # the source): (trainers, section, key, only when this other key is falsy or None, why).
@@ -168,7 +171,7 @@ def group_warning(name: str, effective: dict[str, Any], group_size: int) -> dict
     return {"code": "group_of_one", "blocks_learning": True,
             "message": f"{kwarg}=0 samples one sequence per prompt: {effect}",
             "fix": f"set {kwarg} to at least 1 (group size = {kwarg} + 1)",
-            "doc": f"{DOCS}#group-size-per-rollout"}
+            "doc": f"{WEIGHT_TRAPS}#group-size-per-rollout"}
 
 
 def learn_raises(name: str, resolved: dict[str, Any]) -> list[dict[str, Any]]:
@@ -182,12 +185,12 @@ def learn_raises(name: str, resolved: dict[str, Any]) -> list[dict[str, Any]]:
                                f"{resolved['palm']['dim']}: the first learn() raises 'mat1 and mat2 shapes cannot "
                                "be multiplied', after every rollout before it",
                     "fix": f"partition_function_hidden_dim = {resolved['palm']['dim']}",
-                    "doc": f"{DOCS}#flowrl-partition-dim"})
+                    "doc": f"{SETUP_TRAPS}#flowrl-partition-dim"})
     if name == "ppo" and eff.get("max_norm") is not None:
         out.append({"code": "ppo_max_norm", "blocks_learning": True,
                     "message": "max_norm is set: PPO's learn() calls self.accelerator.clip_grad_norm_ and "
                                "raises AttributeError at its first minibatch",
-                    "fix": "max_norm = None for PPO", "doc": f"{DOCS}#ppo-max-norm"})
+                    "fix": "max_norm = None for PPO", "doc": f"{SETUP_TRAPS}#ppo-max-norm"})
     return out
 
 
@@ -210,7 +213,7 @@ def build_warnings(name: str, resolved: dict[str, Any], counts: dict[str, int], 
                                + "; train() still prints that training completed",
                     "fix": f"set update_timesteps to a divisor of {per_call}" if rollouts else
                            "run at least one rollout (num_episodes and max_timesteps above 0)",
-                    "doc": f"{DOCS}#update-timesteps-default"})
+                    "doc": f"{SETUP_TRAPS}#update-timesteps-default"})
     elif counts["leftover_rollouts_dropped"]:
         out.append({"code": "leftovers_dropped", "blocks_learning": False,
                     "message": f"the last {counts['leftover_rollouts_dropped']} rollouts "
@@ -218,10 +221,10 @@ def build_warnings(name: str, resolved: dict[str, Any], counts: dict[str, int], 
                                "when train() returns" + (" (each round)" if rnd else ""),
                     "fix": f"make update_timesteps divide max_timesteps = {per_call}" if rnd else
                            f"make update_timesteps divide num_episodes * max_timesteps = {rollouts}",
-                    "doc": f"{DOCS}#update-timesteps-default"})
+                    "doc": f"{SETUP_TRAPS}#update-timesteps-default"})
     if memory_fits is False:
         out.append({"code": "memory_exceeds_device", "blocks_learning": False, "message": memory_text,
-                    "fix": memory_fix, "doc": f"{DOCS}#group-size-per-rollout"})
+                    "fix": memory_fix, "doc": f"{WEIGHT_TRAPS}#group-size-per-rollout"})
     if name == "ppo" and counts["learn_calls"] and eff.get("critic_pooled_values", True):
         one = "every minibatch" if eff["minibatch_size"] == 1 else (
             "the last minibatch of each epoch" if counts["last_minibatch_items"] == 1 else None)
@@ -242,7 +245,7 @@ def build_warnings(name: str, resolved: dict[str, Any], counts: dict[str, int], 
                     "message": f"{counts['optimizer_steps']} optimizer steps in the whole run: {optimizer} needs "
                                f"{required} before every LoRA tensor has moved",
                     "fix": "more rollouts per learn(), more epochs or a smaller minibatch_size",
-                    "doc": f"{DOCS}#optimizer-first-steps"})
+                    "doc": f"{SETUP_TRAPS}#optimizer-first-steps"})
     for names, section, key, unless, why in IGNORED:
         if name in names and key in resolved[section] and (unless is None or not eff.get(unless)):
             out.append({"code": "ignored_setting", "blocks_learning": False,

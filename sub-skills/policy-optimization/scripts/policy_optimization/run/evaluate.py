@@ -163,7 +163,7 @@ def score(run_dir: str, device_spec: str, prompts: str | None = None, metric: st
     """Score the run in ``run_dir``: its initial weights and its policy (``locate``) on the
     held-out prompts, each ``samples`` times, sampled with ``seed`` (default: the run's evaluation
     seed), with the run's reward and gold metric (or the options', ``with_options``). Returns the
-    report (references/reports.md#evaluate-report). Raises SkillError: 2 for bad input, 1 when
+    report (references/run-reports.md#evaluate-report). Raises SkillError: 2 for bad input, 1 when
     the library or the reward raised while scoring."""
     from accelerate.utils import set_seed
     from skill_runtime import placement

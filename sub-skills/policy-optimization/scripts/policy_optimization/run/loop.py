@@ -2,8 +2,9 @@
 
 A round is one call of the trainer's own ``train(num_episodes=1, max_timesteps=M,
 update_timesteps=U, ...)`` (``run_config.train_kwargs``): M rollouts and, with the default M = U,
-exactly one ``learn()``, as the bounded-run recipe does (workflows.md#bounded-train). Between
-rounds the run writes one metrics row (``metrics``), runs the watchdog (``watchdog``), scores the
+exactly one ``learn()``, as the bounded-run recipe does
+(workflows.md#bounded-train-when-does-learn-really-run). Between rounds the run writes one
+metrics row (``metrics``), runs the watchdog (``watchdog``), scores the
 held-out prompts every ``[eval] every`` rounds (``evaluation.of_run``: per prompt, and the gold
 metric), logs to the trackers (``trackers``) and checkpoints every ``[run] checkpoint_every``
 rounds (``checkpoint``). ``--cpu-threads auto`` times round 1 at two thread counts (``threads``). At the end it exports the policy (``export``) and writes ``summary.json``.
@@ -522,7 +523,7 @@ def round_error(where: str, exc: BaseException, rewards: list[list[float]] | Non
     if isinstance(exc, AssertionError) and not str(exc):  # grpo.py:204, safe_div's bare assert
         return exits.SkillError(f"{where}: the library raised an empty AssertionError (GRPO's safe_div: a group "
                                 "of one, or a NaN inside the update); read "
-                                "sub-skills/policy-optimization/references/troubleshooting.md#group-of-one",
+                                "sub-skills/policy-optimization/references/traps-rewards.md#group-of-one",
                                 exits.EXIT_CHECK_FAILED)
     return exits.SkillError(f"{where}: the library raised {text}; read "
                             "sub-skills/policy-optimization/references/troubleshooting.md#symptom-index",

@@ -28,7 +28,7 @@ from typing import Any, Iterator
 from policy_optimization import trainers
 from skill_runtime import streams
 
-# The keys of a metrics row, in order; units and meaning: references/reports.md#metrics-row.
+# The keys of a metrics row, in order; units and meaning: references/run-reports.md#metrics-row.
 ROW_KEYS = ("round", "rollouts", "group_size", "learn_calls", "wall_s", "tokens_per_s", "peak_mib", "rss_mib",
             "reward_mean", "reward_std", "reward_min", "reward_max", "zero_std_group_fraction",
             "advantage_zero_fraction", "advantage_abs_max", "response_length_mean",

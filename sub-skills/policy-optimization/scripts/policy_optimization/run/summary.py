@@ -12,7 +12,7 @@ from skill_runtime import reporting, streams
 
 STATUSES = ("finished", "paused", "stopped", "interrupted", "failed")
 _NUMBER = (int, float)
-# what a stored summary.json must hold for watch and a resume to read it (references/reports.md#train-summary)
+# what a stored summary.json must hold for watch and a resume to read it (references/run-reports.md#train-summary)
 SHAPE = {"status": str, "reason": (str, type(None)), "trainer": str, "class_name": str, "device": str,
          "rounds_done": int, "rounds_planned": int, "rollouts": int, "learn_calls": int, "held_out": dict,
          "reward": dict, "rules_fired": dict, "files": dict, "wall_s": _NUMBER, "verdict": str, "next": str}

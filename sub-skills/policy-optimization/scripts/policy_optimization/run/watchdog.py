@@ -14,7 +14,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-TROUBLE = "sub-skills/policy-optimization/references/troubleshooting.md"
+# the traps the rules explain, one file per topic (troubleshooting.md indexes them)
+REWARD_TRAPS = "sub-skills/policy-optimization/references/traps-rewards.md"
+ROLLOUT_TRAPS = "sub-skills/policy-optimization/references/traps-rollouts.md"
+SETUP_TRAPS = "sub-skills/policy-optimization/references/traps-setup.md"
 RUN_DOC = "sub-skills/policy-optimization/references/training-run.md"
 
 # Thresholds (references/training-run.md#watchdog-rules says why each is where it is).
@@ -367,19 +370,19 @@ def _train_gap(row, rows, facts):
 
 
 RULES = (
-    Rule("equal_rewards", f"{TROUBLE}#equal-rewards-group", "every group's rewards are equal: no preference to learn",
+    Rule("equal_rewards", f"{REWARD_TRAPS}#equal-rewards-group", "every group's rewards are equal: no preference to learn",
          "a reward that differs between completions of one prompt (a finer rule, a larger group, a higher temperature)",
          _equal_rewards, persist=2),
-    Rule("zero_advantage", f"{TROUBLE}#group-of-one", "every advantage is exactly 0: the policy gets no reward signal",
+    Rule("zero_advantage", f"{REWARD_TRAPS}#group-of-one", "every advantage is exactly 0: the policy gets no reward signal",
          "a group of 2 or more completions (GRPO, TPO, FlowRL), PPO minibatch_size >= 2", _zero_advantage, persist=2),
-    Rule("weights_frozen", f"{TROUBLE}#optimizer-first-steps", "trainable weights did not move",
+    Rule("weights_frozen", f"{SETUP_TRAPS}#optimizer-first-steps", "trainable weights did not move",
          "a learning rate above 0 that moves float32 weights, and trainable parameters the optimizer holds",
          _weights_frozen),
-    Rule("non_finite", f"{TROUBLE}#grpo-nan", "NaN or inf in a loss, a reward, a gradient or a weight",
+    Rule("non_finite", f"{REWARD_TRAPS}#grpo-nan", "NaN or inf in a loss, a reward, a gradient or a weight",
          "a finite reward; a smaller learning rate; resume from the last checkpoint", _non_finite),
-    Rule("one_token_responses", f"{TROUBLE}#eos-in-prompt", "responses of at most one token",
+    Rule("one_token_responses", f"{SETUP_TRAPS}#eos-in-prompt", "responses of at most one token",
          "keep eos_token out of the prompts; raise max_seq_len above the longest prompt", _one_token),
-    Rule("kl_blowup", f"{TROUBLE}#kl-to-rollout-policy", "the policy jumps away from where it sampled",
+    Rule("kl_blowup", f"{ROLLOUT_TRAPS}#kl-to-rollout-policy", "the policy jumps away from where it sampled",
          "a smaller actor_lr; resume from the last checkpoint", _kl_blowup),
     Rule("held_out_flat", f"{RUN_DOC}#held-out-flat", "the held-out reward does not rise",
          "read the section: all weights or LoRA, the learning rate, the rollout temperature", _held_out_flat),
@@ -388,14 +391,14 @@ RULES = (
     Rule("memory_growing", f"{RUN_DOC}#memory-growing", "resident memory grows every round",
          "look for what keeps tensors across rounds (a reward program's cache); a smaller update_timesteps",
          _memory_growing),
-    Rule("rollouts_dropped", f"{TROUBLE}#update-timesteps-default", "rollouts sampled and never learned from",
+    Rule("rollouts_dropped", f"{SETUP_TRAPS}#update-timesteps-default", "rollouts sampled and never learned from",
          "[train] max_timesteps a multiple of update_timesteps (the default: equal)", _rollouts_dropped),
-    Rule("reward_outside_critic_range", f"{TROUBLE}#ppo-critic-reward-range",
+    Rule("reward_outside_critic_range", f"{REWARD_TRAPS}#ppo-critic-reward-range",
          "PPO rewards outside the critic's range", "rescale the reward into [0, 5], or widen hl_gauss_loss_kwargs",
          _critic_range),
-    Rule("group_of_one", f"{TROUBLE}#group-of-one", "one completion per prompt: no group to compare",
+    Rule("group_of_one", f"{REWARD_TRAPS}#group-of-one", "one completion per prompt: no group to compare",
          "the group argument (grpo_num_times_sample_rewards, ...) at 1 or more", _group_of_one),
-    Rule("advantage_extreme", f"{TROUBLE}#grpo-max-rl-mean-zero", "advantages far beyond any reward",
+    Rule("advantage_extreme", f"{REWARD_TRAPS}#grpo-max-rl-mean-zero", "advantages far beyond any reward",
          "GRPO use_max_rl with rewards >= 0, or the default normalisation", _advantage_extreme),
     Rule("entropy_collapse", f"{RUN_DOC}#collapse", "the policy's entropy collapsed",
          "read the section: a reward one token can max out, a smaller actor_lr, an entropy bonus", _entropy_collapse,
