@@ -4,7 +4,8 @@
 - ``api``: the API record (``scripts/api_record.json``) against ``inspect.signature`` of the
   installed library.
 - ``generated``: the signature blocks rendered from the record into the markdown.
-- ``paths``: relative links, their anchors, and file paths named in the markdown.
+- ``paths``: relative links, their anchors, and file paths named in the markdown; the doc
+  sections (``<page>.md#<anchor>``) named in the tree's Python.
 - ``skills``: every SKILL.md validated with ``skills-ref``.
 - ``budget``: the context budget (``BUDGET``), and Claude Code's own projection.
 - ``arguments``: every argument of the record has a behaviour entry in the reference that owns it.

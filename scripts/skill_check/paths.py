@@ -70,3 +70,40 @@ def check_paths(files: list[Path]) -> tuple[list[dict[str, str]], int]:
                 drift.append({"file": f"{markdown.rel(md)}:{line}", "symbol": f"path {name}",
                               "documented": "a file that exists", "installed": "missing"})
     return drift, checked
+
+
+# A doc section named in Python (a helper prints it, a docstring points to it): ``<page>.md#<anchor>``,
+# or ``{NAME}#anchor`` where the module assigns ``NAME = "....md"``.
+CODE_DOC_LINK = re.compile(r"(?<![\w/.-])(?P<path>[\w.\-/]*[\w-]\.md|\{(?P<name>[A-Z_]+)\})#(?P<anchor>[\w-]+)")
+CODE_DOC_NAME = re.compile(r'^(?P<name>[A-Z_]+) = "(?P<path>[\w.\-/]+\.md)"', re.MULTILINE)
+
+
+def code_files(root: Path = ROOT) -> list[Path]:
+    """The tree's Python files: ``scripts/`` and each sub-skill's ``scripts/``."""
+    return sorted(p for part in ("scripts", "sub-skills") if (root / part).is_dir()
+                  for p in (root / part).rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def check_code_links(code: list[Path], files: list[Path]) -> tuple[list[dict[str, str]], int]:
+    """Each doc section a Python file of ``code`` names resolves: a markdown file of ``files``
+    whose path from the skill root ends with the named path holds the anchor (a moved section
+    leaves no stale pointer in a helper's output). Returns (drift, checked)."""
+    pages = {markdown.rel(md): md for md in files}
+    drift, checked = [], 0
+    for py in code:
+        text = py.read_text(encoding="utf-8")
+        names = {m["name"]: m["path"] for m in CODE_DOC_NAME.finditer(text)}
+        for m in CODE_DOC_LINK.finditer(text):
+            path = names.get(m["name"]) if m["name"] else m["path"]
+            if path is None:
+                continue  # a placeholder this module does not assign: not a doc path
+            checked += 1
+            where = f"{markdown.rel(py)}:{text.count(chr(10), 0, m.start()) + 1}"
+            found = [md for name, md in pages.items() if name == path or name.endswith("/" + path.lstrip("./"))]
+            if not found:
+                drift.append({"file": where, "symbol": f"doc {path}#{m['anchor']}",
+                              "documented": "a markdown file that exists", "installed": "missing"})
+            elif not any(m["anchor"] in markdown.anchors(md) for md in found):
+                drift.append({"file": where, "symbol": f"doc {path}#{m['anchor']}", "documented": f"anchor #{m['anchor']}",
+                              "installed": f"no such anchor in {', '.join(markdown.rel(md) for md in found)}"})
+    return drift, checked

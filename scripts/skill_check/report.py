@@ -32,10 +32,11 @@ def run_checks(allow_shadowed: bool = False, strict: bool = False) -> dict[str, 
     argument_drift, entries = arguments.check_arguments(record, files)
     citation_drift, moved, cited = citations.check_citations(files)
     path_drift, paths_checked = paths.check_paths(files)
+    code_drift, code_checked = paths.check_code_links(paths.code_files(), files)
     parts, budget_drift = budget.context_budget(files)
     library = canonicalize_name(record["library"])
     found = (by(library, api.compare_api(record, installed)) + generated.compare_docs(record, files)
-             + skill_drift + path_drift + argument_drift + citation_drift
+             + skill_drift + path_drift + code_drift + argument_drift + citation_drift
              + citations.uncited_sections(references) + by(library, derived.check_facts(record, installed, ROOT))
              + by(library, derived.check_default_claims(installed, files, ROOT))
              + derived.check_version_mentions(record, files) + budget_drift)
@@ -59,7 +60,7 @@ def run_checks(allow_shadowed: bool = False, strict: bool = False) -> dict[str, 
                    "generated_blocks": sum(len(list(generated.generated_blocks(f.read_text(encoding="utf-8"))))
                                            for f in files),
                    "skill_files": len(markdown.skill_files()), "markdown_files": len(files),
-                   "links_and_paths": paths_checked, "argument_entries": entries, "citations": cited,
+                   "links_and_paths": paths_checked + code_checked, "argument_entries": entries, "citations": cited,
                    "derived_facts": len(derived.FACTS)},
         "budget": {"chars_per_token": budget.CHARS_PER_TOKEN, "parts": parts, "claude_details": budget.claude_details()},
         "drift": drift,
