@@ -15,7 +15,7 @@ import torch
 from conftest import REPO, default_signals, main_in_process, one_error_line, run
 from policy_optimization import trainers
 from policy_optimization.run import cases, loop, metrics, watchdog
-from run_kit import checkpoint, launch, lock, rundir, trackers, watch
+from run_kit import checkpoint, claiming, launch, lock, rundir, trackers, watch
 from skill_runtime import exits, runner
 
 SCRIPTS = REPO / "sub-skills" / "policy-optimization" / "scripts"
@@ -495,12 +495,12 @@ def test_only_the_writing_rank_locks_the_run_directory(tmp_path, monkeypatch, ca
         assert launch.writes_files() is writer
     assert "LOCAL_RANK" not in os.environ  # a question, not a launch: the environment stays as it was
     monkeypatch.setenv("RANK", "1")
-    assert rundir.prepare(run_dir, False, True, writer=launch.writes_files())[1] is None
+    assert claiming.prepare(run_dir, False, True, writer=launch.writes_files())[1] is None
     assert (run_dir / "metrics.jsonl").is_file(), "a rank that does not write removed a run file"
     with pytest.raises(exits.SkillError, match=f"another train is running in {run_dir} \\(pid {os.getpid()} on "):
-        rundir.prepare(run_dir, False, True, writer=True)
+        claiming.prepare(run_dir, False, True, writer=True)
     held.release()
-    run_, taken = rundir.prepare(run_dir, False, True, writer=True)
+    run_, taken = claiming.prepare(run_dir, False, True, writer=True)
     assert not (run_dir / "metrics.jsonl").exists() and (run_dir / rundir.LOCK).is_file()
     taken.release()
     assert sorted(p.name for p in run_dir.iterdir()) == []
@@ -510,7 +510,7 @@ def test_without_fcntl_there_is_no_lock_and_train_says_so(tmp_path, monkeypatch)
     """Where Python has no fcntl (Windows) no lock is taken (RunLock), nothing pretends one is, and
     loop.prepare says so in one line."""
     monkeypatch.setattr(lock, "fcntl", None)
-    run_, taken = rundir.prepare(tmp_path / "run", False, False)
+    run_, taken = claiming.prepare(tmp_path / "run", False, False)
     assert taken is None and list(run_.path.iterdir()) == []
     said = []
     with pytest.raises(exits.SkillError, match="no non-empty line"):

@@ -38,7 +38,7 @@ from typing import Any, Callable
 from data_kit import tokenizer_file
 from policy_optimization import run_config
 from reward_modeling import artifacts, coverage, examples, reward_report, rm_config
-from run_kit import checkpoint, command, launch, rundir, trackers
+from run_kit import checkpoint, claiming, command, launch, rundir, trackers
 from skill_runtime import byte_tokenizer, exits, placement, streams
 
 PROG = "palm-rlhf-skill train-reward"
@@ -68,7 +68,7 @@ class Options:
 class Prepared:
     """A run checked before a model exists: its directory (``claim``), the config as loaded (with
     its files' digests) and resolved, the tokenized training and held-out rows."""
-    claim: rundir.Claim
+    claim: claiming.Claim
     loaded: dict[str, Any]
     resolved: dict[str, Any]
     train: examples.Examples
@@ -95,11 +95,11 @@ class Prepared:
 def prepare(config_path: str | None, run_dir: str | Path, resume: bool, force: bool, overrides: list[str] | None,
             options: Options) -> Prepared:
     """Everything that can be refused before a model exists: the run directory
-    (``rundir.claimed``), the config (or on ``resume`` without one, the run's own), a changed
+    (``claiming.claimed``), the config (or on ``resume`` without one, the run's own), a changed
     config on ``resume`` (``[train] epochs`` may grow), the tracker package, the keys against the
     installed library, the data read, checked and tokenized. Raises SkillError(2) (3: a tracker
     package missing); a refused start leaves no directory it created."""
-    with rundir.claimed(run_dir, resume, force, launch.writes_files(PROG), options.say) as claim:
+    with claiming.claimed(run_dir, resume, force, launch.writes_files(PROG), options.say) as claim:
         found = claim.run.read_config(resume)  # raises when it is not a run config: never replaced
         stored = found[0] if found and resume else None
         if found and stored is not None and stored.get("kind") != KIND:

@@ -26,7 +26,7 @@ from typing import Any, Callable
 from policy_optimization import builder, evaluation, programs, run_config, trainers
 from policy_optimization.run import export, metrics, threads, watchdog
 from policy_optimization.run import summary as run_summary
-from run_kit import checkpoint, command, launch, lock, rundir, trackers
+from run_kit import checkpoint, claiming, command, launch, lock, rundir, trackers
 from skill_runtime import exits, placement, streams, workspace
 
 PROG = "palm-rlhf-skill train"
@@ -376,8 +376,8 @@ class Prepared:
     resolved: dict[str, Any]
     resume: bool
     options: Options
-    lock: lock.RunLock | None = None  # the writer's (rundir.prepare); None on another rank or without fcntl
-    created: Path | None = None         # the topmost directory this invocation created (rundir.first_missing)
+    lock: lock.RunLock | None = None  # the writer's (claiming.prepare); None on another rank or without fcntl
+    created: Path | None = None         # the topmost directory this invocation created (claiming.first_missing)
     coverage: list[int] | None = None   # the reward model's unseen ids (builder.reward_coverage)
     placed: dict[str, Any] = field(default_factory=dict)  # device spec -> placement.resolve_device's answer
 
@@ -399,8 +399,8 @@ class Prepared:
             self.lock.release()
 
     def refused(self) -> None:
-        """The start is refused: unlock, and remove what this invocation created (``rundir.discard``)."""
-        rundir.discard(self.run, self.created, self.lock)
+        """The start is refused: unlock, and remove what this invocation created (``claiming.discard``)."""
+        claiming.discard(self.run, self.created, self.lock)
 
 
 def rotary_cap(built: builder.Built, max_seq_len: int) -> int:
@@ -415,14 +415,14 @@ def rotary_cap(built: builder.Built, max_seq_len: int) -> int:
 def prepare(config_path: str | None, run_dir: str | Path, resume: bool, force: bool,
             overrides: list[str] | None, options: Options) -> Prepared:
     """Everything that can be refused before a model exists: the run directory
-    (``rundir.prepare``; the writer then removes what a killed run left there:
-    ``checkpoint.remove_leftovers``, ``rundir.remove_temporaries``), the config (``config_path``,
+    (``claiming.prepare``; the writer then removes what a killed run left there:
+    ``checkpoint.remove_leftovers``, ``claiming.remove_temporaries``), the config (``config_path``,
     or on ``resume`` without it the one the run stored), a changed config on ``resume``, the tracker
     package, and every key against the installed library (``run_config.check_against_library``,
     which imports torch). Raises SkillError: 2 for a bad config or directory, or a changed config
     on resume; 3 for a tracker package that is missing; 2 when another process holds the
     directory's lock."""
-    with rundir.claimed(run_dir, resume, force, launch.writes_files(), options.say) as claim:
+    with claiming.claimed(run_dir, resume, force, launch.writes_files(), options.say) as claim:
         prepared = _prepare(config_path, claim.run, run_dir, resume, overrides, options)
     prepared.lock, prepared.created = claim.lock, claim.created
     return prepared
