@@ -37,7 +37,7 @@ def test_module_names_are_unique_across_the_roots():
 
 
 # the run kit's loader of the user's own files ([reward] program, [prompts] tokenizer): not the tree's
-USER_FILE_LOADER = REPO / "sub-skills" / "policy-optimization" / "scripts" / "policy_optimization" / "programs.py"
+USER_FILE_LOADER = REPO / "scripts" / "config_kit" / "programs.py"
 
 
 def test_no_module_of_the_tree_is_loaded_by_path():
@@ -72,7 +72,7 @@ def test_readme_layout_names_every_room():
     """Each module of the runtime, the run kit and the sub-skills' packages is named in README.md's Layout."""
     layout = (REPO / "README.md").read_text(encoding="utf-8").split("## Layout", 1)[1]
     rooms = [*(REPO / "scripts" / "skill_runtime").glob("*.py"), *(REPO / "scripts" / "run_kit").glob("*.py"),
-             *(REPO / "scripts" / "data_kit").glob("*.py"),
+             *(REPO / "scripts" / "data_kit").glob("*.py"), *(REPO / "scripts" / "config_kit").glob("*.py"),
              *(REPO / "sub-skills" / "policy-optimization" / "scripts" / "policy_optimization").rglob("*.py"),
              *(REPO / "sub-skills" / "reward-modeling" / "scripts" / "reward_modeling").glob("*.py")]
     missing = sorted(p.relative_to(REPO).as_posix() for p in rooms if not p.stem.startswith("__") and f"`{p.stem}`" not in layout)
@@ -183,3 +183,17 @@ def test_no_import_circles():
         f"{where(a)}:{line} imports {b}" for a in component for b, line in GRAPH[a] if b in component)
         for component in found]
     assert not found, "import circles (move what both sides need to the lower one): " + " | ".join(lines)
+def test_the_ground_floor_imports_nothing_above_it():
+    """Nothing in scripts/ imports a sub-skill's module (its package or a script beside it)."""
+    upward = [f"{where(a)}:{line} imports {b}" for a in MODULES if where(a).startswith("scripts/")
+              for b, line in GRAPH[a] if where(b).startswith("sub-skills/") or b.partition(".")[0] in ABOVE]
+    assert not upward, "the ground floor reaches up (a sub-skill brings its own part to it instead): " + "; ".join(upward)
+
+
+def test_reward_modeling_imports_nothing_of_policy_optimization():
+    """The sub-skills depend one way: policy-optimization may read the reward room (its artifacts),
+    reward-modeling never imports policy-optimization's modules."""
+    policy = "sub-skills/policy-optimization/"
+    back = [f"{where(a)}:{line} imports {b}" for a in MODULES if where(a).startswith("sub-skills/reward-modeling/")
+            for b, line in GRAPH[a] if where(b).startswith(policy)]
+    assert not back, "reward-modeling imports policy-optimization (move what both use to scripts/): " + "; ".join(back)

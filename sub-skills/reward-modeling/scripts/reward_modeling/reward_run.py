@@ -23,7 +23,6 @@ Under N processes each rank takes every N-th row of a batch and DDP averages the
 """
 from __future__ import annotations
 
-import copy
 import json
 import math
 import os
@@ -36,9 +35,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from data_kit import tokenizer_file
-from policy_optimization import run_config
 from reward_modeling import artifacts, coverage, examples, reward_report, rm_config
-from run_kit import checkpoint, claiming, command, launch, rundir, trackers
+from run_kit import checkpoint, claiming, command, launch, models, rundir, trackers
 from skill_runtime import byte_tokenizer, exits, placement, streams
 
 PROG = "palm-rlhf-skill train-reward"
@@ -109,16 +107,8 @@ def prepare(config_path: str | None, run_dir: str | Path, resume: bool, force: b
             raise exits.SkillError(f"--resume {run_dir}: no {rundir.CONFIG} there to resume from: give --config FILE")
         if stored is not None and not config_path:  # --set on the stored config: only what extends the run
             rundir.check_resume_overrides(overrides, GROWABLE, run_dir)
-        config = rm_config.load(config_path, overrides) if config_path else copy.deepcopy(stored["config"])
-        if not config_path:
-            try:
-                rm_config.check_structure(config)
-            except exits.SkillError as err:
-                raise exits.SkillError(f"{found[1]}: {err}: damaged or edited; resume with --config FILE (the run's "
-                                       "own)") from None
-            for text in overrides or []:  # [train] epochs: the run goes on
-                run_config.apply_override(config, text, rm_config.SECTIONS)
-            rm_config.check_structure(config)
+        config = rm_config.FORM.load(config_path, overrides) if config_path else \
+            rm_config.FORM.stored(stored["config"], overrides, found[1])  # [train] epochs may grow: the run goes on
         loaded = {"kind": KIND, "config": config, "files": rundir.file_digests(rm_config.files_named(config)),
                   "run_id": stored.get("run_id") if stored is not None else uuid.uuid4().hex,
                   "options": {**(stored or {}).get("options", {}), **options.keep}}
@@ -248,18 +238,14 @@ class RewardRun:
         import torch
         from accelerate import Accelerator
         from accelerate.utils import set_seed
-        from palm_rlhf_pytorch import PaLM, RewardModel
-        from policy_optimization import builder
         resolved, run, options = prepared.resolved, prepared.claim.run, prepared.options
         device_kwargs, device = prepared.place(device_spec)
         if options.log_with:
             device_kwargs = {**device_kwargs, **trackers.accelerate_kwargs(options.log_with, run.trackers)}
         set_seed(resolved["run"]["seed"])
         try:
-            palm = PaLM(**resolved["palm"])
-            if resolved["palm_checkpoint"]:
-                builder.load_weights(palm, resolved["palm_checkpoint"], "[palm] checkpoint")
-            model = RewardModel(palm, **resolved["reward_model"])
+            model = models.reward_model(models.palm(resolved["palm"], resolved["palm_checkpoint"]),
+                                        resolved["reward_model"], None)
         except exits.SkillError:
             raise
         except (AssertionError, TypeError, ValueError, RuntimeError) as exc:
