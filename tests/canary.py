@@ -26,7 +26,7 @@ from palm_rlhf_pytorch import PaLM, RewardModel
 
 import probe_kit
 from conftest import REPO
-from policy_optimization import trainers
+from policy_optimization import tiny_trainers, trainers
 
 INDEX = "sub-skills/policy-optimization/references/troubleshooting.md"  # the symptom index, the silent-failure table
 SKILL = "sub-skills/policy-optimization/SKILL.md"
@@ -117,14 +117,14 @@ def tiny_palm(seed: int = 0, **kw) -> PaLM:
 
 
 def make(name: str, palm: PaLM | None = None, reward_model=None, **kw):
-    """A tiny trainer ``name`` on CPU from the probe kit (``probe_kit.tiny_trainer``: the smoke's
+    """A tiny trainer ``name`` on CPU from the probe kit (``tiny_trainers.tiny_trainer``: the smoke's
     minibatch), in groups of CANARY_GROUP, prompts of 4 ids unless given, a reward model that copies
     the policy's PaLM unless given; ``kw``: constructor arguments."""
     touch(name)
     palm = palm or tiny_palm()
     kw.setdefault("prompt_token_ids", torch.randint(1, VOCAB, (3, 4)))
     group = CANARY_GROUP if trainers.TRAINERS[name].group_kwarg else None
-    return probe_kit.tiny_trainer(name, palm=palm, reward_model=reward_model or probe_kit.tiny_reward_model(palm),
+    return tiny_trainers.tiny_trainer(name, palm=palm, reward_model=reward_model or probe_kit.tiny_reward_model(palm),
                                   group_size=group, **kw)
 
 

@@ -12,7 +12,7 @@ import torch
 
 import cached_sampler
 import probe_kit
-from policy_optimization import trainers
+from policy_optimization import tiny_trainers, trainers
 
 TOLERANCE = 1e-5  # fp32 on CPU, issue 32
 PROMPT, NEW = 12, 20
@@ -133,7 +133,7 @@ def rollout(name: str, trainer, seq_len: int):
     if name == "ppo":
         return trainer.actor_critic_generate(state[None], max_seq_len=seq_len, eos_token=None, temperature=1.,
                                              return_values=True)
-    states = state.repeat(probe_kit.GROUP_SAMPLES + 1, 1)
+    states = state.repeat(tiny_trainers.GROUP_SAMPLES + 1, 1)
     generate = trainer.actor.generate if name == "tpo" else trainer.actor_generate
     return generate(states, max_seq_len=seq_len, eos_token=None, temperature=1.)
 
@@ -144,15 +144,15 @@ def test_each_trainers_generate_path(name):
     forward with the trainer's LoRA scope; the logits the trainer stores come from its own full
     forward of the sampled sequence, not from the sampler."""
     torch.manual_seed(0)
-    trainer = probe_kit.tiny_trainer(name, palm=tiny(scopes=()))
+    trainer = tiny_trainers.tiny_trainer(name, palm=tiny(scopes=()))
     palm, scope = trainers.actor_palm(name, trainer), trainers.actor_scope(name, trainer)
     nonzero_lora(palm)
     assert cached_sampler.install(trainer) is palm and cached_sampler.installed(trainer)
     with cached_sampler.StepRecorder(palm) as recorder:
-        returned = rollout(name, trainer, probe_kit.max_seq_len(trainer))
+        returned = rollout(name, trainer, tiny_trainers.max_seq_len(trainer))
     diffs = recorder.diffs(finetune_scope=scope)
     sampled = returned[0].shape[-1]
-    assert sampled == probe_kit.max_seq_len(trainer) - recorder.fed[0].shape[-1] and cached_steps(recorder) == sampled - 1
+    assert sampled == tiny_trainers.max_seq_len(trainer) - recorder.fed[0].shape[-1] and cached_steps(recorder) == sampled - 1
     assert len(diffs) == sampled + (name != "tpo")  # the scoring forward of prompt + sampled reads as one more
     assert max(diffs) <= TOLERANCE
     sequence = returned[1]
@@ -168,11 +168,11 @@ def test_a_train_round_moves_the_weights_as_with_the_librarys_sampler():
     weights = []
     for sampler in cached_sampler.SAMPLERS:
         set_seed(0)
-        trainer = probe_kit.tiny_trainer("grpo", palm=tiny(scopes=()))
+        trainer = tiny_trainers.tiny_trainer("grpo", palm=tiny(scopes=()))
         cached_sampler.apply(trainer, sampler)
         assert cached_sampler.installed(trainer) == (sampler == "cached")
         before = {n: p.detach().clone() for n, p in trainer.actor.named_parameters()}
-        _, error = trainers.bounded_train(trainer, 2, probe_kit.max_seq_len(trainer))
+        _, error = trainers.bounded_train(trainer, 2, tiny_trainers.max_seq_len(trainer))
         assert error is None
         weights.append({n: p.detach().clone() for n, p in trainer.actor.named_parameters()})
         assert [n for n in before if not torch.equal(before[n], weights[-1][n])], "the round moved no LoRA weight"

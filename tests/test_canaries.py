@@ -237,9 +237,10 @@ if sys.argv[1] == 'late':
 import torch
 sys.path.insert(0, sys.argv[2])
 import probe_kit  # torch-free until a function runs: the import order above is the library's
+from policy_optimization import tiny_trainers
 import palm_rlhf_pytorch
 palm = probe_kit.tiny_palm(0)
-trainer = probe_kit.tiny_trainer("ppo", palm=palm, reward_model=probe_kit.tiny_reward_model(palm),
+trainer = tiny_trainers.tiny_trainer("ppo", palm=palm, reward_model=probe_kit.tiny_reward_model(palm),
                                  prompt_token_ids=torch.randint(1, probe_kit.TINY_PALM["num_tokens"], (3, 4)))
 trainer.train(num_episodes=1, max_timesteps=1, max_seq_len=7)
 """
@@ -272,9 +273,10 @@ def test_tqdm_disable(tmp_path, monkeypatch, capsys):
     # the notebook fix: both names rebound in a process that has imported the library (this one:
     # no environment read at import is involved), after a run here that shows both bars
     import probe_kit
+    from policy_optimization import tiny_trainers
     def bars_here():
         palm = probe_kit.tiny_palm(0)
-        trainer = probe_kit.tiny_trainer("ppo", palm=palm, reward_model=probe_kit.tiny_reward_model(palm),
+        trainer = tiny_trainers.tiny_trainer("ppo", palm=palm, reward_model=probe_kit.tiny_reward_model(palm),
                                          prompt_token_ids=torch.randint(1, probe_kit.TINY_PALM["num_tokens"], (3, 4)))
         capsys.readouterr()
         trainer.train(num_episodes=1, max_timesteps=1, max_seq_len=7)
@@ -477,6 +479,7 @@ DDP_CASES = textwrap.dedent("""
     torch.set_num_threads(1)
     sys.path.insert(0, sys.argv[1])  # the skill root's scripts/: probe_kit adds the tree's other roots
     import probe_kit
+    from policy_optimization import tiny_trainers
     from ddp_fixes import apply_ddp_fixes, expose_wrapped_attributes
     from rule_reward import RuleReward, token_fraction
     from accelerate.utils import DistributedDataParallelKwargs
@@ -498,7 +501,7 @@ DDP_CASES = textwrap.dedent("""
             palm.add_finetune_params("other")
         handlers = [DistributedDataParallelKwargs(find_unused_parameters=True)] if unused else []
         try:
-            trainer = probe_kit.tiny_trainer(
+            trainer = tiny_trainers.tiny_trainer(
                 name, palm=palm, reward_model=reward, group_size=None if name == "ppo" else 2,
                 minibatch_size=MINIBATCH[name], prompt_token_ids=torch.randint(1, probe_kit.TINY_PALM["num_tokens"], (4, 4)),
                 accelerate_kwargs=dict(kwargs_handlers=handlers), **kw)
@@ -521,7 +524,7 @@ DDP_CASES = textwrap.dedent("""
             return f"{type(exc).__name__}: {exc}".splitlines()[0]
 
     out = {}
-    for name in probe_kit.SMOKE_MINIBATCH:
+    for name in tiny_trainers.SMOKE_MINIBATCH:
         out[f"{name} frozen after"] = case(name, "after")
         out[f"{name} frozen before"] = case(name, "before")
         out[f"{name} rule reward"] = case(name, reward=RuleReward(token_fraction({3})), train=False)
@@ -537,7 +540,7 @@ DDP_CASES = textwrap.dedent("""
     def saved_keys():  # trainer.save() under DDP, then the documented prefix stripping
         try:
             torch.manual_seed(0)
-            trainer = probe_kit.tiny_trainer("grpo", palm=probe_kit.tiny_palm(), group_size=2, minibatch_size=2)
+            trainer = tiny_trainers.tiny_trainer("grpo", palm=probe_kit.tiny_palm(), group_size=2, minibatch_size=2)
             trainer.save("ckpt.pt")
             state = torch.load("ckpt.pt")
             policy = probe_kit.tiny_palm(finetune_scopes=("actor",))

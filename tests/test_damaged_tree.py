@@ -119,7 +119,7 @@ def test_a_syntax_error_in_the_runtime_init_is_one_line(copy):
 
 def test_a_deleted_ddp_fixes_is_one_line_without_nproc(copy):
     """ddp_fixes.py is imported by every smoke run, not only with --nproc."""
-    (tree(copy) / POLICY / "ddp_fixes.py").unlink()
+    (tree(copy) / "scripts" / "ddp_fixes.py").unlink()
     for proc in (by_path(copy, SMOKE, *SMOKE_ARGS), console(copy, "tiny-rlhf-smoke", *SMOKE_ARGS)):
         assert_reported(proc, "ddp_fixes.py", "module ddp_fixes is missing",
                         "imported by sub-skills/policy-optimization/scripts/policy_optimization/smoke/settings.py:")

@@ -16,6 +16,7 @@ from conftest import REPO, main_in_process, one_error_line
 from data_kit import layouts, sizes, tables
 from reward_modeling import reward_run
 from run_kit import rundir, watch
+from watch_run import LAYOUTS
 from skill_runtime import exits
 
 EXAMPLE = REPO / "sub-skills" / "reward-modeling" / "assets" / "preferences"
@@ -382,7 +383,7 @@ def test_an_accuracy_over_zero_pairs_is_n_a_with_its_reason(tmp_path, capsys, mo
     assert summary["held_out"]["reason"].startswith("0 held-out pairs: the 20 held-out rows share one rating")
     assert "held-out accuracy n/a (0 held-out pairs" in summary["verdict"] and "NOT LEARNING" not in summary["verdict"]
     assert "no verdict on learning" in summary["verdict"]
-    text = watch.text(watch.view(run.run.path))
+    text = watch.text(watch.view(run.run.path, LAYOUTS), LAYOUTS)
     assert "n/a" in text.splitlines()[2] and "held-out accuracy n/a (0 held-out pairs" in text.splitlines()[-1]
 
 
@@ -402,7 +403,7 @@ def test_train_takes_pairs_as_its_prompts_and_names_a_long_one(tmp_path, capsys,
                                                                                           ("rejected", "b"))}) + "\n"
                           for p in ("ab", "cd", "ef")))
     sets = [f"prompts.file={hh}", f"eval.prompts_file={tmp_path / 'data' / 'ds'}", "train.max_seq_len=64"]
-    resolved = run_config.check_against_library(run_config.load(str(folder / "run.toml"), sets))
+    resolved = run_config.check_against_library(run_config.FORM.load(str(folder / "run.toml"), sets))
     texts, groups, _ = builder.prompt_texts(resolved, "prompts")
     assert texts == [f"\n\nHuman: {p}\n\nAssistant:" for p in ("ab", "cd", "ef")] and groups == [None] * 3
     assert builder.prompt_texts(resolved, "eval")[:2] == (["p0", "p1", "p2"], ["a", "b", "a"])  # its test split

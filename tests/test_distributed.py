@@ -161,7 +161,7 @@ def test_unfixed_tpo_has_no_generate_on_ddp_wrapper(unfixed_run):
 def test_tpo_replay_buffer_folder_is_hard_coded():
     """Canary for fix_tpo (per-rank folder): no argument sets the replay-buffer folder."""
     from palm_rlhf_pytorch.tpo import RLHFTrainer
-    fixes = load_script(SCRIPTS / "ddp_fixes.py", "ddp_fixes")
+    fixes = load_script(REPO / "scripts" / "ddp_fixes.py", "ddp_fixes")
     source = inspect.getsource(RLHFTrainer.train)
     assert f"folder = './{fixes.TPO_BUFFER}'" in source
     params = [*inspect.signature(RLHFTrainer.train).parameters, *inspect.signature(RLHFTrainer).parameters]
@@ -190,7 +190,7 @@ def test_fixes_are_no_ops_in_one_process(smoke, empty_dir, monkeypatch):
     import torch
     from palm_rlhf_pytorch import PaLM, RewardModel
     from palm_rlhf_pytorch.tpo import RLHFTrainer
-    fixes = load_script(SCRIPTS / "ddp_fixes.py", "ddp_fixes")
+    fixes = load_script(REPO / "scripts" / "ddp_fixes.py", "ddp_fixes")
     monkeypatch.chdir(empty_dir)
     palm = PaLM(**probe_kit.TINY_PALM)
     trainer = RLHFTrainer(palm=palm, reward_model=RewardModel(palm, num_binned_output=0),
@@ -208,7 +208,7 @@ def test_fixes_are_no_ops_in_one_process(smoke, empty_dir, monkeypatch):
 
 def test_expose_wrapped_attributes_registers_nothing():
     import torch
-    fixes = load_script(SCRIPTS / "ddp_fixes.py", "ddp_fixes")
+    fixes = load_script(REPO / "scripts" / "ddp_fixes.py", "ddp_fixes")
 
     class Wrapper(torch.nn.Module):
         def __init__(self, module):
@@ -225,7 +225,7 @@ def test_expose_wrapped_attributes_registers_nothing():
 
 def test_rank_workdir_returns_to_caller(tmp_path, monkeypatch):
     import os
-    fixes = load_script(SCRIPTS / "ddp_fixes.py", "ddp_fixes")
+    fixes = load_script(REPO / "scripts" / "ddp_fixes.py", "ddp_fixes")
     monkeypatch.chdir(tmp_path)
     with fixes.rank_workdir(1) as folder:
         assert Path(os.getcwd()) == folder == tmp_path / "rank1"
@@ -306,10 +306,11 @@ BF16_ROLLOUT = textwrap.dedent("""
     import sys, torch
     sys.path.insert(0, sys.argv[1])
     import probe_kit
+    from policy_optimization import tiny_trainers
     for name, group in (("grpo", 2), ("ppo", None)):
         torch.manual_seed(0)
         palm, reward = probe_kit.tiny_palm(), probe_kit.tiny_reward_model()
-        trainer = probe_kit.tiny_trainer(name, palm=palm, reward_model=reward, group_size=group, minibatch_size=2,
+        trainer = tiny_trainers.tiny_trainer(name, palm=palm, reward_model=reward, group_size=group, minibatch_size=2,
                                          prompt_token_ids=torch.randint(1, 64, (4, 4)),
                                          accelerate_kwargs=dict(mixed_precision="bf16"))
         cls = type(trainer)
@@ -490,7 +491,7 @@ def test_doc_training_script_runs_on_two_ranks_in_sync(tmp_path):
         register_optimizer_step_post_hook(lambda *args: STEPS.append(1))
     """)
     script += doc_block("def drifted_parameters") + doc_block("apply_ddp_fixes(trainer)").replace(
-        '"sub-skills/policy-optimization/scripts"', repr(str(SCRIPTS)))
+        '"scripts"', repr(str(REPO / "scripts")))
     script += textwrap.dedent("""
         from ddp_fixes import checkpoint_module
         import torch.distributed as dist
@@ -613,7 +614,7 @@ def test_doc_gpu_backend_fact_matches_accelerate_source():
 
 
 def test_doc_names_exist():
-    fixes = load_script(SCRIPTS / "ddp_fixes.py", "ddp_fixes")
+    fixes = load_script(REPO / "scripts" / "ddp_fixes.py", "ddp_fixes")
     text = DOC.read_text(encoding="utf-8")
     for name in ("fix_ppo", "fix_tpo", "fix_flowrl", "fix_buffers", "apply_ddp_fixes", "save_checkpoint",
                  "checkpoint_module"):

@@ -39,7 +39,7 @@ def private_import_path(monkeypatch):
     """Blocks put the installed tree's ``scripts/`` folders first on ``sys.path`` and may import a
     module of the tree from there: each file runs with a copy of ``sys.path``, and the modules it
     imported from the installed tree are dropped afterwards, so later tests import the checkout's."""
-    from palm_rlhf_skill.cli import skill_root
+    from palm_rlhf_skill import skill_root
     monkeypatch.setattr(sys, "path", list(sys.path))
     before = set(sys.modules)
     yield

@@ -16,7 +16,8 @@ import torch
 from conftest import REPO, main_in_process, one_error_line, usage_error_without_torch
 from policy_optimization import evaluation
 from policy_optimization.run import cases, loop, metrics, overhead, threads, watchdog
-from run_kit import checkpoint, rundir, trackers, watch
+from run_kit import alarms, checkpoint, rundir, trackers, watch
+from watch_run import LAYOUTS
 
 SCRIPTS = REPO / "sub-skills" / "policy-optimization" / "scripts"
 EVALUATE = SCRIPTS / "evaluate_run.py"
@@ -47,7 +48,7 @@ def fired(rows: list[dict], run_facts: watchdog.RunFacts) -> dict[str, int]:
     for i, r in enumerate(rows):
         if r["round"] == 0:  # the baseline row: a run writes it without the watchdog
             continue
-        for rule, _ in watchdog.evaluate(r, rows[:i], run_facts):
+        for rule, _ in alarms.evaluate(watchdog.RULES, r, rows[:i], run_facts):
             first.setdefault(rule.id, r["round"])
     return first
 
@@ -162,7 +163,7 @@ def test_the_row_holds_the_held_out_prompts_and_the_gold_metric(gold_run):
     summary = json.loads(gold_run.run.summary.read_text())["held_out"]
     assert summary["gold_before"] == gold_run.rows[0]["held_out_gold"]
     assert summary["per_prompt_after"] == gold_run.rows[-1]["held_out_per_prompt"]
-    shown = watch.text(watch.view(gold_run.run.path))
+    shown = watch.text(watch.view(gold_run.run.path, LAYOUTS), LAYOUTS)
     assert "gold" in shown and f"{gold_run.rows[0]['held_out_gold']:.4g}" in shown
     flat = trackers.scalars(gold_run.rows[-1])
     assert [flat[f"held_out_per_prompt/{i}"] for i in range(3)] == gold_run.rows[-1]["held_out_per_prompt"]
@@ -171,8 +172,8 @@ def test_the_row_holds_the_held_out_prompts_and_the_gold_metric(gold_run):
 def test_the_gold_metric_scores_the_same_samples_as_the_reward(gold_run):
     """Scoring the held-out samples once with the reward program and once with the gold metric as
     the reward equals one evaluation with both: the same noise, the same sequences."""
-    from policy_optimization import programs
-    gold = programs.rule_reward(gold_run.resolved, anchor=False, section="eval")
+    from policy_optimization import reward_programs
+    gold = reward_programs.rule_reward(gold_run.resolved, anchor=False, section="eval")
     args = (gold_run.resolved, gold_run.policy_palm, gold_run.scope)
     both = evaluation.of_run(*args, gold_run.trainer.reward_model, gold_run.built.eval_prompt_ids, 5, metric=gold)
     alone = evaluation.of_run(*args, gold, gold_run.built.eval_prompt_ids, 5)

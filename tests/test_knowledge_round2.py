@@ -21,7 +21,7 @@ from palm_rlhf_pytorch import PaLM
 
 import probe_kit
 from canary import actor_palm, canary_env, make, module_of, reseed, tiny_palm, touch  # noqa: F401
-from policy_optimization import trainers
+from policy_optimization import tiny_trainers, trainers
 
 PO = "sub-skills/policy-optimization/references/"
 SETUP_TRAPS, WEIGHT_TRAPS, ROLLOUT_TRAPS = PO + "traps-setup.md", PO + "traps-weights.md", PO + "traps-rollouts.md"
@@ -203,7 +203,7 @@ def test_reward_function_without_eval(name):
         return x.float().mean(dim=-1)
 
     args = dict(palm=tiny_palm(), prompt_token_ids=torch.randint(1, 64, (2, 4)), accelerate_kwargs=dict(cpu=True),
-                **probe_kit.trainer_kwargs(name))
+                **tiny_trainers.trainer_kwargs(name))
     with contextlib.redirect_stdout(io.StringIO()):
         with pytest.raises(AttributeError, match="'function' object has no attribute 'eval'"):
             cls(reward_model=reward, **args)

@@ -18,7 +18,7 @@ import accelerate
 import doc_tables
 import probe_kit
 from conftest import REPO, run
-from policy_optimization import trainers
+from policy_optimization import tiny_trainers, trainers
 from run_kit import launch
 
 REWARD_API = REPO / "sub-skills/reward-modeling/references/reward-api.md"
@@ -55,10 +55,10 @@ def test_the_trainers_call_the_reward_model_with_autograd_on(name, tmp_path, mon
         seen = []
         reward.register_forward_hook(lambda module, args, output: seen.append(
             (torch.is_grad_enabled(), output.requires_grad)))
-        trainer = probe_kit.tiny_trainer(name, reward_model=reward)
+        trainer = tiny_trainers.tiny_trainer(name, reward_model=reward)
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             trainer.train(num_episodes=1, max_timesteps=2, update_timesteps=2,
-                          max_seq_len=probe_kit.max_seq_len(trainer))
+                          max_seq_len=tiny_trainers.max_seq_len(trainer))
         # the hook runs in Module.__call__, outside the decorated forward: the trainer's own grad mode
         assert seen and all(enabled for enabled, _ in seen), f"{where}: {name} scored under no_grad: upstream changed"
         assert all(graph != no_grad_forward for _, graph in seen), f"{where}: {name}, no_grad={no_grad_forward}: {seen}"

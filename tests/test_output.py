@@ -425,7 +425,7 @@ def test_readme_says_which_options_the_sibling_smokes_share():
     assert options["tiny-palm-smoke"] - common == own == options["tiny-reward-smoke"] - common
 
 
-LIBRARY_MODULES = [REPO / "scripts" / "skill_runtime", REPO / "scripts" / "probe_kit.py", SMOKE.parent / "ddp_fixes.py",
+LIBRARY_MODULES = [REPO / "scripts" / "skill_runtime", REPO / "scripts" / "probe_kit.py", REPO / "scripts" / "ddp_fixes.py",
                    REPO / "sub-skills" / "reward-modeling" / "scripts" / "rule_reward.py"]
 
 

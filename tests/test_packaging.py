@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import BIN, REPO, run
-from palm_rlhf_skill import __version__, cli
+from palm_rlhf_skill import __version__, skill_root
 from skill_tree import files_with_hashes, repo_skill_files
 
 WHEEL_SKILL = "palm_rlhf_skill/skill/"
@@ -70,7 +70,7 @@ def test_the_cli_module_runs_under_python_m(empty_dir):
 
 
 def test_installed_package_finds_its_tree_with_importlib_resources():
-    root = cli.skill_root()
+    root = skill_root()
     # the installed wheel's copy when built, else the source checkout's root
     assert files_with_hashes(root / "sub-skills") == {k[len("sub-skills/"):]: v for k, v in
                                                       repo_skill_files().items() if k.startswith("sub-skills/")}

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import BIN, REPO, main_in_process, load_script, run, run_json, usage_error_without_torch
+from config_kit import reading
 from doc_tables import assert_keys_documented
 from skill_runtime import exits, placement
 from policy_optimization import builder, measuring, run_config, trainers
@@ -72,7 +73,7 @@ def build_trainer(res, kwargs, device, ids, meta=False):
 
 
 def resolved(plan, path):
-    config = run_config.read_config(str(path))
+    config = reading.read_config(str(path), run_config.PLANS)
     run_config.check_structure(config)
     return run_config.check_against_library(config)
 
@@ -141,8 +142,8 @@ def test_a_config_over_the_cap_is_refused_without_reading_it_all(empty_dir, conf
     ("train", "max_episodes", "2", "[train] max_episodes: not an argument of the installed RLHFTrainer.train"),
 ])
 def test_library_checked_errors_name_the_key(plan, tmp_path, section, key, value, expected):
-    config = run_config.read_config(str(tiny_config(tmp_path)))
-    run_config.apply_override(config, f"{section}.{key}={value}")
+    config = reading.read_config(str(tiny_config(tmp_path)), run_config.PLANS)
+    reading.apply_override(config, f"{section}.{key}={value}", run_config.SECTIONS)
     run_config.check_structure(config)
     with pytest.raises(exits.SkillError) as err:
         run_config.check_against_library(config)
@@ -162,12 +163,12 @@ def test_missing_required_palm_key_through_the_cli(plan, tmp_path, empty_dir, ca
 
 
 def test_json_config_and_overrides(plan, tmp_path):
-    config = run_config.read_config(str(tiny_config(tmp_path)))
+    config = reading.read_config(str(tiny_config(tmp_path)), run_config.PLANS)
     path = tmp_path / "run.json"
     path.write_text(json.dumps(config), encoding="utf-8")
-    loaded = run_config.read_config(str(path))
-    run_config.apply_override(loaded, "trainer.betas=[0.9, 0.99]")
-    run_config.apply_override(loaded, "train.eos_token=7")
+    loaded = reading.read_config(str(path), run_config.PLANS)
+    reading.apply_override(loaded, "trainer.betas=[0.9, 0.99]", run_config.SECTIONS)
+    reading.apply_override(loaded, "train.eos_token=7", run_config.SECTIONS)
     run_config.check_structure(loaded)
     res = run_config.check_against_library(loaded)
     assert res["trainer"]["betas"] == (0.9, 0.99) and res["train"]["eos_token"] == 7
@@ -402,8 +403,8 @@ def test_prompts_that_fill_max_seq_len_are_flagged(plan, tmp_path, empty_dir, ca
     ("flowrl", "trainer.partition_function_hidden_dim=768", "flowrl_partition_dim"),
 ])
 def test_settings_that_learn_nothing_are_flagged(plan, tmp_path, trainer, override, code):
-    config = run_config.read_config(str(tiny_config(tmp_path, trainer)))
-    run_config.apply_override(config, override)
+    config = reading.read_config(str(tiny_config(tmp_path, trainer)), run_config.PLANS)
+    reading.apply_override(config, override, run_config.SECTIONS)
     run_config.check_structure(config)
     res = run_config.check_against_library(config)
     eff = res["effective"]["trainer"]
@@ -466,10 +467,10 @@ def test_counting_builds_on_meta_and_counts_what_a_real_build_holds(plan, tmp_pa
     real = counting.parameter_report(build_trainer(res, kwargs, device, ids))
     for key in ("total_numel", "trainable_numel", "weights_bytes", "optimizer_state_bytes"):
         assert meta[key] == real[key], key
-    config = run_config.read_config(str(tiny_config(tmp_path, trainer)))
+    config = reading.read_config(str(tiny_config(tmp_path, trainer)), run_config.PLANS)
     for override in ("palm.dim=8192", "palm.depth=128", "palm.num_tokens=256", "prompts.count=100000000",
                      "trainer.partition_function_hidden_dim=8192" if trainer == "flowrl" else "train.max_seq_len=12"):
-        run_config.apply_override(config, override)
+        reading.apply_override(config, override, run_config.SECTIONS)
     run_config.check_structure(config)
     big = run_config.check_against_library(config)
     before = psutil.Process().memory_info().rss
@@ -491,14 +492,14 @@ def test_prompt_ids_beyond_memory_are_counted_not_allocated(plan, tmp_path, caps
 
 def test_set_null_unsets_a_key(plan, tmp_path):
     """--set KEY=null: the library default applies again; and [prompts] can switch to a file."""
-    config = run_config.read_config(str(tiny_config(tmp_path)))
-    run_config.apply_override(config, "train.eos_token=7")
-    run_config.apply_override(config, "train.eos_token=null")
+    config = reading.read_config(str(tiny_config(tmp_path)), run_config.PLANS)
+    reading.apply_override(config, "train.eos_token=7", run_config.SECTIONS)
+    reading.apply_override(config, "train.eos_token=null", run_config.SECTIONS)
     assert "eos_token" not in config["train"]
     prompts = tmp_path / "p.txt"
     prompts.write_text("hello\n", encoding="utf-8")
     for text in ("prompts.count=null", "prompts.length=null", f"prompts.file={prompts}"):
-        run_config.apply_override(config, text)
+        reading.apply_override(config, text, run_config.SECTIONS)
     run_config.check_structure(config)
     assert config["prompts"] == {"file": str(prompts)}
     config["train"]["eos_token"] = None  # a JSON config's null: named in JSON's words
@@ -553,9 +554,9 @@ def test_ppo_minibatch_of_one_has_zero_advantage():
 
 
 def test_ignored_settings_and_minibatch_leftover_of_one(plan, tmp_path):
-    config = run_config.read_config(str(tiny_config(tmp_path, "flowrl")))
+    config = reading.read_config(str(tiny_config(tmp_path, "flowrl")), run_config.PLANS)
     for text in ("trainer.kl_div_loss_weight=0.5", "trainer.beta_s=0.1", "train.max_batch_size=4"):
-        run_config.apply_override(config, text)
+        reading.apply_override(config, text, run_config.SECTIONS)
     run_config.check_structure(config)
     res = run_config.check_against_library(config)
     counts = counting.run_counts(6, 3, 3, 4, 1)

@@ -13,7 +13,7 @@ import pytest
 
 import probe_kit
 from conftest import REPO, run
-from policy_optimization import trainers
+from policy_optimization import tiny_trainers, trainers
 from policy_optimization.smoke import learning_check, settings
 
 PROBES = REPO / "references" / "probes.md"
@@ -34,8 +34,9 @@ def test_a_bare_copy_with_the_library_builds_every_trainer(tmp_path):
     copy.mkdir()
     for part in ("SKILL.md", "scripts", "sub-skills", "references"):
         (shutil.copytree if (REPO / part).is_dir() else shutil.copy)(REPO / part, copy / part)
-    script = ("import sys, time; sys.path.insert(0, sys.argv[1]); import probe_kit; start = time.perf_counter(); "
-              "built = [type(probe_kit.tiny_trainer(n)).__module__ for n in ('ppo', 'grpo', 'tpo', 'flowrl')]; "
+    script = ("import sys, time; sys.path.insert(0, sys.argv[1]); import probe_kit; "
+              "from policy_optimization import tiny_trainers; start = time.perf_counter(); "
+              "built = [type(tiny_trainers.tiny_trainer(n)).__module__ for n in ('ppo', 'grpo', 'tpo', 'flowrl')]; "
               "print(probe_kit.__file__, *built, round(time.perf_counter() - start, 1))")
     proc = subprocess.run([sys.executable, "-I", "-c", script, str(copy / "scripts")], cwd=tmp_path,
                           capture_output=True, text=True, timeout=300, env={"CUDA_VISIBLE_DEVICES": "", "PATH": ""})
@@ -49,36 +50,36 @@ def test_a_bare_copy_with_the_library_builds_every_trainer(tmp_path):
 @pytest.mark.parametrize("name", list(trainers.TRAINERS))
 def test_tiny_trainer_has_the_smokes_settings(name):
     spec = trainers.TRAINERS[name]
-    trainer = probe_kit.tiny_trainer(name)
-    assert trainer.minibatch_size == probe_kit.SMOKE_MINIBATCH[name]
+    trainer = tiny_trainers.tiny_trainer(name)
+    assert trainer.minibatch_size == tiny_trainers.SMOKE_MINIBATCH[name]
     assert trainer.accelerate.device.type == "cpu" and trainer.prompt_token_ids.device.type == "cpu"
     assert trainer.prompt_token_ids.equal(probe_kit.tiny_prompt_ids(0))
     palm = trainers.actor_palm(name, trainer)
     assert (palm.dim, palm.num_tokens) == (probe_kit.TINY_PALM["dim"], probe_kit.TINY_PALM["num_tokens"])
     if spec.group_kwarg:
-        assert getattr(trainer, spec.group_kwarg) == probe_kit.GROUP_SAMPLES == settings.smoke_group(spec) - 1
+        assert getattr(trainer, spec.group_kwarg) == tiny_trainers.GROUP_SAMPLES == settings.smoke_group(spec) - 1
     first = lambda t: next(m for m in t.partition_function.modules() if type(m).__name__ == "Linear")
     if name == "flowrl":
         assert first(trainer).in_features == probe_kit.TINY_PALM["dim"]
-    other = probe_kit.tiny_trainer(name, palm=probe_kit.tiny_palm(dim=48), minibatch_size=3, epochs=2)
+    other = tiny_trainers.tiny_trainer(name, palm=probe_kit.tiny_palm(dim=48), minibatch_size=3, epochs=2)
     assert (other.minibatch_size, other.epochs) == (3, 2)  # overrides win; FlowRL's width follows the PaLM
     if name == "flowrl":
         assert first(other).in_features == 48
 
 
 def test_group_size_and_names_are_checked():
-    assert probe_kit.trainer_kwargs("grpo", group_size=2)["grpo_num_times_sample_rewards"] == 1
-    assert "max_norm" in probe_kit.trainer_kwargs("ppo", group_size=1)
+    assert tiny_trainers.trainer_kwargs("grpo", group_size=2)["grpo_num_times_sample_rewards"] == 1
+    assert "max_norm" in tiny_trainers.trainer_kwargs("ppo", group_size=1)
     with pytest.raises(ValueError, match="ppo samples one completion per prompt"):
-        probe_kit.trainer_kwargs("ppo", group_size=4)
+        tiny_trainers.trainer_kwargs("ppo", group_size=4)
     with pytest.raises(ValueError, match="unknown trainer 'sac': choose from ppo, grpo, tpo, flowrl"):
-        probe_kit.tiny_trainer("sac")
+        tiny_trainers.tiny_trainer("sac")
 
 
 def test_explicit_none_prompts_reach_the_library():
     """prompt_token_ids=None is passed on (a probe of the library's own assertion), not replaced."""
     with pytest.raises(AssertionError):
-        probe_kit.tiny_trainer("grpo", prompt_token_ids=None)
+        tiny_trainers.tiny_trainer("grpo", prompt_token_ids=None)
 
 
 def test_one_home_for_the_tiny_configs():
@@ -103,11 +104,11 @@ def test_docs_give_the_kits_figures():
         text = " ".join(doc.read_text(encoding="utf-8").split())
         assert f"num_tokens={probe_kit.TINY_PALM['num_tokens']}, dim=" in text and TINY_TEXT in text, doc.name
     text = " ".join(PROBES.read_text(encoding="utf-8").split())
-    minibatch = ", ".join(str(probe_kit.SMOKE_MINIBATCH[n]) for n in trainers.TRAINERS)
-    assert f"`ppo`, `grpo`, `tpo` or `flowrl`: minibatch {minibatch}, groups of {probe_kit.GROUP_SAMPLES + 1}" in text
+    minibatch = ", ".join(str(tiny_trainers.SMOKE_MINIBATCH[n]) for n in trainers.TRAINERS)
+    assert f"`ppo`, `grpo`, `tpo` or `flowrl`: minibatch {minibatch}, groups of {tiny_trainers.GROUP_SAMPLES + 1}" in text
     low, high = probe_kit.PROMPT_LENGTHS
     assert f"`({probe_kit.PROMPT_COUNT}, max_len)` int64 prompt ids of {low} to {high} tokens" in text
-    assert f"the longest prompt + {probe_kit.NEW_TOKENS}" in text
+    assert f"the longest prompt + {tiny_trainers.NEW_TOKENS}" in text
 
 
 def test_probes_md_is_routed_and_budgeted():

@@ -14,6 +14,7 @@ import torch
 from palm_rlhf_pytorch import PaLM, RewardModel
 
 import probe_kit
+from policy_optimization import tiny_trainers
 from conftest import fresh_accelerate
 from canary import canary_env, capture_memories, make, tiny_palm  # noqa: F401
 
@@ -85,7 +86,7 @@ def test_set_seed_device_specific_before_any_accelerator(tmp_path, monkeypatch):
             lines.append(f"ValueError {str(err)[:60]}")
         monkeypatch.chdir(tmp_path)
         try:
-            probe_kit.tiny_trainer("grpo")
+            tiny_trainers.tiny_trainer("grpo")
             lines.append("built")
         except AttributeError as err:
             lines.append(f"AttributeError {err}")

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import probe_kit
-from policy_optimization import trainers
+from policy_optimization import tiny_trainers, trainers
 from conftest import BIN, REPO, inprocess, load_script, run, run_json, usage_error_without_torch
 from skill_runtime import runner
 
@@ -156,7 +156,7 @@ def test_trainers_declare_reward_model_and_reject_implicit_prm(tmp_path, monkeyp
     assert "prompt_mask" not in inspect.signature(ImplicitPRM.forward).parameters
     # GRPO, TPO and FlowRL have no beartype: they accept an ImplicitPRM and fail at the first rollout
     for name in [n for n in trainers.TRAINERS if n != "ppo"]:
-        trainer = probe_kit.tiny_trainer(name, reward_model=ImplicitPRM(probe_kit.tiny_palm()),
+        trainer = tiny_trainers.tiny_trainer(name, reward_model=ImplicitPRM(probe_kit.tiny_palm()),
                                          prompt_token_ids=torch.randint(1, TINY["num_tokens"], (2, 3)))
         with pytest.raises(TypeError, match="unexpected keyword argument 'prompt_mask'"):
             trainer.train(num_episodes=1, max_timesteps=1, update_timesteps=1, max_seq_len=6)
@@ -175,7 +175,7 @@ def test_grpo_trains_with_a_binned_reward_model(tmp_path, monkeypatch):
     reward_model = RewardModel(palm, num_binned_output=5)
     scores = []
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        trainer = probe_kit.tiny_trainer("grpo", palm=palm, reward_model=reward_model,  # groups of 4, minibatch 4
+        trainer = tiny_trainers.tiny_trainer("grpo", palm=palm, reward_model=reward_model,  # groups of 4, minibatch 4
                                          prompt_token_ids=torch.randint(1, TINY["num_tokens"], (4, 3)))
         hook = trainer.reward_model.register_forward_hook(lambda _m, _i, out: scores.append(out))
         trainer.train(num_episodes=1, max_timesteps=2, update_timesteps=2, max_seq_len=8)

@@ -13,7 +13,7 @@ import pytest
 import probe_kit
 from conftest import REPO, load_script
 from skill_runtime import placement
-from policy_optimization import trainers
+from policy_optimization import tiny_trainers, trainers
 
 RULE_REWARD = REPO / "sub-skills" / "reward-modeling" / "scripts" / "rule_reward.py"
 REWARD_API = REPO / "sub-skills" / "reward-modeling" / "references" / "reward-api.md"
@@ -38,7 +38,7 @@ def build(smoke, name, reward_model):
     """Trainer ``name`` from the probe kit on the learning check's 16-id PaLM, groups of GROUP."""
     import torch
     group = GROUP if trainers.TRAINERS[name].group_kwarg else None
-    return probe_kit.tiny_trainer(name, palm=probe_kit.tiny_palm(**probe_kit.LEARN_PALM), reward_model=reward_model,
+    return tiny_trainers.tiny_trainer(name, palm=probe_kit.tiny_palm(**probe_kit.LEARN_PALM), reward_model=reward_model,
                                   prompt_token_ids=torch.randint(1, VOCAB, (4, PROMPT_LEN)), group_size=group,
                                   minibatch_size=4)
 

@@ -13,7 +13,7 @@ import pytest
 import probe_kit
 from conftest import REPO, main_in_process, load_script, run
 from skill_runtime import byte_tokenizer, exits, placement
-from policy_optimization import builder, programs, run_config
+from policy_optimization import builder, reward_programs, run_config
 from policy_optimization.plan import planner
 
 PLAN = REPO / "sub-skills" / "policy-optimization" / "scripts" / "plan_run.py"
@@ -51,7 +51,7 @@ def write_run(tmp_path, palm="", prompts='file = "p.txt"', train="update_timeste
 
 
 def resolve(path, *overrides):
-    return run_config.check_against_library(run_config.load(str(path), list(overrides)))
+    return run_config.check_against_library(run_config.FORM.load(str(path), list(overrides)))
 
 
 def error_of(path, *overrides) -> str:
@@ -108,7 +108,7 @@ def test_custom_tokenizer_and_its_errors(tmp_path):
 def test_the_old_prompts_key_says_it_is_now_file(tmp_path):
     path = write_run(tmp_path, prompts='path = "p.txt"')
     with pytest.raises(exits.SkillError, match=r"^config \[prompts\] path: renamed: the key is now file"):
-        run_config.load(str(path))
+        run_config.FORM.load(str(path))
 
 
 # --- reward sources -----------------------------------------------------------------------------------
@@ -124,7 +124,7 @@ def test_reward_program_on_ids_and_its_checked_output(tmp_path):
     for function, says in (("wide", r"reward program rules.py:wide returned shape \(2, 5\), expected \(2,\)"),
                            ("words", "reward program rules.py:words returned list")):
         wrapped = build(resolve(path, f"reward.program=rules.py:{function}")).reward_model
-        with pytest.raises(programs.RewardProgramError, match=says):
+        with pytest.raises(reward_programs.RewardProgramError, match=says):
             wrapped(x, prompt_mask=prompt_mask)
 
 

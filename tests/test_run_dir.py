@@ -16,10 +16,11 @@ import pytest
 import torch
 
 from conftest import REPO, main_in_process, one_error_line, run
-from policy_optimization import builder, programs
+from policy_optimization import builder, reward_programs
 from policy_optimization.plan import prediction
 from policy_optimization.run import cases, loop, metrics
 from run_kit import checkpoint, lock, rundir, watch
+from watch_run import LAYOUTS
 from skill_runtime import byte_tokenizer, exits, reporting
 
 SCRIPTS = REPO / "sub-skills" / "policy-optimization" / "scripts"
@@ -470,20 +471,20 @@ def test_a_meta_tensor_from_the_reward_is_the_programs_fault(tmp_path, capsys, m
 def test_watch_tells_a_killed_run_from_a_running_one(paused, tmp_path, capsys, monkeypatch):
     (paused / rundir.SUMMARY).unlink()  # killed: no summary, and train.lock left behind, held by nobody
     (paused / rundir.LOCK).write_text("pid 1 on host, since then\n")
-    assert watch.view(paused)["state"] == "killed"
+    assert watch.view(paused, LAYOUTS)["state"] == "killed"
     code, out, _ = watch_cli(capsys, monkeypatch, tmp_path, str(paused))
     last = out.splitlines()[-1]
     assert code == 0 and last.startswith("watch: KILLED after round 2") and f"--resume {paused}" in last, last
     held = lock.RunLock.acquire(rundir.RunDir(paused), "--resume x")
     try:
-        assert watch.view(paused)["state"] == "running" and lock.RunLock.held(rundir.RunDir(paused)) is True
+        assert watch.view(paused, LAYOUTS)["state"] == "running" and lock.RunLock.held(rundir.RunDir(paused)) is True
     finally:
         held.release()
 
 
 def test_watch_calls_an_until_pause_paused_and_says_go_on(paused, tmp_path, capsys, monkeypatch):
     """A run ended by --until is PAUSED in watch as in train's own line, not STOPPED with a fix to find."""
-    assert watch.view(paused)["state"] == "paused"
+    assert watch.view(paused, LAYOUTS)["state"] == "paused"
     code, out, _ = watch_cli(capsys, monkeypatch, tmp_path, str(paused))
     last = out.splitlines()[-1]
     assert code == 0 and last.startswith("watch: PAUSED after round 2") and f"go on: palm-rlhf-skill train --resume {paused}" in last, last
@@ -526,7 +527,7 @@ def test_what_a_text_program_receives_as_response():
     x = torch.tensor([ids])
     prompt_mask = torch.arange(len(ids))[None] < 2
     mask = torch.nn.functional.pad((x == eos).cumsum(dim=-1) == 0, (1, -1), value=True)  # as the trainers mask
-    reward = RuleReward(programs.TextScore(text_program, "t.py:f", tok.decode))
+    reward = RuleReward(reward_programs.TextScore(text_program, "t.py:f", tok.decode))
     assert reward(x, mask=mask, prompt_mask=prompt_mask).tolist() == [1.0]
     assert seen == [("ab", "c\ufffd\x1bz")]
     text = " ".join(TRAINING_RUN.read_text().split())

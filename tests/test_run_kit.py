@@ -15,7 +15,8 @@ import torch
 from conftest import REPO, default_signals, main_in_process, one_error_line, run
 from policy_optimization import trainers
 from policy_optimization.run import cases, loop, metrics, watchdog
-from run_kit import checkpoint, launch, lock, rundir, trackers, watch
+from run_kit import checkpoint, claiming, launch, lock, rundir, trackers, watch
+from watch_run import LAYOUTS
 from skill_runtime import exits, runner
 
 SCRIPTS = REPO / "sub-skills" / "policy-optimization" / "scripts"
@@ -189,13 +190,13 @@ def test_tracker_values_are_flat_finite_numbers():
 # --- watch --------------------------------------------------------------------------------------------
 
 def test_watch_shows_the_rows_curves_and_verdict(healthy, tmp_path):
-    data = watch.view(healthy.run.path, last=3)
+    data = watch.view(healthy.run.path, LAYOUTS, last=3)
     assert data["state"] == "finished" and data["rounds"] == 8 and len(data["last_rows"]) == 3
-    text = watch.text(data)
+    text = watch.text(data, LAYOUTS)
     assert text.splitlines()[-1].startswith("watch: FINISHED after round 8; held-out ")
     assert text.splitlines()[-1].endswith("; next: " + data["summary"]["next"])  # the next step train gave
     flat = {**data, "summary": {**data["summary"], "next": "read training-run.md#held-out-flat"}}
-    assert watch.verdict(flat).endswith("; next: read training-run.md#held-out-flat")
+    assert watch.verdict(flat, LAYOUTS).endswith("; next: read training-run.md#held-out-flat")
     assert "held-out ▁" in text or re.search(r"held-out [▁-█ ]+ ", text)
     proc = run([sys.executable, str(WATCH), str(healthy.run.path), "--json"], tmp_path)
     assert proc.returncode == 0 and json.loads(proc.stdout)["rounds"] == 8
@@ -205,7 +206,7 @@ def test_watch_shows_the_rows_curves_and_verdict(healthy, tmp_path):
 
 def test_watch_plot_draws_a_png(healthy, tmp_path):
     pytest.importorskip("matplotlib")
-    path = watch.plot(watch.view(healthy.run.path), tmp_path / "curves.png")
+    path = watch.plot(watch.view(healthy.run.path, LAYOUTS), tmp_path / "curves.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -226,7 +227,7 @@ def test_watch_plot_on_a_fresh_machine_builds_the_font_cache_and_draws(healthy, 
 def test_watch_plot_to_a_bad_path_is_one_line(healthy, tmp_path, target):
     pytest.importorskip("matplotlib")
     with pytest.raises(exits.SkillError) as err:
-        watch.plot(watch.view(healthy.run.path), tmp_path / target)
+        watch.plot(watch.view(healthy.run.path, LAYOUTS), tmp_path / target)
     assert err.value.exit_code == 2 and "cannot write the plot" in str(err.value) and "\n" not in str(err.value)
 
 
@@ -242,11 +243,11 @@ def test_watch_plot_without_matplotlib_says_how_to_install(healthy, tmp_path):
 def test_watch_of_a_run_before_its_first_row_says_it_is_starting(tmp_path):
     held = lock.RunLock.acquire(rundir.RunDir(tmp_path), "--run-dir x")  # train holds it from before its first row
     with pytest.raises(exits.SkillError, match=r": a train is starting there \(train.lock, no metrics.jsonl "):
-        watch.view(tmp_path)
+        watch.view(tmp_path, LAYOUTS)
     held.release()
     (tmp_path / rundir.LOCK).write_text("pid 1 on host\n")  # left by a start that died (os._exit): nobody holds it
     with pytest.raises(exits.SkillError, match=r": a train started there and ended before its first row "):
-        watch.view(tmp_path)
+        watch.view(tmp_path, LAYOUTS)
 
 
 def test_watch_of_a_folder_without_a_run_is_one_line(tmp_path):
@@ -461,7 +462,7 @@ def test_a_second_train_on_a_live_run_is_refused_and_changes_nothing(tmp_path, m
             line = one_error_line(err)
             assert code == 2 and f"another train is running in {run_dir} (pid {proc.pid} on " in line, (argv, line)
             assert run_files(run_dir) == before, f"{argv} changed the live run's files"
-        assert watch.view(run_dir)["state"] == "running"
+        assert watch.view(run_dir, LAYOUTS)["state"] == "running"
         proc.kill()
         proc.wait(timeout=60)
     finally:
@@ -495,12 +496,12 @@ def test_only_the_writing_rank_locks_the_run_directory(tmp_path, monkeypatch, ca
         assert launch.writes_files() is writer
     assert "LOCAL_RANK" not in os.environ  # a question, not a launch: the environment stays as it was
     monkeypatch.setenv("RANK", "1")
-    assert rundir.prepare(run_dir, False, True, writer=launch.writes_files())[1] is None
+    assert claiming.prepare(run_dir, False, True, writer=launch.writes_files())[1] is None
     assert (run_dir / "metrics.jsonl").is_file(), "a rank that does not write removed a run file"
     with pytest.raises(exits.SkillError, match=f"another train is running in {run_dir} \\(pid {os.getpid()} on "):
-        rundir.prepare(run_dir, False, True, writer=True)
+        claiming.prepare(run_dir, False, True, writer=True)
     held.release()
-    run_, taken = rundir.prepare(run_dir, False, True, writer=True)
+    run_, taken = claiming.prepare(run_dir, False, True, writer=True)
     assert not (run_dir / "metrics.jsonl").exists() and (run_dir / rundir.LOCK).is_file()
     taken.release()
     assert sorted(p.name for p in run_dir.iterdir()) == []
@@ -510,7 +511,7 @@ def test_without_fcntl_there_is_no_lock_and_train_says_so(tmp_path, monkeypatch)
     """Where Python has no fcntl (Windows) no lock is taken (RunLock), nothing pretends one is, and
     loop.prepare says so in one line."""
     monkeypatch.setattr(lock, "fcntl", None)
-    run_, taken = rundir.prepare(tmp_path / "run", False, False)
+    run_, taken = claiming.prepare(tmp_path / "run", False, False)
     assert taken is None and list(run_.path.iterdir()) == []
     said = []
     with pytest.raises(exits.SkillError, match="no non-empty line"):

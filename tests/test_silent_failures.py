@@ -26,7 +26,7 @@ from conftest import REPO
 from canary import (CANARY_GROUP, VOCAB, ConstantReward, LastTokenReward, actor_palm, canary_env,  # noqa: F401
                     capture_memories, check, covers, lora, make, module_of, printed, reseed, tiny_palm, touch,
                     trap_raises)
-from policy_optimization import trainers
+from policy_optimization import tiny_trainers, trainers
 from skill_check import api as skill_api, derived
 from skill_runtime import version_gate
 
@@ -428,7 +428,7 @@ for _method in ("set_dropout", "add_finetune_params", "finetune_parameters", "fo
 def test_hugging_face_model(name):
     anchor = "hugging-face-model"
     cls = touch(name)
-    extra = probe_kit.trainer_kwargs(name, group_size=CANARY_GROUP if trainers.TRAINERS[name].group_kwarg else None)
+    extra = tiny_trainers.trainer_kwargs(name, group_size=CANARY_GROUP if trainers.TRAINERS[name].group_kwarg else None)
     build = lambda: cls(palm=NotPaLM(), reward_model=RewardModel(tiny_palm()), prompt_token_ids=torch.ones(2, 3).long(),
                         accelerate_kwargs=dict(cpu=True), **extra)
     if name == "ppo":
@@ -893,21 +893,21 @@ def test_each_trainer_on_a_nan_reward_does_what_training_run_md_says(name, monke
     reseed(0)
     reward = probe_kit.tiny_reward_model()
     reward.register_forward_hook(lambda module, args, output: torch.full_like(output, float("nan")))
-    trainer = probe_kit.tiny_trainer(name, reward_model=reward)
+    trainer = tiny_trainers.tiny_trainer(name, reward_model=reward)
     weights = [p for group in trainers.trainable_groups(name, trainer).values() for p in group]
     before = [p.detach().clone() for p in weights]
     if name == "grpo":
         with pytest.raises(AssertionError) as err:
-            run(trainer, 4, probe_kit.max_seq_len(trainer))
+            run(trainer, 4, tiny_trainers.max_seq_len(trainer))
         assert str(err.value) == "" and "safe_div" in err.traceback[-1].frame.code.name
         assert "GRPO `train()` raises an empty `AssertionError` (`safe_div`" in section
         return
-    run(trainer, 4, probe_kit.max_seq_len(trainer))
+    run(trainer, 4, tiny_trainers.max_seq_len(trainer))
     finite = [bool(torch.isfinite(p).all()) for p in weights]
     changed = sum(not torch.equal(p.detach(), b) for p, b in zip(weights, before))
     if name == "tpo":
         assert all(finite) and changed > 0 and "TPO trains on with finite weights, its z-scored rewards all 0" in section
-        assert (normalized_rewards(probe_kit.tiny_trainer(name, reward_model=reward), name, monkeypatch) == 0).all()
+        assert (normalized_rewards(tiny_trainers.tiny_trainer(name, reward_model=reward), name, monkeypatch) == 0).all()
     else:
         assert not any(finite), f"{name}: {finite.count(True)} of {len(finite)} trainable tensors stayed finite"
         assert "PPO and FlowRL train on and write NaN into every trainable weight" in section

@@ -11,6 +11,7 @@ from conftest import (BIN, REPO, SMOKE, default_signals, inprocess, main_in_proc
                       usage_error_without_torch)
 import probe_kit
 from skill_runtime import byte_tokenizer, exits, runner, version_gate
+from policy_optimization import tiny_trainers
 from policy_optimization.smoke import prompts as smoke_prompts
 
 TOP_KEYS = {"status", "mode", "trainer", "device", "versions", "timings_s", "checks", "parameters",
@@ -219,7 +220,7 @@ def test_documented_exit_codes_and_range_match_runtime(smoke):
     ({"no_such_argument": 1}, "trainer_constructed"),            # library rejects the constructor call
 ])
 def test_library_failures_become_failed_checks(smoke, capsys, monkeypatch, empty_dir, extra, failed_check):
-    monkeypatch.setitem(probe_kit.SMOKE_EXTRA, "flowrl", extra)
+    monkeypatch.setitem(tiny_trainers.SMOKE_EXTRA, "flowrl", extra)
     code, report = inprocess(smoke, capsys, monkeypatch, empty_dir, "--trainer", "flowrl")
     assert code == 1 and report["status"] == "failed"
     failed = [c for c in report["checks"] if not c["passed"]]

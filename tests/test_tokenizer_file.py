@@ -122,8 +122,8 @@ def test_the_eos_of_the_file_is_the_runs_eos_token(bpe, tmp_path):
     config = cases.write(cases.HEALTHY, tmp_path / "config")
     config.write_text(config.read_text().replace("num_tokens = 257", "num_tokens = 301")
                       + f'\n[tokenizer]\nfile = "{bpe}"\neos = "<eos>"\n')
-    resolved = run_config.check_against_library(run_config.load(str(config)))
+    resolved = run_config.check_against_library(run_config.FORM.load(str(config)))
     eos = resolved["tokenizer_file"].eos_id("<eos>", "k")
     assert resolved["train"]["eos_token"] == resolved["effective"]["train"]["eos_token"] == eos
     with pytest.raises(exits.SkillError, match="give one of them"):
-        run_config.check_against_library(run_config.load(str(config), ["train.eos_token=3"]))
+        run_config.check_against_library(run_config.FORM.load(str(config), ["train.eos_token=3"]))

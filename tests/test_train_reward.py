@@ -18,6 +18,7 @@ import probe_kit
 from conftest import REPO, main_in_process, one_error_line, run, usage_error_without_torch
 from reward_modeling import artifacts, coverage, reward_report, reward_run
 from run_kit import rundir, watch
+from watch_run import LAYOUTS
 from skill_runtime import exits, streams, version_gate
 
 SCRIPTS = REPO / "sub-skills" / "reward-modeling" / "scripts"
@@ -81,10 +82,10 @@ def test_the_reports_keys_are_documented(shipped, tmp_path, capsys):
     assert documented_keys("## train-reward summary") == list(on_disk), \
         "references/run-reports.md#train-reward-summary: one row per key of summary.json, in order"
     assert set(documented_keys("### coverage")) == set(on_disk["coverage"]), "run-reports.md: the coverage probe's keys"
-    view = watch.view(run.run.path)
+    view = watch.view(run.run.path, LAYOUTS)
     assert view["kind"] == "reward" and view["curves"]["held-out accuracy"][-1][1] == summary["held_out_accuracy"]
     assert "`kind` (`policy`, or `reward`" in REPORTS.read_text().split("## watch report", 1)[1]
-    text = watch.text(view)
+    text = watch.text(view, LAYOUTS)
     assert "(a reward model)" in text and text.splitlines()[-1].startswith("watch: FINISHED after round 3; held-out accuracy")
 
 
@@ -219,7 +220,7 @@ def policy_config(tmp_path, checkpoint, dim=16, extra=""):
 def test_train_builds_the_reward_model_from_rm_config_with_its_own_sizes(shipped, tmp_path):
     from policy_optimization import builder, run_config
     run, _ = shipped
-    resolved = run_config.check_against_library(run_config.load(str(policy_config(tmp_path, run.run.path / "rm.pt"))))
+    resolved = run_config.check_against_library(run_config.FORM.load(str(policy_config(tmp_path, run.run.path / "rm.pt"))))
     assert resolved["palm"]["dim"] == 16 and resolved["reward_palm"]["dim"] == 32
     made = builder.build(resolved, {"cpu": True}, torch.device("cpu"))
     rm = made.trainer.accelerate.unwrap_model(made.trainer.reward_model)
@@ -240,7 +241,7 @@ def test_a_reward_checkpoint_without_rm_config_keeps_the_policys_sizes(shipped, 
     for dim, fits in ((32, True), (16, False)):
         folder = tmp_path / f"dim{dim}"
         folder.mkdir()
-        resolved = run_config.check_against_library(run_config.load(str(policy_config(
+        resolved = run_config.check_against_library(run_config.FORM.load(str(policy_config(
             folder, tmp_path / "old" / "rm.pt", dim=dim, extra="\n[reward_model]\nuse_lora = false\ndropout = 0.0\n"))))
         assert resolved["reward_palm"] is None
         if fits:
@@ -255,11 +256,11 @@ def test_rm_config_and_reward_model_together_are_refused(shipped, tmp_path):
     run, _ = shipped
     config = policy_config(tmp_path, run.run.path / "rm.pt", extra="\n[reward_model]\nuse_lora = false\n")
     with pytest.raises(exits.SkillError, match=r"rm_config\.json beside \[reward\] checkpoint sets the reward model"):
-        run_config.check_against_library(run_config.load(str(config)))
+        run_config.check_against_library(run_config.FORM.load(str(config)))
     bigger = policy_config(tmp_path, run.run.path / "rm.pt").read_text().replace("num_tokens = 257", "num_tokens = 300")
     (tmp_path / "policy.toml").write_text(bigger)
     with pytest.raises(exits.SkillError, match=r"num_tokens = 300: the policy samples ids"):
-        run_config.check_against_library(run_config.load(str(tmp_path / "policy.toml")))
+        run_config.check_against_library(run_config.FORM.load(str(tmp_path / "policy.toml")))
 
 
 # --- the command line ------------------------------------------------------------------------------
@@ -498,3 +499,17 @@ def test_the_measured_table_is_the_variants():
     before, after = (float(x) for x in on[4].split(" (")[0].split(" -> "))
     assert after > before + 0.5, "the example's policy rises on the gold metric with the remedy"
     assert float(off[4].split(" (")[0].split(" -> ")[1]) < after, "without the remedy the gold metric rises less"
+
+
+def test_a_policy_runs_section_is_named_as_one(tmp_path):
+    """rm_config.POLICY_SECTIONS (the hint for a policy run's section in train-reward's config) is the
+    policy run's sections less the reward model's own: reward-modeling keeps the list, since it
+    imports nothing of policy-optimization, and this test keeps it the policy's."""
+    from policy_optimization import run_config
+    from reward_modeling import rm_config
+    assert set(rm_config.POLICY_SECTIONS) == set(run_config.SECTIONS) - set(rm_config.SECTIONS)
+    config = tmp_path / "rm.toml"
+    config.write_text('[palm]\ndim = 8\n[data]\npairs = "p.jsonl"\n[trainer]\nname = "ppo"\n', encoding="utf-8")
+    with pytest.raises(exits.SkillError, match=r"unknown section \[trainer\] \(a policy run's section: this is "
+                                               r"train-reward's config\)"):
+        rm_config.FORM.load(str(config))

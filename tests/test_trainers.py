@@ -19,7 +19,7 @@ from conftest import SMOKE, run
 from doc_tables import code, documents, flatten, section, table
 import probe_kit
 from skill_runtime import exits, reporting, runner
-from policy_optimization import trainers
+from policy_optimization import tiny_trainers, trainers
 from policy_optimization.smoke import options, settings
 
 TRAINERS = list(trainers.TRAINERS)
@@ -95,11 +95,11 @@ def test_ppo_moves_critic_and_value_head(reports):
 def test_grpo_group_size_is_num_times_sample_rewards_plus_one(reports, smoke):
     _, report, _ = reports["grpo"]
     assert report["grpo_variants"] == ["default"]
-    assert report["results"]["grpo"]["group_size"] == probe_kit.GROUP_SAMPLES + 1 == 4
+    assert report["results"]["grpo"]["group_size"] == tiny_trainers.GROUP_SAMPLES + 1 == 4
     detail = checks_of(report)["rollout_group_size"]["detail"]
     assert "scored [4] completions" in detail and "grpo_num_times_sample_rewards + 1" in detail
     # one learn() over 3 rollouts of 4 completions, minibatch 4: 3 optimizer steps
-    assert report["optimizer_steps"]["rollouts"] * 4 / probe_kit.SMOKE_MINIBATCH["grpo"] == 3
+    assert report["optimizer_steps"]["rollouts"] * 4 / tiny_trainers.SMOKE_MINIBATCH["grpo"] == 3
 
 
 def test_tpo_replay_buffer_in_private_dir_with_its_size(reports):
@@ -264,7 +264,7 @@ def test_reward_shapes_each_trainer_accepts(smoke, name, shape, tmp_path, monkey
         reward_model = type("PerTokenRewardModel", (PerTokenReward, RewardModel), {})(palm, num_binned_output=0)
     else:  # 5 bins: neither the group size (4) nor PPO's 6 critic bins, so nothing broadcasts by chance
         reward_model = RewardModel(palm, num_binned_output=5, sample_from_bins=shape == "binned-sampled")
-    trainer = probe_kit.tiny_trainer(name, palm=palm, reward_model=reward_model)  # the smoke's minibatch and group
+    trainer = tiny_trainers.tiny_trainer(name, palm=palm, reward_model=reward_model)  # the smoke's minibatch and group
     train = lambda: trainer.train(num_episodes=1, max_timesteps=1, update_timesteps=1, max_seq_len=9)
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         if shape == "binned-sampled":
@@ -301,7 +301,7 @@ def test_documented_json_schema_matches_real_output(reports, all_cli, smoke, tmp
     for extra, failed in (({"no_such_argument": 1}, "trainer_constructed"),
                           ({"partition_function_hidden_dim": 768}, "update_ran")):
         with pytest.MonkeyPatch.context() as mp:
-            mp.setitem(probe_kit.SMOKE_EXTRA, "flowrl", extra)
+            mp.setitem(tiny_trainers.SMOKE_EXTRA, "flowrl", extra)
             code_, report = run_main(smoke, tmp_path, "--trainer", "flowrl")
         assert code_ == 1 and [c["name"] for c in report["checks"] if not c["passed"]] == [failed]
         failures.append(report)
@@ -404,7 +404,7 @@ def test_report_config_follows_the_option_table(reports, all_cli):
     assert {"dim", "depth", "prompt_len", "new_tokens"} <= shown  # the probe kit's sizes (checked below)
     for report in [r for _, r, _ in reports.values()] + [all_cli[1]]:
         assert set(report["config"]) == set(probe_kit.TINY_PALM) | shown | {"cpu_threads"}
-        assert report["config"]["new_tokens"] == probe_kit.NEW_TOKENS and report["config"]["prompt_len"] is None
+        assert report["config"]["new_tokens"] == tiny_trainers.NEW_TOKENS and report["config"]["prompt_len"] is None
         assert {k: report["config"][k] for k in probe_kit.TINY_PALM} == probe_kit.TINY_PALM
 
 
@@ -421,7 +421,7 @@ def test_documented_step_table_matches_real_runs(reports, smoke):
     for name, minibatch, items, rollouts, steps, required in rows:
         spec, report = trainers.TRAINERS[name], reports[name][1]
         observed = report["optimizer_steps"]["observed"]
-        assert int(minibatch) == probe_kit.SMOKE_MINIBATCH[name] and int(items) == spec.items_per_rollout(settings.smoke_group(spec))
+        assert int(minibatch) == tiny_trainers.SMOKE_MINIBATCH[name] and int(items) == spec.items_per_rollout(settings.smoke_group(spec))
         assert int(rollouts) == report["optimizer_steps"]["rollouts"]
         assert int(required) == report["optimizer_steps"]["required"]
         documented = {(k or "actor").replace(" ", "_"): int(n)
@@ -455,7 +455,7 @@ def selection_rows(heading: str) -> dict[str, dict[str, str]]:
 @pytest.fixture(scope="module")
 def built(smoke):
     """Each trainer constructed by the probe kit (no training), keyed like --trainer."""
-    return {name: probe_kit.tiny_trainer(name) for name in trainers.TRAINERS}
+    return {name: tiny_trainers.tiny_trainer(name) for name in trainers.TRAINERS}
 
 
 @documents(SELECTION, "## Decision table")

@@ -53,7 +53,7 @@ def check_run_arguments(args) -> None:
     """A run command's usage errors (SkillError, exit 2), before torch is imported: a new run needs
     --config and --run-dir, a resume its directory alone (or the same as --run-dir), without
     --force (its --set may extend the run: ``rundir.check_resume_overrides``); --nproc reads the config from a file, not standard input."""
-    from policy_optimization import run_config  # torch-free
+    from config_kit import reading  # torch-free
     if args.resume and args.run_dir and Path(args.resume).resolve() != Path(args.run_dir).resolve():
         raise exits.SkillError("--resume DIR is the run directory: give it alone, or the same path as --run-dir")
     if not args.resume and not (args.config and args.run_dir):
@@ -62,7 +62,7 @@ def check_run_arguments(args) -> None:
         raise exits.SkillError("--force starts over and --resume continues: choose one")
     if args.allow_inexact_resume and not args.resume:
         raise exits.SkillError("--allow-inexact-resume applies to --resume DIR")
-    if args.nproc and args.config and run_config.from_stdin(args.config):
+    if args.nproc and args.config and reading.from_stdin(args.config):
         raise exits.SkillError(f"--config {args.config} (standard input) is read by one process: with --nproc, "
                                "pass the config's file")
 

@@ -1,57 +1,39 @@
 """Reading a live or finished run directory: its rows, the curves, the rules fired, the verdict.
 
 ``palm-rlhf-skill watch DIR`` prints ``text(view(...))``, ``--json`` the ``view`` itself, ``--plot
-FILE.png`` draws ``plot`` with matplotlib (the optional extra ``palm-rlhf-skill[plot]``). A policy
-run (``train``) and a reward-model run (``train-reward``) each have their ``Layout``: the columns,
-the curves, the headline curve of the verdict, the command that resumes it, and the modules that
-check its rows and its summary (``kind_of``: from the run's stored config).
+FILE.png`` draws ``plot`` with matplotlib (the optional extra ``palm-rlhf-skill[plot]``). Each
+kind of run (a policy run of ``train``, a reward-model run of ``train-reward``) brings its
+``Layout``: the columns, the curves, the headline curve of the verdict, the command that resumes
+it, what checks its rows and reads its summary, the sections of its rules; the command passes
+them in by kind (``kind_of``: from the run's stored config).
 Torch-free: it reads JSON only, so it answers in well under a second while the run trains.
 """
 from __future__ import annotations
 
-import importlib
 import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from run_kit import lock, rundir
 from skill_runtime import exits, reporting
 
-TABLE = (("round", "round", "{:d}"), ("rollouts", "rollouts", "{:d}"), ("reward", "reward_mean", "{:.3f}"),
-         ("held-out", "held_out_reward", "{:.3f}"), ("gold", "held_out_gold", "{:.3f}"),
-         ("kl_rollout", "kl_rollout", "{:.3g}"),
-         ("kl_base", "kl_base", "{:.3g}"), ("entropy", "entropy", "{:.2f}"),
-         ("length", "response_length_mean", "{:.1f}"), ("s", "wall_s", "{:.1f}"), ("rules", "rules", "{}"))
-CURVES = (("reward", "reward_mean"), ("held-out", "held_out_reward"), ("gold", "held_out_gold"),
-          ("kl_base", "kl_base"), ("kl_rollout", "kl_rollout"), ("entropy", "entropy"),
-          ("length", "response_length_mean"))
-REWARD_TABLE = (("round", "round", "{:d}"), ("epoch", "epoch", "{:.2f}"), ("loss", "loss", "{:.4f}"),
-                ("accuracy", "train_accuracy", "{:.3f}"), ("held-out", "held_out_accuracy", "{:.3f}"),
-                ("margin", "margin", "{:.3g}"), ("rows/s", "examples_per_s", "{:.0f}"), ("s", "wall_s", "{:.1f}"))
-REWARD_CURVES = (("held-out accuracy", "held_out_accuracy"), ("accuracy", "train_accuracy"), ("loss", "loss"),
-                 ("held-out loss", "held_out_loss"), ("margin", "margin"))
-
-
 @dataclass(frozen=True)
 class Layout:
-    """How watch shows one kind of run: ``table`` (column, row key, format) and ``curves`` (label,
-    row key); ``headline`` the curve the verdict reports first -> last; ``helper`` the command that
-    resumes it; ``rows`` the module whose ``parse_row`` checks a row, ``summary`` the one whose
-    ``read(run, run_id)`` and ``verdict(summary, curves=...)`` read and word its summary.json."""
+    """How watch shows one kind of run, brought by its sub-skill: ``table`` (column, row key,
+    format) and ``curves`` (label, row key); ``headline`` the curve the verdict reports first ->
+    last; ``helper`` the command that resumes it; ``parse_row`` checks a row of its metrics file;
+    ``read(run, run_id)`` and ``verdict(summary, curves=...)`` read and word its summary.json;
+    ``sections`` the doc section of each watchdog rule its rows can name (rule id -> path#anchor)."""
     table: tuple
     curves: tuple
     headline: str
     helper: str
-    rows: str
-    summary: str
-
-
-LAYOUTS = {"policy": Layout(TABLE, CURVES, "held-out", "palm-rlhf-skill train", "policy_optimization.run.metrics",
-                            "policy_optimization.run.summary"),
-           "reward": Layout(REWARD_TABLE, REWARD_CURVES, "held-out accuracy", "palm-rlhf-skill train-reward",
-                            "reward_modeling.reward_report", "reward_modeling.reward_report")}
+    parse_row: Callable[[dict[str, Any]], dict[str, Any]]
+    read: Callable[..., dict[str, Any] | None]
+    verdict: Callable[..., tuple[str, str]]
+    sections: dict[str, str]
 
 
 def kind_of(stored: dict[str, Any] | None) -> str:
@@ -62,11 +44,12 @@ def kind_of(stored: dict[str, Any] | None) -> str:
 PLOT_INSTALL = "pip install 'palm-rlhf-skill[plot]' (from a checkout of the repository: pip install '.[plot]')"
 
 
-def view(path: str | Path, last: int = 10) -> dict[str, Any]:
-    """What ``watch`` shows, as JSON-ready data: the run's rows (round 0: the held-out reward
-    before training; each checked, ``metrics.parse_row``), the ``last`` ones, each curve's values
-    per round, the rules fired (id -> rounds), the summary when the run has ended (``summary.json``,
-    checked: ``summary.read``), and ``state``: ``finished``, ``stopped`` (ended early: a rule's
+def view(path: str | Path, layouts: dict[str, Layout], last: int = 10) -> dict[str, Any]:
+    """What ``watch`` shows, as JSON-ready data, through the ``Layout`` of the run's kind
+    (``layouts``: kind -> Layout): the run's rows (round 0: the held-out reward before training;
+    each checked, ``Layout.parse_row``), the ``last`` ones, each curve's values per round, the
+    rules fired (id -> rounds), the summary when the run has ended (``summary.json``, checked:
+    ``Layout.read``), and ``state``: ``finished``, ``stopped`` (ended early: a rule's
     --stop-on, a signal, an error), ``running`` (no summary, and a train holds DIR/train.lock:
     ``RunLock.held``, asked without taking it) or ``killed`` (no summary and no train holds the
     lock: killed, or its machine stopped). Raises SkillError(2) when ``path`` holds no run, a
@@ -88,9 +71,9 @@ def view(path: str | Path, last: int = 10) -> dict[str, Any]:
     except exits.SkillError:  # watch shows the rows without it; train --resume names the damage
         stored = None
     kind = kind_of((stored or ({}, None))[0])
-    layout = LAYOUTS[kind]
-    rows = rundir.read_rows(run.metrics, importlib.import_module(layout.rows).parse_row)
-    summary = importlib.import_module(layout.summary).read(run, (stored or ({}, None))[0].get("run_id"))
+    layout = layouts[kind]
+    rows = rundir.read_rows(run.metrics, layout.parse_row)
+    summary = layout.read(run, (stored or ({}, None))[0].get("run_id"))
     fired: dict[str, list[int]] = {}
     for row in rows:
         for rule in row.get("rules", []):
@@ -116,7 +99,7 @@ def _cell(row: dict[str, Any], key: str, fmt: str) -> str:
     return fmt.format(value)
 
 
-def table(rows: list[dict[str, Any]], columns: tuple = TABLE) -> list[str]:
+def table(rows: list[dict[str, Any]], columns: tuple) -> list[str]:
     """The rows as an aligned text table of ``columns`` (a ``Layout``'s table), one line per round."""
     cells = [[label for label, _, _ in columns]] + [[_cell(r, key, fmt) for _, key, fmt in columns] for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(columns))]
@@ -124,14 +107,14 @@ def table(rows: list[dict[str, Any]], columns: tuple = TABLE) -> list[str]:
             for line in cells]
 
 
-def text(data: dict[str, Any]) -> str:
-    """The plain report: the last rows, a sparkline per curve (first -> last value), the rules fired
-    with their doc section, and the verdict with the next step last."""
-    from policy_optimization.run import watchdog
+def text(data: dict[str, Any], layouts: dict[str, Layout]) -> str:
+    """The plain report of ``view``'s ``data`` (``layouts``: as ``view`` took them): the last rows,
+    a sparkline per curve (first -> last value), the rules fired with their doc section, and the
+    verdict with the next step last."""
     shown, total = len(data["last_rows"]), len(data["rows"])
     rows = f"rows {data['last_rows'][0]['round']}-{data['rounds']}" if shown else "no rows"
     more = f", the last {shown} of {total} (--last N shows more)" if shown < total else ""
-    layout = LAYOUTS[data.get("kind", "policy")]
+    layout = layouts[data.get("kind", "policy")]
     kind = " (a reward model)" if data.get("kind") == "reward" else ""
     lines = [f"run {data['run_dir']}{kind}: {data['state']}, {data['rounds']} rounds; {rows}{more}"] + \
         table(data["last_rows"], layout.table)
@@ -141,12 +124,12 @@ def text(data: dict[str, Any]) -> str:
             lines.append(f"{label:>10} {reporting.sparkline(values)} {values[0]:.4g} -> {values[-1]:.4g} "
                          f"(rounds {points[0][0]}-{points[-1][0]})")
     for rule, rounds in data["rules_fired"].items():
-        known = watchdog.BY_ID.get(rule)
-        where = f"; read {known.section}" if known else ""
+        section = layout.sections.get(rule)
+        where = f"; read {section}" if section else ""
         lines.append(f"rule {rule}: rounds {_ranges(rounds)}{where}")
     if data.get("plot"):
         lines.append(f"plot: {data['plot']}")
-    lines.append(verdict(data))
+    lines.append(verdict(data, layouts))
     return "\n".join(reporting.terminal_text(line) for line in lines)  # every string from DIR escaped
 
 
@@ -161,9 +144,9 @@ def _ranges(rounds: list[int]) -> str:
     return ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in spans)
 
 
-def verdict(data: dict[str, Any]) -> str:
+def verdict(data: dict[str, Any], layouts: dict[str, Layout]) -> str:
     """The last line: the state, held-out before -> after, what to do next."""
-    layout = LAYOUTS[data.get("kind", "policy")]
+    layout = layouts[data.get("kind", "policy")]
     held = data["curves"][layout.headline]
     change = f"; {layout.headline} {held[0][1]:.4g} -> {held[-1][1]:.4g}" if len(held) >= 2 else ""
     reason = ((data.get("summary") or {}).get("held_out") or {}).get("reason")
@@ -181,7 +164,7 @@ def verdict(data: dict[str, Any]) -> str:
     elif data["state"] == "killed":
         nxt = f"no train holds it: {reporting.command(layout.helper, '--resume ' + data['run_dir'])}"
     else:  # finished: the next step train gave it (summary.verdict: the flat-held-out section when it did not learn)
-        nxt = importlib.import_module(layout.summary).verdict(data["summary"], curves=False)[1] if plotted \
+        nxt = layout.verdict(data["summary"], curves=False)[1] if plotted \
             else data["summary"]["next"]
     return f"watch: {data['state'].upper()} after round {data['rounds']}{change}{rules}; next: {nxt}"
 

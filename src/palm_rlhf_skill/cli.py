@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import importlib
 import sys
-from importlib import resources
 from pathlib import Path
 
-from palm_rlhf_skill import __version__
+from palm_rlhf_skill import __version__, skill_root
 
 # name -> (kind, target, help). kind "script": target is a helper of the runtime's HELPER_SCRIPTS,
 # whose skill-tree script runs by path;
@@ -38,15 +37,6 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
                      "train a RewardModel on preference pairs or ratings: metrics, checkpoints, exact --resume, "
                      "rm.pt for train's [reward] checkpoint, token coverage"),
 }
-
-
-def skill_root() -> Path:
-    """Root of the installed skill tree (``palm_rlhf_skill/skill`` in the wheel), or the source
-    checkout's root when the package is imported from ``src/`` without being built."""
-    packaged = Path(str(resources.files("palm_rlhf_skill") / "skill"))
-    if (packaged / "SKILL.md").is_file():
-        return packaged
-    return Path(__file__).resolve().parents[2]
 
 
 def script_path(helper: str) -> Path:

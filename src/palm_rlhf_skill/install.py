@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from palm_rlhf_skill.cli import skill_root
+from palm_rlhf_skill import skill_root
 
 import palm_rlhf_skill.runtime  # noqa: F401  (puts the installed skill tree's scripts/ on sys.path)
 from skill_runtime import exits, options, runner  # noqa: E402

@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from palm_rlhf_skill.cli import skill_root
+from palm_rlhf_skill import skill_root
 
 SCRIPTS = str(skill_root() / "scripts")
 if SCRIPTS not in sys.path:

@@ -26,7 +26,7 @@ other than ``finetune_scope``/``disable_lora``, hooks on a layer, a patched ``fo
 library's generate unchanged.
 
 Only torch and palm_rlhf_pytorch are imported (lazily); this file imports nothing from the
-skill package but ``ddp_fixes`` (its sibling) and runs from a copy of the skill tree.
+skill package but ``ddp_fixes`` (in the skill root's scripts/) and runs from a copy of the skill tree.
 """
 from __future__ import annotations
 

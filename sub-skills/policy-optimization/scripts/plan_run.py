@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                                    "runs the config in full): drop one of them")
     args.probe_seconds = PROBE_SECONDS if args.probe_seconds is None else args.probe_seconds
     args.max_days = prediction.MAX_DAYS if args.max_days is None else args.max_days
-    config = run_config.load(args.config, args.set)  # paths resolved before leaving the caller's directory
+    config = run_config.FORM.load(args.config, args.set)  # paths resolved before leaving the caller's directory
     env = version_gate.check_versions(args.allow_untested)
     import torch  # the run's imports, timed as part of its startup
     import palm_rlhf_pytorch  # noqa: F401

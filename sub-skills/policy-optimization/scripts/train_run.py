@@ -81,13 +81,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = command.resumed_options(parser, parser.parse_args(argv), argv)
     command.check_run_arguments(args)
-    from policy_optimization import run_config
+    from config_kit import reading
     from policy_optimization.run import loop, threads, watchdog
+    from run_kit import alarms
     world = command.launched_world(args.nproc)  # one rank of torchrun / accelerate launch / srun?
     stop_on = frozenset()
     if args.stop_on:
         try:
-            stop_on = watchdog.parse_stop_on(args.stop_on)
+            stop_on = alarms.parse_stop_on(args.stop_on, watchdog.RULE_IDS)
         except ValueError as err:
             raise exits.SkillError(f"--stop-on: {err}") from None
     env = version_gate.check_versions(args.allow_untested)
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                                allow_inexact=args.allow_inexact_resume, keep=keep, resume_flags=flags,
                                cpu_threads=args.cpu_threads or threads.AUTO)
     caller = Path.cwd()
-    config = None if not args.config else args.config if run_config.from_stdin(args.config) else \
+    config = None if not args.config else args.config if reading.from_stdin(args.config) else \
         str((caller / args.config).resolve())  # standard input is read once, by loop.prepare
     run_dir = (caller / (args.resume or args.run_dir)).resolve()
     given = isinstance(args.cpu_threads, int)  # auto: the run chooses (loop.Run.rounds, threads.py)

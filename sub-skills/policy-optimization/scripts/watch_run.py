@@ -21,7 +21,15 @@ except (ImportError, SyntaxError) as damage:  # the runtime's own __init__.py is
     sys.stderr.write(f"{Path(sys.argv[0]).name}: error: {Path(sys.path[0], 'skill_runtime', '__init__.py')}: "
                      f"{damage} (reinstall the skill tree)\n")
     sys.exit(2)
+import functools  # noqa: E402
+
 from skill_runtime import exits, options, runner  # noqa: E402
+from run_kit import watch  # noqa: E402
+from policy_optimization.run import summary as run_summary  # noqa: E402
+from reward_modeling import reward_report  # noqa: E402
+
+# how watch shows each kind of run (run_kit.watch.Layout), from the sub-skill of that kind
+LAYOUTS = {"policy": run_summary.LAYOUT, "reward": reward_report.LAYOUT}
 
 
 def build_parser() -> options.OneLineParser:
@@ -45,11 +53,10 @@ def build_parser() -> options.OneLineParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from run_kit import watch
-    data = watch.view(args.run_dir, last=args.last)
+    data = watch.view(args.run_dir, LAYOUTS, last=args.last)
     if args.plot:
         data["plot"] = str(watch.plot(data, Path(args.plot).resolve()))
-    return runner.emit(data, args.json, watch.text, exits.EXIT_OK)
+    return runner.emit(data, args.json, functools.partial(watch.text, layouts=LAYOUTS), exits.EXIT_OK)
 
 
 if __name__ == "__main__":

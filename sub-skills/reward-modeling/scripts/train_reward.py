@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = command.resumed_options(parser, parser.parse_args(argv), argv)
     command.check_run_arguments(args)
-    from policy_optimization import run_config
+    from config_kit import reading
     from reward_modeling import reward_report, reward_run
     world = command.launched_world(args.nproc)
     env = version_gate.check_versions(args.allow_untested)
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                                      say=command.say_for(progress, rank_stream, reward_run.PROG), env=env,
                                      allow_inexact=args.allow_inexact_resume, keep=keep, resume_flags=flags)
     caller = Path.cwd()
-    config = None if not args.config else args.config if run_config.from_stdin(args.config) else \
+    config = None if not args.config else args.config if reading.from_stdin(args.config) else \
         str((caller / args.config).resolve())
     run_dir = (caller / (args.resume or args.run_dir)).resolve()
     with command.threads(args.cpu_threads):

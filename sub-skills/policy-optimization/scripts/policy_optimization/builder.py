@@ -12,12 +12,13 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Iterator
 
+from config_kit import programs
 from data_kit import layouts, tables
+from run_kit import models
 from skill_runtime import exits
-from policy_optimization import programs, trainers
+from policy_optimization import reward_programs, run_config, trainers
 
 
 @dataclass
@@ -62,11 +63,11 @@ def prompt_texts(resolved: dict[str, Any], section: str) -> tuple[list[str], lis
 
 def tokenize_file(resolved: dict[str, Any], section: str):
     """The prompts of ``section`` (``prompt_texts``) through the run's tokenizer
-    (``programs.tokenizer``): ((n, len) int64, checked by ``programs.checked_ids``; the rows'
+    (``run_config.tokenizer``): ((n, len) int64, checked by ``programs.checked_ids``; the rows'
     groups, ``prompt_texts``'). Raises SkillError(2) naming the key."""
     key = "[prompts] file" if section == "prompts" else "[eval] prompts_file"
     texts, groups, _ = prompt_texts(resolved, section)
-    return programs.tokenize(programs.tokenizer(resolved), texts, f"config {key}", resolved["palm"]["num_tokens"]), groups
+    return programs.tokenize(run_config.tokenizer(resolved), texts, f"config {key}", resolved["palm"]["num_tokens"]), groups
 
 
 def prompt_token_ids(resolved: dict[str, Any], seed: int, meta: bool = False):
@@ -107,7 +108,7 @@ def check_prompt_files(resolved: dict[str, Any]) -> None:
             continue
         texts, _, places = prompt_texts(resolved, section)
         key = "[prompts] file" if section == "prompts" else "[eval] prompts_file"
-        ids = programs.tokenize(programs.tokenizer(resolved), texts, f"config {key}", resolved["palm"]["num_tokens"])
+        ids = programs.tokenize(run_config.tokenizer(resolved), texts, f"config {key}", resolved["palm"]["num_tokens"])
         lengths = (ids != 0).sum(-1).tolist()
         sizes.check_length(lengths, places, max_seq_len - 2, "",
                            f"[train] max_seq_len (now {max_seq_len:,}) must exceed the longest prompt by the response "
@@ -162,29 +163,6 @@ def meta_module(module):
         torch.__future__.set_swap_module_params_on_conversion(previous)
 
 
-def load_weights(module, path: str, key: str) -> None:
-    """``module.load_state_dict(torch.load(path))`` (what ``PaLM.load`` and ``RewardModel.load``
-    do: palm.py:333, reward.py:69), read onto the CPU with ``weights_only``. Raises SkillError(2)
-    naming ``key`` and the file when it cannot be read or does not match the module."""
-    import torch
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - unreadable or not a state dict: one line
-        raise exits.SkillError(f"config {key}: {path}: {exits.one_line(exc)}") from None
-    if not isinstance(state, dict):
-        raise exits.SkillError(f"config {key}: {path}: holds a {type(state).__name__}, not a state dict")
-    own = module.state_dict()
-    missing, unexpected = sorted(own.keys() - state.keys()), sorted(state.keys() - own.keys())
-    if missing or unexpected:  # another model's weights (a policy.pt given as an rm.pt, say)
-        raise exits.SkillError(f"config {key}: {path}: not the weights of a {type(module).__name__}: "
-                               f"{len(missing)} of its {len(own)} keys missing (e.g. {', '.join(missing[:2]) or '-'}), "
-                               f"{len(unexpected)} unexpected (e.g. {', '.join(unexpected[:2]) or '-'})")
-    try:
-        module.load_state_dict(state)
-    except Exception as exc:  # noqa: BLE001 - the same keys at other shapes: one line
-        raise exits.SkillError(f"config {key}: {path}: {exits.one_line(exc)}") from None
-
-
 def multi_process_cpu(device) -> bool:
     """True when Accelerate will run this process as one of several on CPUs (``MULTI_CPU``): its
     state already says so, or, before any state exists, the device is the CPU and WORLD_SIZE > 1."""
@@ -195,48 +173,21 @@ def multi_process_cpu(device) -> bool:
     return device.type == "cpu" and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
 
 
-COVERAGE_RECORD = "summary.json"  # train-reward's record beside its checkpoint: "unseen_ids"
-
-
-def reward_coverage(resolved: dict[str, Any]) -> list[int] | None:
-    """The ids the [reward] checkpoint's reward model never saw in training: ``unseen_ids`` of the
-    ``summary.json`` beside the checkpoint file (what ``train-reward`` writes), or None without a
-    checkpoint, a record or that key. Raises SkillError(2) when the record is there but is not
-    JSON or its ``unseen_ids`` is not a list of integers."""
-    import json
-    checkpoint = resolved["reward"].get("checkpoint")
-    record = Path(checkpoint).parent / COVERAGE_RECORD if checkpoint else None
-    if record is None or not record.is_file():
-        return None
-    try:
-        ids = json.loads(record.read_text(encoding="utf-8")).get("unseen_ids")
-    except (OSError, UnicodeDecodeError, ValueError, AttributeError) as exc:
-        raise exits.SkillError(f"config [reward] checkpoint: {record}: unreadable ({exits.one_line(exc)}): the "
-                               "reward model's record (train-reward writes it)") from None
-    if ids is not None and not (isinstance(ids, list) and all(type(i) is int for i in ids)):
-        raise exits.SkillError(f"config [reward] checkpoint: {record}: unseen_ids is not a list of integer ids")
-    return ids
-
-
 def build_reward_model(resolved: dict[str, Any], palm, device, meta: bool):
     """The run's reward model on ``device``: a RuleReward of [reward] program or text_program
-    (``programs.rule_reward``, with its DDP anchor parameter only under multi-process CPU), else
+    (``reward_programs.rule_reward``, with its DDP anchor parameter only under multi-process CPU), else
     ``RewardModel(palm, **[reward_model])`` (it deep-copies the PaLM), loaded from [reward]
-    checkpoint when given (not with ``meta``); a checkpoint of ``train-reward`` (its
+    checkpoint when given (not with ``meta``: ``run_kit.models.reward_model``); a checkpoint of ``train-reward`` (its
     rm_config.json beside it: ``resolved["reward_palm"]``) builds on a PaLM of its own sizes instead."""
-    from palm_rlhf_pytorch import PaLM, RewardModel
-    rule = programs.rule_reward(resolved, anchor=not meta and multi_process_cpu(device))
+    rule = reward_programs.rule_reward(resolved, anchor=not meta and multi_process_cpu(device))
     if rule is not None:
         return rule if meta else rule.to(device)
     if resolved.get("reward_palm") is not None:
-        palm = PaLM(**resolved["reward_palm"])
+        palm = models.palm(resolved["reward_palm"], None)
         palm = meta_module(palm) if meta else palm
-    reward_model = RewardModel(palm, **resolved["reward_model"])
-    if meta:
-        return reward_model
-    if "checkpoint" in resolved["reward"]:
-        load_weights(reward_model, resolved["reward"]["checkpoint"], "[reward] checkpoint")
-    return reward_model.to(device)
+    reward_model = models.reward_model(palm, resolved["reward_model"],
+                                       None if meta else resolved["reward"].get("checkpoint"))
+    return reward_model if meta else reward_model.to(device)
 
 
 def build(resolved: dict[str, Any], device_kwargs: dict[str, Any], device, seed: int = 0, meta: bool = False,
@@ -251,16 +202,12 @@ def build(resolved: dict[str, Any], device_kwargs: dict[str, Any], device, seed:
     Raises SkillError(2) when a file is unusable or the installed library refuses the
     configuration, and SkillError(1) when building at the real size runs out of memory (the run
     does not fit this process)."""
-    from palm_rlhf_pytorch import PaLM
-
     cls = resolved["trainer_class"]
     ids = prompt_token_ids(resolved, seed, meta) if prompt_ids is None else prompt_ids
     held_out, eval_groups = eval_prompt_ids(resolved)
     try:
         with large_tensors_on_meta() if meta else contextlib.nullcontext():
-            palm = PaLM(**resolved["palm"])
-            if resolved["palm_checkpoint"] and not meta:
-                load_weights(palm, resolved["palm_checkpoint"], "[palm] checkpoint")
+            palm = models.palm(resolved["palm"], None if meta else resolved["palm_checkpoint"])
             palm = meta_module(palm) if meta else palm.to(device)
             reward_model = build_reward_model(resolved, palm, device, meta)
             # the smoke's constructor call: output captured, the prompt ids (a buffer Accelerate
@@ -282,5 +229,5 @@ def build(resolved: dict[str, Any], device_kwargs: dict[str, Any], device, seed:
     if not meta:
         import cached_sampler
         cached_sampler.apply(trainer, resolved.get("sampler", cached_sampler.DEFAULT_SAMPLER))
-    return Built(palm, reward_model, trainer.prompt_token_ids, held_out, programs.tokenizer(resolved), trainer,
+    return Built(palm, reward_model, trainer.prompt_token_ids, held_out, run_config.tokenizer(resolved), trainer,
                  eval_groups)

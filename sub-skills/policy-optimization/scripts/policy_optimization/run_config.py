@@ -4,25 +4,26 @@ A run config is TOML (or JSON, by its ``.json`` suffix) with the tables [palm], 
 [reward], [trainer], [prompts], [train], [eval] and [run] (references/workflows.md#plan-a-run has
 the table of every key). Two steps:
 
-1. ``load(path, overrides)``: torch-free. Read the file (``read_config``), apply ``--set``
-   overrides (``apply_override``), check the sections and the skill's own keys
-   (``check_structure``) and make the file paths absolute (relative to the config file).
+1. ``FORM.load(path, overrides)``: torch-free. Read the file, apply ``--set`` overrides, check
+   the sections and the skill's own keys (``check_structure``) and make the file paths absolute
+   (relative to the config file): ``config_kit.reading`` with this run's tables.
 2. ``check_against_library(config)``: every [palm], [reward_model], [trainer] and [train] key
-   against ``inspect.signature`` of the installed constructors (imports torch and the library),
-   the user programs loaded and their signatures checked (``programs``). Returns the resolved
-   config (a dict, below) that ``builder.build`` and the planner take.
+   against ``inspect.signature`` of the installed constructors (imports torch and the library:
+   ``config_kit.library``), the user programs loaded and their signatures checked
+   (``config_kit.programs``). Returns the resolved config (a dict, below) that ``builder.build``
+   and the planner take.
 
 Every bad input is one line, ``SkillError`` exit 2, naming the key or the file.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import cached_sampler  # torch-free at import
+from config_kit import library, programs, reading
 from data_kit import layouts, tables, tokenizer_file
-from skill_runtime import exits, options
+from skill_runtime import byte_tokenizer, exits, options
 from policy_optimization import trainers
 
 SECTIONS = ("palm", "reward_model", "reward", "trainer", "prompts", "train", "eval", "run", "tokenizer")
@@ -53,142 +54,33 @@ PATH_KEYS = (("palm", "checkpoint"), ("prompts", "file"), ("prompts", "tokenizer
 SIZE_KEYS = ("heads", "dim_head", "ff_mult")  # PaLM arguments that size the model beside dim and depth
 PROGRAM_KEYS = (("prompts", "tokenizer"), ("reward", "program"), ("reward", "text_program"), ("eval", "metric"),
                 ("eval", "text_metric"))
+# what each program key is called with, and its contract in words (config_kit.programs.load_program)
+CONTRACTS: dict[tuple[str, str], programs.Contract] = {
+    ("prompts", "tokenizer"): (1, "tokenizer(prompts: list[str]) -> (n, len) int64 ids padded with 0"),
+    ("reward", "program"): (2, "function(x (b, n) int64, response_mask (b, n) bool) -> (b,)"),
+    ("reward", "text_program"): (2, "function(prompt: str, response: str) -> float"),
+    ("eval", "metric"): (2, "function(x (b, n) int64, response_mask (b, n) bool) -> (b,)"),
+    ("eval", "text_metric"): (2, "function(prompt: str, response: str) -> float"),
+}
 REWARD_SOURCES = ("program", "text_program", "checkpoint")
 # constructor arguments the skill supplies itself, with where the config sets them instead
-SUPPLIED = {"palm": "[palm]", "reward_model": "[reward_model] or [reward]", "prompts": "[prompts]",
+SUPPLIED = {**library.MODEL_SUPPLIED, "reward_model": "[reward_model] or [reward]", "prompts": "[prompts]",
             "prompts_path": "[prompts] file", "prompt_token_ids": "[prompts]",
             "tokenizer": "[prompts] tokenizer", "accelerate_kwargs": "--device",
             "critic": "nothing (a PaLM object)", "actor_critic": "nothing (a module object)"}
 # lowest accepted value of a key; below it the library divides by zero or builds nothing
-MIN_VALUE = {("palm", "dim"): 1, ("palm", "num_tokens"): 2, ("palm", "depth"): 1,
-             ("palm", "heads"): 1, ("palm", "dim_head"): 1, ("trainer", "minibatch_size"): 1,
+MIN_VALUE = {**library.PALM_MINIMUM, ("trainer", "minibatch_size"): 1,
              ("trainer", "epochs"): 0, ("train", "num_episodes"): 0, ("train", "max_timesteps"): 0,
              ("train", "update_timesteps"): 1, ("train", "max_seq_len"): 1,
              ("train", "max_episodes"): 1, ("prompts", "count"): 1, ("prompts", "length"): 1,
              ("eval", "every"): 1, ("eval", "samples"): 1, ("run", "rounds"): 1,
              ("run", "checkpoint_every"): 1, ("run", "seed"): 0}
 MAX_VALUE = {("run", "seed"): options.MAX_SEED}
-MAX_CONFIG_BYTES = 2**20  # 1 MiB: a config is a few KiB; /dev/zero or a stray dump is refused
 PLANS = Path(__file__).resolve().parents[2] / "assets" / "plans"  # the shipped configs
 FIRST_RUN = PLANS.parent / "first-run"  # the shipped run: train's example
 
 
-# --- reading ---------------------------------------------------------------------------------------
-
-def from_stdin(path: str) -> bool:
-    """Whether ``--config path`` names standard input: ``-`` or /dev/stdin."""
-    return path in ("-", "/dev/stdin")
-
-
-def read_config(path: str, shipped: Path = PLANS) -> dict[str, Any]:
-    """Parse ``path``: JSON when it ends in .json, else TOML; ``-`` or /dev/stdin is standard input
-    (TOML). At most ``MAX_CONFIG_BYTES`` + 1 bytes are read. A named pipe (FIFO) or socket would
-    block until a writer opens it: refused, except a descriptor this process already holds
-    (/dev/fd/N, as ``<(...)`` gives); a device such as /dev/zero is read up to the cap, then
-    refused as too large.
-    Raises SkillError(2) when it cannot be read, is a FIFO or socket, is a terminal on standard
-    input, is larger than the cap, cannot be parsed, or is not a table of tables; a missing file's
-    error names ``shipped``, the folder of the shipped configs."""
-    import stat
-    import sys
-    stdin = from_stdin(path)
-    file = Path(path)
-    try:
-        inherited = path.startswith(("/dev/fd/", "/proc/self/fd/"))  # a descriptor already open: <(...)
-        if not stdin and not inherited:
-            mode = file.stat().st_mode
-            if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
-                raise exits.SkillError(f"config {path}: a named pipe or socket, which blocks until a writer opens "
-                                       "it: pass a regular file, or pipe the config into --config -")
-        if stdin and sys.stdin.isatty():
-            raise exits.SkillError(f"config {path}: standard input is a terminal: pipe the config in "
-                                   "(--config - < run.toml) or pass its file")
-        if stdin:
-            data = sys.stdin.buffer.read(MAX_CONFIG_BYTES + 1)
-        else:
-            with file.open("rb") as stream:
-                data = stream.read(MAX_CONFIG_BYTES + 1)
-        if len(data) > MAX_CONFIG_BYTES:
-            raise exits.SkillError(f"config {path}: larger than {MAX_CONFIG_BYTES // 2**20} MiB, the most a config "
-                                   "may be (a config is a few KiB): pass the TOML or JSON config file")
-        text = data.decode("utf-8-sig")  # a byte-order mark, as some editors write, is not part of the TOML
-    except (OSError, UnicodeDecodeError) as exc:
-        hint = f" (the shipped configs are in {shipped})" if isinstance(exc, FileNotFoundError) else ""
-        raise exits.SkillError(f"config {path}: cannot read it: {exits.one_line(exc)}{hint}") from None
-    if file.suffix.lower() == ".json":
-        try:
-            config = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise exits.SkillError(f"config {path}: not valid JSON: {exc}") from None
-    else:
-        import tomllib as toml
-        try:
-            config = toml.loads(text)
-        except toml.TOMLDecodeError as exc:
-            raise exits.SkillError(f"config {path}: not valid TOML: {exc}") from None
-    if not isinstance(config, dict):
-        raise exits.SkillError(f"config {path}: the top level must be a table of [palm], [trainer], ... tables")
-    return config
-
-
-def apply_override(config: dict[str, Any], text: str, sections: tuple[str, ...] = SECTIONS) -> None:
-    """Apply ``--set SECTION.KEY=VALUE`` (SECTION one of ``sections``, a policy run's by default);
-    VALUE is read as JSON (numbers, true/false, "text", [1, 2]), else kept as a string; ``null``
-    removes the key (the default applies again). Raises SkillError(2) for a malformed override."""
-    name, sep, raw = text.partition("=")
-    section, dot, key = name.strip().partition(".")
-    if not sep or not dot or not key or section not in sections:
-        raise exits.SkillError(f"--set {text!r}: expected SECTION.KEY=VALUE with SECTION one of {', '.join(sections)}")
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError:
-        value = raw.strip()
-    table = config.setdefault(section, {})
-    if not isinstance(table, dict):
-        raise exits.SkillError(f"config [{section}]: must be a table")
-    if value is None:  # null: unset it, so the default applies (or [prompts] file replaces count)
-        table.pop(key.strip(), None)
-    else:
-        table[key.strip()] = value
-
-
-def load(path: str, overrides: list[str] | None = None, shipped: Path = PLANS) -> dict[str, Any]:
-    """``read_config`` (``shipped``: the folder a missing file's message names), the overrides,
-    ``check_structure``, then every file path made absolute (relative to the config file's folder;
-    for standard input the current directory). Torch-free. Returns the config (a dict of tables).
-    Raises SkillError(2)."""
-    config = read_config(path, shipped)
-    for text in overrides or []:
-        apply_override(config, text)
-    check_structure(config)
-    base = Path.cwd() if from_stdin(path) else Path(path).resolve().parent
-    for section, key in PATH_KEYS:
-        if key in config.get(section, {}):
-            config[section][key] = absolute(config[section][key], base, (section, key) in PROGRAM_KEYS)
-    return config
-
-
-def absolute(value: str, base: Path, program: bool) -> str:
-    """``value`` (a path, or ``file.py:callable`` when ``program``) with its path made absolute
-    against ``base``."""
-    file, sep, name = value.rpartition(":") if program else (value, "", "")
-    return str((base / Path(file).expanduser()).resolve()) + sep + name
-
-
 # --- structure (no torch) --------------------------------------------------------------------------
-
-def type_name(value: Any) -> str:
-    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array",
-            dict: "table", type(None): "null"}.get(type(value), type(value).__name__)
-
-
-def check_minimum(section: str, key: str, value: Any) -> None:
-    low, high = MIN_VALUE.get((section, key)), MAX_VALUE.get((section, key))
-    if low is not None and isinstance(value, int) and value < low:
-        raise exits.SkillError(f"config [{section}] {key}: must be at least {low}, got {value}")
-    if high is not None and isinstance(value, int) and value > high:
-        raise exits.SkillError(f"config [{section}] {key}: must be at most {high}, got {value}")
-
 
 def check_own_keys(config: dict[str, Any], section: str) -> None:
     """The skill's own keys of ``section`` (OWN_KEYS): known, of their type, above their minimum;
@@ -204,21 +96,17 @@ def check_own_keys(config: dict[str, Any], section: str) -> None:
             raise exits.SkillError(f"config [{section}] {key}: unknown key; the keys are {', '.join(own)}")
         want = own[key]
         if type(value) is not want:
-            raise exits.SkillError(f"config [{section}] {key}: expected {type_name(want())}, got {type_name(value)}")
-        if want is str and ((section, key) in PROGRAM_KEYS) and not program_syntax(value):
+            raise exits.SkillError(f"config [{section}] {key}: expected {reading.type_name(want())}, "
+                                   f"got {reading.type_name(value)}")
+        if want is str and ((section, key) in PROGRAM_KEYS) and not reading.program_syntax(value):
             raise exits.SkillError(f"config [{section}] {key}: expected \"file.py:callable\", got {value!r}")
-        check_minimum(section, key, value)
+        library.check_minimum(section, key, value, MIN_VALUE, MAX_VALUE)
         if (section, key) in CHOICES and value not in CHOICES[section, key]:
             raise exits.SkillError(f"config [{section}] {key}: {value!r}; choose one of {', '.join(CHOICES[section, key])}")
         if section == "prompts" and key == "template":
             layouts.check_template(value, "config [prompts] template")
         if section == "prompts" and key == "columns":
             layouts.check_columns(value, "config [prompts] columns")
-
-
-def program_syntax(value: str) -> bool:
-    file, sep, name = value.rpartition(":")
-    return bool(sep and file and name.isidentifier())
 
 
 def check_structure(config: dict[str, Any]) -> None:
@@ -228,7 +116,7 @@ def check_structure(config: dict[str, Any]) -> None:
         if name not in SECTIONS:
             raise exits.SkillError(f"config: unknown section [{name}]; the sections are {', '.join(SECTIONS)}")
         if not isinstance(config[name], dict):
-            raise exits.SkillError(f"config [{name}]: must be a table, got {type_name(config[name])}")
+            raise exits.SkillError(f"config [{name}]: must be a table, got {reading.type_name(config[name])}")
     for name in REQUIRED_SECTIONS:
         if name not in config:
             raise exits.SkillError(f"config: missing section [{name}]")
@@ -306,71 +194,16 @@ def check_rounds(config: dict[str, Any]) -> None:
             raise exits.SkillError("config [eval]: metric and text_metric: give one gold metric (ids or text)")
 
 
+FORM = reading.Form(SECTIONS, check_structure, PATH_KEYS, PROGRAM_KEYS, PLANS)  # load, stored: this run's config
+
+
 # --- against the installed library (imports torch) ----------------------------------------------------
-
-def check_value(section: str, key: str, value: Any, default: Any, required: bool) -> Any:
-    """Check one value against the installed parameter's default (its type is the contract:
-    palm-rlhf-pytorch annotates almost nothing). Returns the value to pass (lists become tuples
-    where the default is a tuple). Raises SkillError(2) naming the key."""
-    where = f"config [{section}] {key}"
-    if required:
-        expected = (int,)
-    elif callable(default) and not isinstance(default, type):
-        raise exits.SkillError(f"{where}: a Python callable; it cannot be set from a config file")
-    elif isinstance(default, bool):
-        expected = (bool,)
-    elif isinstance(default, int):
-        expected = (int,)
-    elif isinstance(default, float):
-        expected = (int, float)
-    elif isinstance(default, str):
-        expected = (str,)
-    elif isinstance(default, tuple):
-        expected = (list,)
-    elif isinstance(default, dict):
-        expected = (dict,)
-    elif default is None:  # max_norm, dr_grpo_constant, eos_token, ...: any plain value
-        expected = (bool, int, float, str)
-    else:
-        expected = (type(default),)
-    if type(value) not in expected or (isinstance(value, bool) and bool not in expected):
-        want = " or ".join(type_name(t()) for t in expected)
-        raise exits.SkillError(f"{where}: expected {want}, got {type_name(value)}"
-                               + ("" if value is None else f" {value!r}"))
-    check_minimum(section, key, value)
-    return tuple(value) if isinstance(default, tuple) else value
-
-
-def signature_params(target) -> dict[str, Any]:
-    import inspect
-    return {n: p for n, p in inspect.signature(target).parameters.items()
-            if n != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
-
-
-def check_section(section: str, target, given: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``given`` against ``target``'s signature: (values to pass, values with the defaults filled in)."""
-    params = signature_params(target)
-    values = {}
-    for key, value in given.items():
-        if key in SUPPLIED and section in ("trainer", "reward_model"):
-            raise exits.SkillError(f"config [{section}] {key}: set by the skill from {SUPPLIED[key]}")
-        if key not in params:
-            known = ", ".join(n for n in params if n not in SUPPLIED)
-            raise exits.SkillError(f"config [{section}] {key}: not an argument of the installed "
-                                   f"{getattr(target, '__qualname__', section)}; known: {known}")
-        param = params[key]
-        values[key] = check_value(section, key, value, param.default, param.default is param.empty)
-    missing = [n for n, p in params.items() if p.default is p.empty and n not in values and n not in SUPPLIED]
-    if missing:
-        raise exits.SkillError(f"config [{section}] {missing[0]}: missing (required by the installed library)")
-    return values, {**{n: p.default for n, p in params.items() if p.default is not p.empty}, **values}
-
 
 def check_against_library(config: dict[str, Any]) -> dict[str, Any]:
     """Every [palm], [reward_model], [trainer] and [train] key against ``inspect.signature`` of the
     installed ``PaLM``, ``RewardModel``, trainer class and its ``train()``, so the skill cannot
     drift from the library; then the user programs ([prompts] tokenizer, [reward] program or
-    text_program) imported and their signatures checked (``programs.load_program``).
+    text_program) imported and their signatures checked (``config_kit.programs.load_program``).
 
     Returns the resolved config, a dict: ``name`` (the trainer), ``trainer_class``; per library
     section the user's values (``palm``, ``reward_model``, ``trainer``, ``train``); ``effective``
@@ -382,7 +215,6 @@ def check_against_library(config: dict[str, Any]) -> dict[str, Any]:
     without [run]); ``defaults_applied`` (``defaults_applied``).
     Raises SkillError(2) naming the first unknown key, wrong type, or unusable program or file."""
     from palm_rlhf_pytorch import PaLM, RewardModel
-    from policy_optimization import programs
 
     name = config["trainer"]["name"]
     trainer_cls = trainers.TRAINERS[name].load()
@@ -394,7 +226,8 @@ def check_against_library(config: dict[str, Any]) -> dict[str, Any]:
     for section, target in targets.items():
         given = palm_given if section == "palm" else {
             k: v for k, v in config.get(section, {}).items() if not (section == "trainer" and k == "name")}
-        resolved[section], resolved["effective"][section] = check_section(section, target, given)
+        resolved[section], resolved["effective"][section] = library.check_section(section, target, given, SUPPLIED,
+                                                                                  MIN_VALUE)
     resolved["reward_palm"] = None
     trained = reward_checkpoint_config(config)
     if trained is not None:
@@ -415,7 +248,8 @@ def check_against_library(config: dict[str, Any]) -> dict[str, Any]:
             tables.must_exist(f"config [{section}] {key}", config[section][key])  # a file, or a datasets folder
         elif key in config.get(section, {}) and (section, key) not in PROGRAM_KEYS:
             programs.must_be_file(f"config [{section}] {key}", config[section][key])
-    resolved["programs"] = {f"{section}.{key}": programs.load_program(section, key, config[section][key])
+    resolved["programs"] = {f"{section}.{key}": programs.load_program(section, key, config[section][key],
+                                                                      CONTRACTS[section, key])
                             for section, key in PROGRAM_KEYS if key in config.get(section, {})}
     resolved["tokenizer_file"] = tokenizer_file.load(config.get("tokenizer"), "config [tokenizer]",
                                                      resolved["palm"]["num_tokens"], "config [palm] num_tokens")
@@ -460,8 +294,9 @@ def reward_checkpoint_config(config: dict[str, Any]) -> tuple[dict[str, Any], di
                                "arguments (train-reward wrote it): remove [reward_model]")
     trained = artifacts.read(path, where)
     try:
-        palm, _ = check_section("palm", PaLM.__init__, trained["palm"])
-        values, effective = check_section("reward_model", RewardModel.__init__, trained["reward_model"])
+        palm, _ = library.check_section("palm", PaLM.__init__, trained["palm"], SUPPLIED, MIN_VALUE)
+        values, effective = library.check_section("reward_model", RewardModel.__init__, trained["reward_model"],
+                                                  SUPPLIED, MIN_VALUE)
     except exits.SkillError as err:
         raise exits.SkillError(f"{where}: {path}: {str(err).removeprefix('config ')}") from None
     return palm, values, effective, trained.get("tokenizer")
@@ -524,3 +359,10 @@ def defaults_applied(config: dict[str, Any], resolved: dict[str, Any]) -> list[d
         if section in config and key not in config[section]:
             out.append({"section": section, "key": key, "value": value, "source": "skill"})
     return out
+
+
+def tokenizer(resolved: dict[str, Any]):
+    """The prompt tokenizer: [prompts] tokenizer's callable, [tokenizer] file's
+    (``data_kit.tokenizer_file.TokenizerFile``), else the skill's ByteTokenizer."""
+    return resolved["programs"].get("prompts.tokenizer") or resolved.get("tokenizer_file") \
+        or byte_tokenizer.ByteTokenizer()

@@ -3,7 +3,8 @@ and ``DIR/rm_config.json``, ``{"palm": {...}, "reward_model": {...}, "tokenizer"
 arguments that build it and the tokenizer it read (the policy must read the same): ``RewardModel(PaLM(**c["palm"]), **c["reward_model"])`` then ``load_state_dict(torch.load(rm.pt))``.
 
 ``palm-rlhf-skill train``'s ``[reward] checkpoint = ".../rm.pt"`` reads the rm_config.json beside
-it (``beside``, ``read``), so the reward model keeps its own sizes whatever the policy's [palm] is.
+it (``beside``, ``read``), so the reward model keeps its own sizes whatever the policy's [palm] is,
+and the ids it never saw in training from the summary.json beside it (``unseen_ids``).
 Torch-free at import.
 """
 from __future__ import annotations
@@ -56,3 +57,22 @@ def read(path: Path, where: str) -> dict[str, dict[str, Any]]:
         raise exits.SkillError(f"{where}: {path}: expected {{\"palm\": {{...}}, \"reward_model\": {{...}}}} "
                                "(the arguments that build the reward model)")
     return config
+
+
+def unseen_ids(checkpoint: str | None) -> list[int] | None:
+    """The ids the reward model of ``checkpoint`` (a policy run's [reward] checkpoint) never saw in
+    training: ``unseen_ids`` of the ``summary.json`` beside the checkpoint file (what
+    ``train-reward`` writes), or None without a checkpoint, a record or that key. Raises
+    SkillError(2) when the record is there but is not JSON or its ``unseen_ids`` is not a list of
+    integers."""
+    record = Path(checkpoint).parent / rundir.SUMMARY if checkpoint else None
+    if record is None or not record.is_file():
+        return None
+    try:
+        ids = json.loads(record.read_text(encoding="utf-8")).get("unseen_ids")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError) as exc:
+        raise exits.SkillError(f"config [reward] checkpoint: {record}: unreadable ({exits.one_line(exc)}): the "
+                               "reward model's record (train-reward writes it)") from None
+    if ids is not None and not (isinstance(ids, list) and all(type(i) is int for i in ids)):
+        raise exits.SkillError(f"config [reward] checkpoint: {record}: unseen_ids is not a list of integer ids")
+    return ids

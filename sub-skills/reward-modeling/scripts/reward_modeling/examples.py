@@ -118,7 +118,7 @@ def tokenize(rows: list[dict[str, Any]], kind: str, tokenizer: Callable, num_tok
     skill's ``ByteTokenizer`` or [data] tokenizer), each distinct text once, pad ids stripped.
     Raises SkillError(2) naming ``where`` when the tokenizer fails, returns another number of rows,
     ids beyond ``num_tokens``, or no id for a response."""
-    from policy_optimization import programs
+    from config_kit import programs
     texts = sorted({row[k] for row in rows for k in KEYS[kind][:3] if isinstance(row[k], str) and row[k]})
     ids = programs.tokenize(tokenizer, texts, where, num_tokens)
     if ids.shape[0] != len(texts):

@@ -1,5 +1,6 @@
 """The words and figures of a reward-model run: the pairwise accuracy, one metrics row per round,
-``summary.json``, the verdict with the next command, and the plain report. Torch-free."""
+``summary.json``, the verdict with the next command, the plain report, and ``LAYOUT``, how
+``watch`` shows a reward-model run (``run_kit.watch.Layout``). Torch-free."""
 from __future__ import annotations
 
 import time
@@ -7,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from reward_modeling import coverage
-from run_kit import rundir
+from run_kit import rundir, watch
 from skill_runtime import reporting
 
 # The keys of a reward run's metrics row, in order; units and meaning: references/run-reports.md#train-reward-metrics-row.
@@ -251,3 +252,11 @@ def plain(summary: dict[str, Any]) -> str:
     lines.append(f"{summary['verdict']}; next: {summary['next']}")
     return "\n".join(reporting.terminal_text(line) for line in lines)  # a stored summary's strings escaped
 
+
+# watch's columns (column, row key, format) and curves (label, row key) of a reward-model run
+TABLE = (("round", "round", "{:d}"), ("epoch", "epoch", "{:.2f}"), ("loss", "loss", "{:.4f}"),
+         ("accuracy", "train_accuracy", "{:.3f}"), ("held-out", "held_out_accuracy", "{:.3f}"),
+         ("margin", "margin", "{:.3g}"), ("rows/s", "examples_per_s", "{:.0f}"), ("s", "wall_s", "{:.1f}"))
+CURVES = (("held-out accuracy", "held_out_accuracy"), ("accuracy", "train_accuracy"), ("loss", "loss"),
+          ("held-out loss", "held_out_loss"), ("margin", "margin"))
+LAYOUT = watch.Layout(TABLE, CURVES, "held-out accuracy", "palm-rlhf-skill train-reward", parse_row, read, verdict, {})

@@ -23,7 +23,6 @@ Under N processes each rank takes every N-th row of a batch and DDP averages the
 """
 from __future__ import annotations
 
-import copy
 import json
 import math
 import os
@@ -36,9 +35,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from data_kit import tokenizer_file
-from policy_optimization import run_config
 from reward_modeling import artifacts, coverage, examples, reward_report, rm_config
-from run_kit import checkpoint, command, launch, rundir, trackers
+from run_kit import checkpoint, claiming, command, launch, models, rundir, trackers
 from skill_runtime import byte_tokenizer, exits, placement, streams
 
 PROG = "palm-rlhf-skill train-reward"
@@ -68,7 +66,7 @@ class Options:
 class Prepared:
     """A run checked before a model exists: its directory (``claim``), the config as loaded (with
     its files' digests) and resolved, the tokenized training and held-out rows."""
-    claim: rundir.Claim
+    claim: claiming.Claim
     loaded: dict[str, Any]
     resolved: dict[str, Any]
     train: examples.Examples
@@ -95,11 +93,11 @@ class Prepared:
 def prepare(config_path: str | None, run_dir: str | Path, resume: bool, force: bool, overrides: list[str] | None,
             options: Options) -> Prepared:
     """Everything that can be refused before a model exists: the run directory
-    (``rundir.claimed``), the config (or on ``resume`` without one, the run's own), a changed
+    (``claiming.claimed``), the config (or on ``resume`` without one, the run's own), a changed
     config on ``resume`` (``[train] epochs`` may grow), the tracker package, the keys against the
     installed library, the data read, checked and tokenized. Raises SkillError(2) (3: a tracker
     package missing); a refused start leaves no directory it created."""
-    with rundir.claimed(run_dir, resume, force, launch.writes_files(PROG), options.say) as claim:
+    with claiming.claimed(run_dir, resume, force, launch.writes_files(PROG), options.say) as claim:
         found = claim.run.read_config(resume)  # raises when it is not a run config: never replaced
         stored = found[0] if found and resume else None
         if found and stored is not None and stored.get("kind") != KIND:
@@ -109,16 +107,8 @@ def prepare(config_path: str | None, run_dir: str | Path, resume: bool, force: b
             raise exits.SkillError(f"--resume {run_dir}: no {rundir.CONFIG} there to resume from: give --config FILE")
         if stored is not None and not config_path:  # --set on the stored config: only what extends the run
             rundir.check_resume_overrides(overrides, GROWABLE, run_dir)
-        config = rm_config.load(config_path, overrides) if config_path else copy.deepcopy(stored["config"])
-        if not config_path:
-            try:
-                rm_config.check_structure(config)
-            except exits.SkillError as err:
-                raise exits.SkillError(f"{found[1]}: {err}: damaged or edited; resume with --config FILE (the run's "
-                                       "own)") from None
-            for text in overrides or []:  # [train] epochs: the run goes on
-                run_config.apply_override(config, text, rm_config.SECTIONS)
-            rm_config.check_structure(config)
+        config = rm_config.FORM.load(config_path, overrides) if config_path else \
+            rm_config.FORM.stored(stored["config"], overrides, found[1])  # [train] epochs may grow: the run goes on
         loaded = {"kind": KIND, "config": config, "files": rundir.file_digests(rm_config.files_named(config)),
                   "run_id": stored.get("run_id") if stored is not None else uuid.uuid4().hex,
                   "options": {**(stored or {}).get("options", {}), **options.keep}}
@@ -248,18 +238,14 @@ class RewardRun:
         import torch
         from accelerate import Accelerator
         from accelerate.utils import set_seed
-        from palm_rlhf_pytorch import PaLM, RewardModel
-        from policy_optimization import builder
         resolved, run, options = prepared.resolved, prepared.claim.run, prepared.options
         device_kwargs, device = prepared.place(device_spec)
         if options.log_with:
             device_kwargs = {**device_kwargs, **trackers.accelerate_kwargs(options.log_with, run.trackers)}
         set_seed(resolved["run"]["seed"])
         try:
-            palm = PaLM(**resolved["palm"])
-            if resolved["palm_checkpoint"]:
-                builder.load_weights(palm, resolved["palm_checkpoint"], "[palm] checkpoint")
-            model = RewardModel(palm, **resolved["reward_model"])
+            model = models.reward_model(models.palm(resolved["palm"], resolved["palm_checkpoint"]),
+                                        resolved["reward_model"], None)
         except exits.SkillError:
             raise
         except (AssertionError, TypeError, ValueError, RuntimeError) as exc:

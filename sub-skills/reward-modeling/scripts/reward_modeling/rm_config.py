@@ -1,7 +1,7 @@
 """The reward-model run's config (``palm-rlhf-skill train-reward --config RM.toml``).
 
-TOML (or JSON by its ``.json`` suffix), read by the policy run's own reader
-(``run_config.read_config``), with the tables:
+TOML (or JSON by its ``.json`` suffix), read by the reader every kind of run uses
+(``config_kit.reading``), with the tables:
 
 - ``[palm]``: the reward model's own PaLM (``PaLM``'s arguments; ``checkpoint``: a PaLM state dict
   to start from, such as the policy's ``policy.pt``);
@@ -19,9 +19,9 @@ TOML (or JSON by its ``.json`` suffix), read by the policy run's own reader
 - ``[tokenizer]``: ``file``, a ``tokenizer.json`` (``data_kit.tokenizer_file``, as the policy's),
   ``eos`` (checked to exist: the policy run uses it).
 
-Two steps, as ``run_config``: ``load`` (torch-free: structure, types, paths made absolute relative
-to the config file's folder) and ``check_against_library`` (every [palm] and [reward_model] key
-against the installed signatures, the tokenizer loaded). Every bad input is one line, SkillError
+Two steps, as the policy run's config: ``FORM.load`` (torch-free: structure, types, paths made
+absolute relative to the config file's folder) and ``check_against_library`` (every [palm] and
+[reward_model] key against the installed signatures, the tokenizer loaded). Every bad input is one line, SkillError
 exit 2, naming the key.
 """
 from __future__ import annotations
@@ -30,11 +30,14 @@ import math
 from pathlib import Path
 from typing import Any
 
+from config_kit import library, programs, reading
 from data_kit import layouts, tables, tokenizer_file
 from skill_runtime import exits, options
-from policy_optimization import run_config
 
 SECTIONS = ("palm", "reward_model", "data", "train", "run", "tokenizer")
+# a policy run's sections that are not this config's: named in the error for one of them
+# (tests/test_train_reward.py: the policy run's SECTIONS less these SECTIONS)
+POLICY_SECTIONS = ("reward", "trainer", "prompts", "eval")
 REQUIRED = ("palm", "data")
 # The skill's own keys: (type, default); default None: optional, no value. The one table of them.
 OWN_KEYS: dict[str, dict[str, tuple[type, Any]]] = {
@@ -51,27 +54,13 @@ OWN_KEYS: dict[str, dict[str, tuple[type, Any]]] = {
 PATH_KEYS = (("palm", "checkpoint"), ("data", "pairs"), ("data", "ratings"), ("data", "held_out"), ("data", "tokenizer"),
              ("tokenizer", "file"))
 PROGRAM_KEYS = (("data", "tokenizer"),)
+CONTRACTS: dict[tuple[str, str], programs.Contract] = {
+    ("data", "tokenizer"): (1, "tokenizer(texts: list[str]) -> (n, len) int64 ids padded with 0")}
 DATA_KINDS = ("pairs", "ratings")
 CHOICES = {("data", "format"): layouts.FORMATS, ("data", "implicit_prompt"): layouts.CUTS}
 MIN_INT = {("data", "max_length"): 2, ("data", "min_held_out"): 1, ("train", "epochs"): 1, ("train", "batch_size"): 1, ("train", "steps_per_round"): 1,
            ("run", "checkpoint_every"): 1, ("run", "seed"): 0}
 SHIPPED = Path(__file__).resolve().parents[2] / "assets" / "preferences"  # the worked example's rm.toml
-
-
-def load(path: str, overrides: list[str] | None = None) -> dict[str, Any]:
-    """Read ``path`` (``run_config.read_config``), apply ``--set SECTION.KEY=VALUE`` overrides,
-    check the structure (``check_structure``) and make the file paths absolute, relative to the
-    config file's folder (standard input: the current directory). Torch-free. Returns the config
-    (a dict of tables). Raises SkillError(2)."""
-    config = run_config.read_config(path, shipped=SHIPPED)
-    for text in overrides or []:
-        run_config.apply_override(config, text, SECTIONS)
-    check_structure(config)
-    base = Path.cwd() if run_config.from_stdin(path) else Path(path).resolve().parent
-    for section, key in PATH_KEYS:
-        if key in config.get(section, {}):
-            config[section][key] = run_config.absolute(config[section][key], base, (section, key) in PROGRAM_KEYS)
-    return config
 
 
 def check_value(section: str, key: str, value: Any) -> None:
@@ -80,14 +69,14 @@ def check_value(section: str, key: str, value: Any) -> None:
     where = f"config [{section}] {key}"
     ok = type(value) is want or (want is float and type(value) is int)
     if not ok:
-        raise exits.SkillError(f"{where}: expected {run_config.type_name(want())}, got {run_config.type_name(value)}")
+        raise exits.SkillError(f"{where}: expected {reading.type_name(want())}, got {reading.type_name(value)}")
     if (section, key) in CHOICES and value not in CHOICES[section, key]:
         raise exits.SkillError(f"{where}: {value!r}; choose one of {', '.join(CHOICES[section, key])}")
     if key == "template":
         layouts.check_template(value, where)
     if key == "columns":
         layouts.check_columns(value, where)
-    if (section, key) in PROGRAM_KEYS and not run_config.program_syntax(value):
+    if (section, key) in PROGRAM_KEYS and not reading.program_syntax(value):
         raise exits.SkillError(f"{where}: expected \"file.py:callable\", got {value!r}")
     low = MIN_INT.get((section, key))
     if low is not None and value < low:
@@ -109,10 +98,10 @@ def check_structure(config: dict[str, Any]) -> None:
     SkillError(2) naming the first bad section or key."""
     for name, table in config.items():
         if name not in SECTIONS:
-            hint = " (a policy run's section: this is train-reward's config)" if name in run_config.SECTIONS else ""
+            hint = " (a policy run's section: this is train-reward's config)" if name in POLICY_SECTIONS else ""
             raise exits.SkillError(f"config: unknown section [{name}]{hint}; the sections are {', '.join(SECTIONS)}")
         if not isinstance(table, dict):
-            raise exits.SkillError(f"config [{name}]: must be a table, got {run_config.type_name(table)}")
+            raise exits.SkillError(f"config [{name}]: must be a table, got {reading.type_name(table)}")
     for name in REQUIRED:
         if name not in config:
             raise exits.SkillError(f"config: missing section [{name}]")
@@ -137,6 +126,9 @@ def check_structure(config: dict[str, Any]) -> None:
                                "give one")
 
 
+FORM = reading.Form(SECTIONS, check_structure, PATH_KEYS, PROGRAM_KEYS, SHIPPED)  # load, stored: this run's config
+
+
 def defaulted(config: dict[str, Any], section: str) -> dict[str, Any]:
     """``section``'s own keys with the defaults of ``OWN_KEYS`` filled in (None: not given)."""
     given = config.get(section, {})
@@ -145,8 +137,8 @@ def defaulted(config: dict[str, Any], section: str) -> dict[str, Any]:
 
 def check_against_library(config: dict[str, Any]) -> dict[str, Any]:
     """[palm] against ``PaLM.__init__`` and [reward_model] against ``RewardModel.__init__``
-    (``run_config.check_section``: the installed signatures), every named file present, the
-    tokenizer imported and its signature checked (``programs.load_program``). Imports torch.
+    (``config_kit.library.check_section``: the installed signatures), every named file present, the
+    tokenizer imported and its signature checked (``config_kit.programs.load_program``). Imports torch.
 
     Returns the resolved config: ``palm`` and ``reward_model`` (the values to pass),
     ``effective_palm`` and ``effective_reward_model`` (with the library defaults filled in: what
@@ -157,12 +149,13 @@ def check_against_library(config: dict[str, Any]) -> dict[str, Any]:
     (``num_binned_output`` > 1: its forward returns a sampled bin index, no gradient for a
     Bradley-Terry loss, reward.py:125-130)."""
     from palm_rlhf_pytorch import PaLM, RewardModel
-    from policy_optimization import programs
     palm_given = {k: v for k, v in config["palm"].items() if k not in OWN_KEYS["palm"]}
     resolved: dict[str, Any] = {"palm_checkpoint": config["palm"].get("checkpoint")}
-    resolved["palm"], resolved["effective_palm"] = run_config.check_section("palm", PaLM.__init__, palm_given)
-    resolved["reward_model"], resolved["effective_reward_model"] = run_config.check_section(
-        "reward_model", RewardModel.__init__, dict(config.get("reward_model", {})))
+    resolved["palm"], resolved["effective_palm"] = library.check_section(
+        "palm", PaLM.__init__, palm_given, library.MODEL_SUPPLIED, library.PALM_MINIMUM)
+    resolved["reward_model"], resolved["effective_reward_model"] = library.check_section(
+        "reward_model", RewardModel.__init__, dict(config.get("reward_model", {})), library.MODEL_SUPPLIED,
+        library.PALM_MINIMUM)
     for section in ("data", "train", "run"):
         resolved[section] = defaulted(config, section)
     resolved["kind"] = next(k for k in DATA_KINDS if resolved["data"][k] is not None)
@@ -179,7 +172,7 @@ def check_against_library(config: dict[str, Any]) -> dict[str, Any]:
             programs.must_be_file(f"config [{section}] {key}", value)
     tokenizer = resolved["data"]["tokenizer"]
     resolved["programs"] = {} if tokenizer is None else {
-        "data.tokenizer": programs.load_program("data", "tokenizer", tokenizer)}
+        "data.tokenizer": programs.load_program("data", "tokenizer", tokenizer, CONTRACTS["data", "tokenizer"])}
     resolved["tokenizer_file"] = tokenizer_file.load(config.get("tokenizer"), "config [tokenizer]",
                                                      resolved["effective_palm"]["num_tokens"], "config [palm] num_tokens")
     if resolved["tokenizer_file"] is not None and "eos" in config["tokenizer"]:

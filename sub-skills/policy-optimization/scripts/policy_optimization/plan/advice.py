@@ -1,8 +1,8 @@
 """What the plan advises beyond the settings' warnings: the inputs of inverse planning
 (``budget_units``), a run of over a day on a CPU (``long_on_cpu``), torch threads that wait on each
 other on a busy CPU (``threads_warning``), prompts that leave no room for a response
-(``prompts_fill_max_seq_len``), the defaults behind a fix (``defaults_note``), and the
-comparison of ``plan --one-round`` with its prediction (``one_round_report``).
+(``prompts_fill_max_seq_len``), and the comparison of ``plan --one-round`` with its prediction
+(``one_round_report``).
 
 Torch-free: arithmetic on the plan's figures.
 """
@@ -118,7 +118,7 @@ def long_on_cpu(device_type: str, wall_s: float, units: budget.Units, counts: di
     return {"code": "long_on_cpu", "blocks_learning": False,
             "message": f"predicted {reporting.seconds_text(wall_s)} on a CPU, more than a day: {counts['rollouts']:,} "
                        f"rollouts and {counts['learn_calls']:,} learn() calls"
-                       + defaults_note(defaults_applied, ("num_episodes", "max_timesteps", "max_seq_len")),
+                       + prediction.defaults_note(defaults_applied, ("num_episodes", "max_timesteps", "max_seq_len")),
             "fix": f"in one day at this size: {budget_text(day)}; or a GPU (--device cuda)", "doc": None}
 
 
@@ -152,15 +152,6 @@ def threads_warning(check: dict[str, Any] | None, load: dict[str, Any]) -> dict[
                        "is that of these waiting threads",
             "fix": "torch.set_num_threads(1) in the run (or fewer threads than idle CPUs), and plan it with "
                    "--cpu-threads 1", "doc": None}
-
-
-def defaults_note(defaults_applied: list[dict[str, Any]], keys: tuple[str, ...]) -> str:
-    """`` (num_episodes 50,000 and max_timesteps 500: train()'s defaults, not set in the config)``
-    for the ``keys`` of [train] the config left to the library; empty when it set them all."""
-    applied = {d["key"]: d["value"] for d in defaults_applied
-               if d["section"] == "train" and d["source"] == "library"}
-    named = [f"{k} {applied[k]:,}" for k in keys if k in applied]
-    return f" ({' and '.join(named)}: train()'s defaults, not set in the config)" if named else ""
 
 
 def one_round_report(out: dict[str, Any] | None, measured: dict[str, Any], counts: dict[str, int],

@@ -90,7 +90,7 @@ def plan(args, resolved: dict[str, Any], device_kwargs: dict[str, Any], device, 
     if status == "too_slow":
         reasons.append(f"predicted {reporting.seconds_text(wall['total_s'])} wall, over --max-days {args.max_days:g}: "
                        f"{counts['rollouts']:,} rollouts and {counts['learn_calls']:,} learn() calls"
-                       + advice.defaults_note(resolved["defaults_applied"], ("num_episodes", "max_timesteps")))
+                       + prediction.defaults_note(resolved["defaults_applied"], ("num_episodes", "max_timesteps")))
     if status == "fits":
         reasons.append(f"{counts['learn_calls']} learn() calls of {counts['items_per_learn']} experiences, "
                        f"{counts['optimizer_steps']} optimizer steps; peak {peak / MIB:,.0f} of "

@@ -1,6 +1,7 @@
 """The prediction of a run from its counts and the probe's measurements: memory per pool
 (``predict_memory``), wall time (``predict_time``), the warnings of settings that fail, learn
-nothing or are ignored (``build_warnings``), and the one-line verdict (``verdict``).
+nothing or are ignored (``build_warnings``), the defaults behind a fix (``defaults_note``), and
+the one-line verdict (``verdict``).
 
 Torch-free (pure arithmetic on the figures).
 """
@@ -121,6 +122,15 @@ def failing_pool(pools: dict[str, int], available: dict[str, int], pool: str) ->
     return next((p for p in dict.fromkeys((pool, "host")) if p in pools and pools[p] > available[p]), None)
 
 
+def defaults_note(defaults_applied: list[dict[str, Any]], keys: tuple[str, ...]) -> str:
+    """`` (num_episodes 50,000 and max_timesteps 500: train()'s defaults, not set in the config)``
+    for the ``keys`` of [train] the config left to the library; empty when it set them all."""
+    applied = {d["key"]: d["value"] for d in defaults_applied
+               if d["section"] == "train" and d["source"] == "library"}
+    named = [f"{k} {applied[k]:,}" for k in keys if k in applied]
+    return f" ({' and '.join(named)}: train()'s defaults, not set in the config)" if named else ""
+
+
 def memory_words(memory: dict[str, Any] | None, pools: dict[str, int], shown: str, pool: str,
                  available: dict[str, int], params: dict[str, Any], device, defaults_applied: list[dict[str, Any]],
                  learns: bool) -> tuple[str, str]:
@@ -130,7 +140,6 @@ def memory_words(memory: dict[str, Any] | None, pools: dict[str, int], shown: st
     is named as host RAM, beside the GPU's peak. ``memory`` None: not built at the real size, the
     weights (and, when learn() runs, the optimizer state and gradients) alone exceed the pool:
     the fix is smaller sizes, not fewer experiences."""
-    from policy_optimization.plan import advice
     gib = lambda n: f"{n / 2**30:,.1f} GiB"  # noqa: E731
     where = POOL_WORDS[shown] if pool == "device" else f" on {device}"
     head = f"predicted peak {gib(pools[shown])} exceeds the {gib(available[shown])} available{where}"
@@ -143,7 +152,7 @@ def memory_words(memory: dict[str, Any] | None, pools: dict[str, int], shown: st
                 "or a device with more memory")
     held = memory["parts"]["held_before_learn"]["value"]
     text = head + (f"; the experiences held before each learn() alone take {gib(held)}" if held else "") \
-        + advice.defaults_note(defaults_applied, ("update_timesteps", "max_seq_len"))
+        + defaults_note(defaults_applied, ("update_timesteps", "max_seq_len"))
     if shown == "host" and pool == "device":
         text += f" (the trainers keep them in host RAM; the GPU's peak, {gib(pools['device'])} of " \
                 f"{gib(available['device'])}, fits)" if pools["device"] <= available["device"] else " (in host RAM)"

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from skill_runtime import reporting, runner
-from policy_optimization.plan import advice
+from policy_optimization.plan import advice, prediction
 
 MIB = 2**20
 
@@ -118,7 +118,7 @@ def summary(report: dict[str, Any]) -> str:
     long = [w for w in report["warnings"] if w["code"] == "long_on_cpu"] if report["status"] == "fits" else []
     nxt = (blocking[0]["fix"] + ", then plan again" if blocking else long[0]["fix"] if long else
            "fewer rollouts (num_episodes, max_timesteps" + ", or [run] rounds" * ("run" in report.get("config", {}))
-           + ")" + advice.defaults_note(report.get("defaults_applied", []), ("num_episodes", "max_timesteps"))
+           + ")" + prediction.defaults_note(report.get("defaults_applied", []), ("num_episodes", "max_timesteps"))
            + ", smaller sizes or a faster device, then plan again (or raise --max-days; --budget names the largest "
              "run in a time)" if report["status"] == "too_slow" else
            "start the run; plan again after changing any size")

@@ -15,9 +15,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from policy_optimization import builder, evaluation, programs, run_config, trainers
+from config_kit import programs, reading
+from policy_optimization import builder, evaluation, reward_programs, run_config, trainers
 from policy_optimization.run import loop, watchdog
-from run_kit import checkpoint, rundir
+from run_kit import checkpoint, models, rundir
 from skill_runtime import exits, reporting, streams
 
 SHOW = 3  # decoded samples shown per side by default
@@ -52,9 +53,9 @@ def locate(run_dir: str) -> tuple[rundir.RunDir, dict[str, Any], Path, str]:
 def program_option(flag: str, value: str) -> str:
     """``--metric file.py:function`` with its file made absolute against the current directory.
     Raises SkillError(2) for another form."""
-    if not run_config.program_syntax(value):
+    if not reading.program_syntax(value):
         raise exits.SkillError(f"{flag} {value!r}: expected file.py:function")
-    return run_config.absolute(value, Path.cwd(), program=True)
+    return reading.absolute(value, Path.cwd(), program=True)
 
 
 def with_options(config: dict[str, Any], prompts: str | None, metric: str | None, text_metric: str | None,
@@ -183,7 +184,7 @@ def score(run_dir: str, device_spec: str, prompts: str | None = None, metric: st
         cap = loop.rotary_cap(built, resolved["effective"]["train"]["max_seq_len"])
         checkpoint.prime_rotary_to(trainer, cap)
     reward_model = trainers.unwrap(trainer, trainer.reward_model)
-    gold = programs.rule_reward(resolved, anchor=False, section="eval")
+    gold = reward_programs.rule_reward(resolved, anchor=False, section="eval")
     gold = None if gold is None else gold.to(device)
     texts, groups = builder.prompt_texts(resolved, "eval")[0], built.eval_groups
     every = len(texts) * resolved["eval"]["samples"]  # every sample kept: repetition, groups, evidence
@@ -193,7 +194,7 @@ def score(run_dir: str, device_spec: str, prompts: str | None = None, metric: st
             with progress.stage(f"score the {label} on {len(texts)} held-out prompts"), streams.capture_library_output():
                 return evaluation.of_run(resolved, palm, scope, reward_model, built.eval_prompt_ids, seed, metric=gold,
                                          pad_value=int(trainer.pad_value), keep=every)
-        except programs.RewardProgramError as exc:  # a gold metric of the wrong kind, or a program's wrong output
+        except reward_programs.RewardProgramError as exc:  # a gold metric of the wrong kind, or a program's wrong output
             raise exits.SkillError(f"scoring the {label}: {exc}: fix the program, or give it with the other option "
                                    "(--metric: ids and a response mask -> (b,); --text-metric: prompt and response "
                                    "text -> float)") from None
@@ -204,7 +205,7 @@ def score(run_dir: str, device_spec: str, prompts: str | None = None, metric: st
     if policy_file == run.policy:
         from palm_rlhf_pytorch import PaLM
         palm = PaLM(**resolved["palm"])
-        builder.load_weights(palm, str(policy_file), f"{run.policy.name} of {run_dir}")
+        models.load_weights(palm, str(policy_file), f"{run.policy.name} of {run_dir}")
         palm = palm.to(device)
         for block in palm.modules():  # the run's rotary length (checkpoint.prime_rotary_to does it for a trainer)
             if type(block).__name__ == "ParallelTransformerBlock":

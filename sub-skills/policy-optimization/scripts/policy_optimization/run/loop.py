@@ -13,7 +13,6 @@ The command line (``train_run.py``, ``palm-rlhf-skill train``) is a thin layer o
 """
 from __future__ import annotations
 
-import copy
 import json
 import math
 import signal
@@ -24,10 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from policy_optimization import builder, evaluation, programs, run_config, trainers
+from policy_optimization import builder, evaluation, reward_programs, run_config, trainers
 from policy_optimization.run import export, metrics, threads, watchdog
 from policy_optimization.run import summary as run_summary
-from run_kit import checkpoint, command, launch, lock, rundir, trackers
+from reward_modeling import artifacts
+from run_kit import alarms, checkpoint, claiming, command, launch, lock, rundir, trackers
 from skill_runtime import exits, placement, streams, workspace
 
 PROG = "palm-rlhf-skill train"
@@ -148,7 +148,7 @@ class Run:
         ddp_fixes.apply_ddp_fixes(built.trainer)  # a no-op in one process (distributed.md#what-each-trainer-needs)
         name, trainer = resolved["name"], built.trainer
         coverage = prepared.coverage
-        gold = programs.rule_reward(resolved, anchor=False, section="eval")
+        gold = reward_programs.rule_reward(resolved, anchor=False, section="eval")
         self = cls(run, prepared.loaded["config"], resolved, built, device, options, rows=[], start=0,
                    facts=run_facts(resolved, built, coverage is not None), groups=trainers.trainable_groups(name, trainer),
                    policy_palm=trainers.actor_palm(name, trainer), scope=trainers.actor_scope(name, trainer),
@@ -252,13 +252,13 @@ class Run:
                                    self.resolved["run"]["seed"] + round_) if self.main else None
         row = metrics.build_row(round_, seen, self.facts.grouped, wall, captured.stdout, memory, probe, norms,
                                 non_finite, lr, held, self.unseen, gain, self.built.eval_groups)
-        fired = watchdog.evaluate(row, self.rows, self.facts) if self.main else []
+        fired = alarms.evaluate(watchdog.RULES, row, self.rows, self.facts) if self.main else []
         row["rules"] = self.from_main([rule.id for rule, _ in fired])  # every rank stops on the same rules
         if self.main:
             previous = set(self.rows[-1]["rules"]) if self.rows else set()
             for rule, value in fired:
                 if rule.id not in previous:
-                    self.options.say(watchdog.alarm_line(rule, value, round_))
+                    self.options.say(alarms.alarm_line(rule, value, round_))
         return row
 
     def from_main(self, value: Any) -> Any:
@@ -377,9 +377,9 @@ class Prepared:
     resolved: dict[str, Any]
     resume: bool
     options: Options
-    lock: lock.RunLock | None = None  # the writer's (rundir.prepare); None on another rank or without fcntl
-    created: Path | None = None         # the topmost directory this invocation created (rundir.first_missing)
-    coverage: list[int] | None = None   # the reward model's unseen ids (builder.reward_coverage)
+    lock: lock.RunLock | None = None  # the writer's (claiming.prepare); None on another rank or without fcntl
+    created: Path | None = None         # the topmost directory this invocation created (claiming.first_missing)
+    coverage: list[int] | None = None   # the reward model's unseen ids (artifacts.unseen_ids)
     placed: dict[str, Any] = field(default_factory=dict)  # device spec -> placement.resolve_device's answer
 
     def place(self, device_spec: str) -> tuple[dict[str, Any], Any]:
@@ -400,8 +400,8 @@ class Prepared:
             self.lock.release()
 
     def refused(self) -> None:
-        """The start is refused: unlock, and remove what this invocation created (``rundir.discard``)."""
-        rundir.discard(self.run, self.created, self.lock)
+        """The start is refused: unlock, and remove what this invocation created (``claiming.discard``)."""
+        claiming.discard(self.run, self.created, self.lock)
 
 
 def rotary_cap(built: builder.Built, max_seq_len: int) -> int:
@@ -416,14 +416,14 @@ def rotary_cap(built: builder.Built, max_seq_len: int) -> int:
 def prepare(config_path: str | None, run_dir: str | Path, resume: bool, force: bool,
             overrides: list[str] | None, options: Options) -> Prepared:
     """Everything that can be refused before a model exists: the run directory
-    (``rundir.prepare``; the writer then removes what a killed run left there:
-    ``checkpoint.remove_leftovers``, ``rundir.remove_temporaries``), the config (``config_path``,
+    (``claiming.prepare``; the writer then removes what a killed run left there:
+    ``checkpoint.remove_leftovers``, ``claiming.remove_temporaries``), the config (``config_path``,
     or on ``resume`` without it the one the run stored), a changed config on ``resume``, the tracker
     package, and every key against the installed library (``run_config.check_against_library``,
     which imports torch). Raises SkillError: 2 for a bad config or directory, or a changed config
     on resume; 3 for a tracker package that is missing; 2 when another process holds the
     directory's lock."""
-    with rundir.claimed(run_dir, resume, force, launch.writes_files(), options.say) as claim:
+    with claiming.claimed(run_dir, resume, force, launch.writes_files(), options.say) as claim:
         prepared = _prepare(config_path, claim.run, run_dir, resume, overrides, options)
     prepared.lock, prepared.created = claim.lock, claim.created
     return prepared
@@ -441,18 +441,8 @@ def _prepare(config_path: str | None, run: rundir.RunDir, run_dir: str | Path, r
         raise exits.SkillError(f"--resume {run_dir}: no {rundir.CONFIG} there to resume from: give --config FILE")
     if stored is not None and not config_path:  # --set on the stored config: only what extends the run
         rundir.check_resume_overrides(overrides, GROWABLE, run_dir)
-    if config_path:
-        config = run_config.load(config_path, overrides, run_config.FIRST_RUN)
-    else:
-        config = copy.deepcopy(stored["config"])
-        try:
-            run_config.check_structure(config)
-        except exits.SkillError as err:
-            raise exits.SkillError(f"{found[1]}: {err}: damaged or edited; resume with --config FILE (the run's own)") \
-                from None
-        for text in overrides or []:  # [run] rounds: the run goes on
-            run_config.apply_override(config, text)
-        run_config.check_structure(config)
+    config = run_config.FORM.load(config_path, overrides, run_config.FIRST_RUN) if config_path else \
+        run_config.FORM.stored(stored["config"], overrides, found[1])  # [run] rounds may grow: the run goes on
     if "run" not in config:
         raise exits.SkillError("config [run] rounds: missing: train runs the config in rounds ([run] rounds = N)")
     loaded = {"config": config, "files": file_digests(config),
@@ -469,7 +459,7 @@ def _prepare(config_path: str | None, run: rundir.RunDir, run_dir: str | Path, r
         trackers.check_available(options.log_with)
     resolved = run_config.check_against_library(config)
     builder.check_prompt_files(resolved)
-    return Prepared(run, loaded, resolved, resume, options, coverage=builder.reward_coverage(resolved))
+    return Prepared(run, loaded, resolved, resume, options, coverage=artifacts.unseen_ids(resolved["reward"].get("checkpoint")))
 
 
 def gathered(trainer, seen: metrics.Observation) -> metrics.Observation:
@@ -504,9 +494,8 @@ def round_error(where: str, exc: BaseException, rewards: list[list[float]] | Non
     list of floats per rollout), whatever the trainer made of them: GRPO's safe_div asserts on a
     NaN (grpo.py:204); the others train on, and their row fires the watchdog's non_finite rule
     (training-run.md#non-finite-rewards)."""
-    from policy_optimization import programs
     text = exits.one_line(exc)
-    if isinstance(exc, programs.RewardProgramError):
+    if isinstance(exc, reward_programs.RewardProgramError):
         return exits.SkillError(f"{where}: {exc}: fix the program, then start over with --force (the rows and "
                                 f"checkpoints so far are kept until then; --resume refuses an edited program)")
     if exits.out_of_memory(exc):
@@ -532,7 +521,7 @@ def round_error(where: str, exc: BaseException, rewards: list[list[float]] | Non
 
 def run_facts(resolved: dict[str, Any], built: builder.Built, coverage: bool = False) -> watchdog.RunFacts:
     """What the watchdog's rules need to know about this run; ``coverage``: the reward model's
-    unseen ids are known (``builder.reward_coverage``)."""
+    unseen ids are known (``reward_modeling.artifacts.unseen_ids``)."""
     name, effective = resolved["name"], resolved["effective"]["trainer"]
     spec = trainers.TRAINERS[name]
     critic = None

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from policy_optimization import measuring
-from policy_optimization.run import loop, metrics, watchdog
-from run_kit import checkpoint
+from policy_optimization.run import loop, metrics
+from run_kit import alarms, checkpoint
 from skill_runtime import placement, streams
 
 BUDGETS = {"metrics_ratio": 0.05, "checkpoint_ratio": 0.20}
@@ -39,7 +39,7 @@ PARTS = (("snapshot of the trainable weights", metrics, "snapshot_trainable"),
          ("entropy and kl_base forwards", metrics, "policy_probe"),
          ("reward-model coverage probe", metrics, "unseen_gain"),
          ("row (token figures)", metrics, "build_row"),
-         ("watchdog", watchdog, "evaluate"))
+         ("watchdog", alarms, "evaluate"))
 
 
 @contextlib.contextmanager

@@ -1,5 +1,6 @@
 """The words of a run: its progress line per round, ``summary.json`` and the verdict with the next
-step (what ``train`` prints last and ``watch`` of a finished run reads). Torch-free."""
+step (what ``train`` prints last and ``watch`` of a finished run reads), and ``LAYOUT``, how
+``watch`` shows a policy run (``run_kit.watch.Layout``). Torch-free."""
 from __future__ import annotations
 
 import time
@@ -7,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from policy_optimization import trainers
-from run_kit import command, rundir
+from policy_optimization.run import metrics, watchdog
+from run_kit import command, rundir, watch
 from skill_runtime import reporting, streams
 
 STATUSES = ("finished", "paused", "stopped", "interrupted", "failed")
@@ -122,3 +124,16 @@ def verdict(summary: dict[str, Any], resume_flags: str = "", curves: bool = True
     resume = reporting.command("palm-rlhf-skill train", f"--resume {run_dir}{resume_flags}")
     word = {"paused": "PAUSED", "stopped": "STOPPED", "interrupted": "INTERRUPTED", "failed": "FAILED"}[status]
     return f"{word} after round {summary['rounds_done']} ({summary['reason']}): {change}; {rules}", resume
+
+
+# watch's columns (column, row key, format) and curves (label, row key) of a policy run
+TABLE = (("round", "round", "{:d}"), ("rollouts", "rollouts", "{:d}"), ("reward", "reward_mean", "{:.3f}"),
+         ("held-out", "held_out_reward", "{:.3f}"), ("gold", "held_out_gold", "{:.3f}"),
+         ("kl_rollout", "kl_rollout", "{:.3g}"),
+         ("kl_base", "kl_base", "{:.3g}"), ("entropy", "entropy", "{:.2f}"),
+         ("length", "response_length_mean", "{:.1f}"), ("s", "wall_s", "{:.1f}"), ("rules", "rules", "{}"))
+CURVES = (("reward", "reward_mean"), ("held-out", "held_out_reward"), ("gold", "held_out_gold"),
+          ("kl_base", "kl_base"), ("kl_rollout", "kl_rollout"), ("entropy", "entropy"),
+          ("length", "response_length_mean"))
+LAYOUT = watch.Layout(TABLE, CURVES, "held-out", "palm-rlhf-skill train", metrics.parse_row, read, verdict,
+                      {rule.id: rule.section for rule in watchdog.RULES})

@@ -6,13 +6,17 @@ The rules come from the silent-failure table of
 sub-skills/policy-optimization/references/troubleshooting.md#silent-failures and from what a
 training run adds (the held-out reward, memory across rounds); their thresholds, false alarms and
 misses are measured by ``calibrate_watchdog.py`` (references/training-run.md#watchdog-rules).
-Torch-free.
+The engine (a rule's fields, which rules fire, the alarm line, ``--stop-on``) is the run kit's
+(``run_kit.alarms``); this module holds the policy run's rules and what they know of the run
+(``RunFacts``). Torch-free.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
+
+from run_kit.alarms import Rule
 
 # the traps the rules explain, one file per topic (troubleshooting.md indexes them)
 REWARD_TRAPS = "sub-skills/policy-optimization/references/traps-rewards.md"
@@ -59,16 +63,6 @@ class RunFacts:
     eval_samples: int = 0              # sequences one held-out evaluation scores ([eval] samples x prompts)
     num_tokens: int = 0                # the policy's vocabulary ([palm] num_tokens)
     coverage: bool = False             # the reward model's unseen ids are known (its train-reward summary.json)
-
-
-@dataclass(frozen=True)
-class Rule:
-    id: str
-    section: str          # the doc section (path#anchor from the skill root) that explains it
-    what: str             # the failure, in a few words
-    fix: str
-    check: Callable[[dict[str, Any], list[dict[str, Any]], RunFacts], str | None]  # the measured value when it fires
-    persist: int = 1      # consecutive rounds the condition must hold: 2 where one round of it is chance
 
 
 def _finite(value: Any) -> bool:
@@ -423,42 +417,3 @@ RULES = (
 )
 RULE_IDS = tuple(rule.id for rule in RULES)
 BY_ID = {rule.id: rule for rule in RULES}
-
-
-def evaluate(row: dict[str, Any], rows: list[dict[str, Any]], facts: RunFacts) -> list[tuple[Rule, str]]:
-    """The rules that fire on ``row`` given the ``rows`` before it: (rule, measured value) pairs
-    in RULES order. A rule with ``persist`` n fires when its condition also held on the n - 1
-    rounds before this one."""
-    fired = []
-    for rule in RULES:
-        value = rule.check(row, rows, facts)
-        if value is not None and held_before(rule, rows, facts):
-            fired.append((rule, value))
-    return fired
-
-
-def held_before(rule: Rule, rows: list[dict[str, Any]], facts: RunFacts) -> bool:
-    """Whether ``rule``'s condition held on each of the ``persist - 1`` trained rounds before."""
-    need = rule.persist - 1
-    if need == 0:
-        return True
-    if len(rows) < need or any(r["round"] == 0 for r in rows[-need:]):
-        return False
-    return all(rule.check(rows[i], rows[:i], facts) is not None for i in range(len(rows) - need, len(rows)))
-
-
-def alarm_line(rule: Rule, value: str, round_: int) -> str:
-    """The one stderr line of a rule that fires: what, the measured value, the doc section, the fix."""
-    return f"watchdog {rule.id} (round {round_}): {rule.what}: {value}; read {rule.section}; fix: {rule.fix}"
-
-
-def parse_stop_on(text: str) -> frozenset[str]:
-    """``--stop-on ID,ID`` or ``all``: the rule ids that end the run. Raises ValueError naming an
-    unknown id (the caller turns it into a usage error)."""
-    if text.strip() == "all":
-        return frozenset(RULE_IDS)
-    ids = {part.strip() for part in text.split(",") if part.strip()}
-    unknown = sorted(ids - set(RULE_IDS))
-    if unknown or not ids:
-        raise ValueError(f"unknown rule {', '.join(unknown) or '(none given)'}; the rules are {', '.join(RULE_IDS)} or all")
-    return frozenset(ids)

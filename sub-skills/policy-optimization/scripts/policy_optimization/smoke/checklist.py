@@ -10,7 +10,7 @@ from typing import Any
 import cached_sampler
 import probe_kit
 from skill_runtime import byte_tokenizer, exits, reporting, snapshots, streams
-from policy_optimization import trainers
+from policy_optimization import tiny_trainers, trainers
 from policy_optimization.smoke import prompts, settings
 
 
@@ -49,7 +49,7 @@ def build(run: SmokeRun, device_kwargs: dict, variants: list[str], after_build=N
         if "prompt_token_ids" in prompt_args:
             prompt_args["prompt_token_ids"] = prompt_args["prompt_token_ids"].to(device)
         flags = {flag: value for variant in variants for flag, value in settings.GRPO_VARIANTS[variant].items()}
-        kwargs = probe_kit.trainer_kwargs(spec.name, palm_dim=args.dim, **(flags if run.name == "grpo" else {}))
+        kwargs = tiny_trainers.trainer_kwargs(spec.name, palm_dim=args.dim, **(flags if run.name == "grpo" else {}))
         try:
             run.trainer = trainers.construct_trainer(spec, palm, reward_model, prompt_args, device_kwargs, device, **kwargs)
         except Exception as exc:  # the library's failure is this smoke's finding, not a crash

@@ -8,7 +8,7 @@ import os
 
 import probe_kit
 from skill_runtime import placement, reporting, streams
-from policy_optimization import trainers
+from policy_optimization import tiny_trainers, trainers
 from policy_optimization.smoke import learning_check, settings
 
 # Train smoke, per trainer: ESTIMATE_ROLLOUT_S per rollout, ESTIMATE_LAYER_STEP_S per layer and
@@ -76,7 +76,7 @@ def estimate_s(args) -> float:
         spec = trainers.TRAINERS[name]
         group = settings.smoke_group(spec)
         rollouts = args.rollouts or settings.smoke_rollouts(spec)
-        stored = rollouts * group + settings.smoke_steps(spec, rollouts) * probe_kit.SMOKE_MINIBATCH[name]
+        stored = rollouts * group + settings.smoke_steps(spec, rollouts) * tiny_trainers.SMOKE_MINIBATCH[name]
         total += (ESTIMATE_ROLLOUT_S * rollouts + ESTIMATE_LAYER_STEP_S * rollouts * (length - prompt) * config["depth"]
                   + ESTIMATE_MULTIPLY_S * (rollouts * group * sampled + ESTIMATE_FULL_FORWARDS * stored * full))
     return total

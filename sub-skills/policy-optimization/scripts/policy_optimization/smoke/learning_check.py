@@ -11,7 +11,7 @@ from typing import Any
 import cached_sampler
 import probe_kit
 from skill_runtime import exits, options, reporting, streams
-from policy_optimization import evaluation, trainers
+from policy_optimization import evaluation, tiny_trainers, trainers
 from policy_optimization.smoke import settings
 
 # Learning check (--learn): does the reward rise? ------------------------------------------------
@@ -74,10 +74,10 @@ def rule_reward_module():
 
 def learn_trainer_kwargs(spec: trainers.TrainerSpec, setting: LearnSetting) -> dict[str, Any]:
     """Constructor arguments of one trainer for the learning check: the probe kit's
-    (``probe_kit.trainer_kwargs``) with the setting's group, minibatch and learning rate (PPO's
+    (``tiny_trainers.trainer_kwargs``) with the setting's group, minibatch and learning rate (PPO's
     critic and FlowRL's partition function learn at it too)."""
     rates = {"ppo": {"critic_lr": setting.lr}, "flowrl": {"partition_function_lr": setting.lr}}.get(spec.name, {})
-    return probe_kit.trainer_kwargs(spec.name, group_size=setting.group_size, palm_dim=LEARN_PALM["dim"],
+    return tiny_trainers.trainer_kwargs(spec.name, group_size=setting.group_size, palm_dim=LEARN_PALM["dim"],
                                     minibatch_size=setting.minibatch_size, actor_lr=setting.lr, **rates)
 
 

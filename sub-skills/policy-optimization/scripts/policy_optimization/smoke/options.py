@@ -14,7 +14,7 @@ from typing import Any, Callable
 import cached_sampler  # torch-free at import
 import probe_kit
 from skill_runtime import exits, options
-from policy_optimization import trainers
+from policy_optimization import tiny_trainers, trainers
 from policy_optimization.smoke import learning_check, settings
 from run_kit import launch
 
@@ -136,7 +136,7 @@ OPTIONS = [
         config=True),
     Option("--new-tokens", SMOKE_MODES, _bounded(
         1, settings.MAX_TOKENS, "tokens sampled per rollout: max_seq_len = longest prompt + N (default: "
-        f"{probe_kit.NEW_TOKENS})", default=probe_kit.NEW_TOKENS), group="size", config=True),
+        f"{tiny_trainers.NEW_TOKENS})", default=tiny_trainers.NEW_TOKENS), group="size", config=True),
     Option("--json", ALL_MODES, common=True),
     Option("--progress", ALL_MODES, common=True),
     Option("--verbose", SMOKE_MODES, _flag("echo the library's own prints (losses) to stderr")),

@@ -9,7 +9,7 @@ from typing import Any
 import ddp_fixes  # torch-free at import
 import probe_kit
 from skill_runtime import exits, reporting
-from policy_optimization import trainers
+from policy_optimization import tiny_trainers, trainers
 
 MODES = ("construct-only", "train-smoke", "learn")  # the report's "mode"; one flag selects each
 TPO_BUFFER = ddp_fixes.TPO_BUFFER  # the TPO replay-buffer folder name: one fact, kept with the DDP fixes
@@ -57,17 +57,17 @@ def parse_variants(values: list[str] | None) -> list[str]:
 
 def smoke_group(spec: trainers.TrainerSpec) -> int:
     """Completions per prompt per rollout in the smoke: GROUP_SAMPLES + 1, PPO 1."""
-    return probe_kit.GROUP_SAMPLES + 1 if spec.group_kwarg else 1
+    return tiny_trainers.GROUP_SAMPLES + 1 if spec.group_kwarg else 1
 
 
 def smoke_rollouts(spec: trainers.TrainerSpec) -> int:
     """Rollouts before the smoke's one learn() so that it makes the optimizer's required steps."""
-    return spec.rollouts_for(spec.required_steps, smoke_group(spec), probe_kit.SMOKE_MINIBATCH[spec.name])
+    return spec.rollouts_for(spec.required_steps, smoke_group(spec), tiny_trainers.SMOKE_MINIBATCH[spec.name])
 
 
 def smoke_steps(spec: trainers.TrainerSpec, rollouts: int) -> int:
     """Optimizer steps of the smoke's one learn() over ``rollouts`` rollouts."""
-    return spec.steps_per_learn(rollouts, smoke_group(spec), probe_kit.SMOKE_MINIBATCH[spec.name])
+    return spec.steps_per_learn(rollouts, smoke_group(spec), tiny_trainers.SMOKE_MINIBATCH[spec.name])
 
 
 def palm_config(args) -> dict[str, int]:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Measure the worked example of references/preferences.md end to end, with the token-coverage
+"""Measure the worked example of reward-modeling/references/preferences.md end to end, with the token-coverage
 remedy on (the example's rm.toml) and off: train-reward on the shipped pairs (held-out accuracy,
 the coverage probe, seconds), then the example's policy run against that reward model (held-out
 reward before -> after) and the raters' own rule on the same held-out samples (the gold metric,
@@ -31,7 +31,7 @@ except (ImportError, SyntaxError) as damage:  # the runtime's own __init__.py is
 from skill_runtime import options, runner, streams, version_gate  # noqa: E402
 from run_kit import calibrate  # noqa: E402
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "assets" / "preferences"
+EXAMPLE = Path(__file__).resolve().parents[2] / "reward-modeling" / "assets" / "preferences"
 VARIANTS = {"remedy on (the example)": [], "remedy off": ["train.tie_unseen_embeddings=false"]}
 SEEDS = 3
 
