@@ -4,8 +4,8 @@ line naming it, saying "reinstall the skill tree", and exit 2, never a traceback
 Both ways in are run for real on a copy: the console scripts (``palm_rlhf_skill.cli``, here from a
 copy of the package whose ``skill/`` is the damaged tree, as in the wheel) and a script run by path
 from the copy. The mechanism is one hook (``skill_runtime.report_damaged_tree``, installed when the
-runtime is imported) plus, for the runtime's own ``__init__.py``, the same few lines at the top of
-every entry script, checked word for word here.
+runtime is imported) plus, for the runtime's own ``__init__.py``, ``skill_bootstrap``, the module
+every entry script imports first with the same line, checked word for word here.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import palm_rlhf_skill
+import skill_bootstrap
 import skill_runtime
 from conftest import REPO, one_error_line, run
 from palm_rlhf_skill import install as inst
@@ -108,6 +109,16 @@ def test_a_deleted_runtime_init_is_one_line_for_every_entry_point(copy):
     for name, start in entry_points(copy).items():
         assert_reported(start(), missing)
     assert_reported(console(copy, "palm-rlhf-skill", "doctor"), missing)
+
+
+def test_a_deleted_bootstrap_is_one_line_from_the_console_scripts(copy):
+    """The console scripts import the bootstrap through palm_rlhf_skill.runtime, which reports it.
+    (Run by path, a copy without it is Python's to report, as a script's own syntax error is:
+    skill_bootstrap's docstring.)"""
+    missing = tree(copy) / "scripts" / "skill_bootstrap.py"
+    missing.unlink()
+    for name in ("tiny-rlhf-smoke", "plan", "check"):
+        assert_reported(entry_points(copy)[name](), missing)
 
 
 def test_a_syntax_error_in_the_runtime_init_is_one_line(copy):
@@ -241,9 +252,9 @@ def test_dependency_modules_are_exactly_the_other_distributions_the_tree_imports
 # --- one mechanism: the same lines in every entry script ---------------------------------------------
 
 def guard_block() -> str:
-    """The lines ``skill_runtime``'s docstring prescribes, as they appear in a script."""
-    doc = skill_runtime.__doc__.split("(tests/test_damaged_tree.py checks each):\n\n", 1)[1]
-    return "".join(line[4:] + "\n" for line in doc.rstrip().splitlines())
+    """The line ``skill_bootstrap``'s docstring prescribes, as it appears in a script."""
+    doc = skill_bootstrap.__doc__.split("(tests/test_damaged_tree.py checks each):\n\n", 1)[1]
+    return doc.split("\n\n", 1)[0].strip() + "\n"
 
 
 def entry_scripts() -> list[Path]:
@@ -258,10 +269,11 @@ def entry_scripts() -> list[Path]:
 def test_every_entry_script_imports_the_runtime_with_the_same_lines(script):
     text = script.read_text(encoding="utf-8")
     block = guard_block()
-    assert "from skill_runtime import SKILL_ROOT" in block and "(reinstall the skill tree)" in block
+    assert block.startswith("import skill_bootstrap  # noqa") and block.count("\n") == 1
     insert = re.search(r"^sys\.path\.insert\(0, str\(Path\(__file__\)\.resolve\(\)[^\n]*\n", text, re.MULTILINE)
     assert insert, f"{script.name}: no sys.path.insert of the skill root's scripts/"
     assert text[insert.end():].startswith(block), f"{script.name}: the runtime's import is not the prescribed block"
-    first_tree_import = re.search(r"^(from|import) (skill_runtime|skill_check|policy_optimization|probe_kit)\b",
+    first_tree_import = re.search(r"^(from|import) (skill_runtime|skill_check|policy_optimization|reward_modeling|"
+                                  r"run_kit|config_kit|data_kit|probe_kit)\b",
                                   text, re.MULTILINE)
     assert first_tree_import.start() > insert.end(), f"{script.name}: a tree module imported before the block"

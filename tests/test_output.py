@@ -426,6 +426,7 @@ def test_readme_says_which_options_the_sibling_smokes_share():
 
 
 LIBRARY_MODULES = [REPO / "scripts" / "skill_runtime", REPO / "scripts" / "probe_kit.py", REPO / "scripts" / "ddp_fixes.py",
+                   REPO / "scripts" / "skill_bootstrap.py",
                    REPO / "sub-skills" / "reward-modeling" / "scripts" / "rule_reward.py"]
 
 

@@ -9,10 +9,40 @@ import json
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from skill_runtime import exits, options, reporting, runner, streams, workspace
+
+
+@dataclass(frozen=True)
+class RunCommand:
+    """One run command's parser as a table (``parser``): its ``prog``, ``description``, the
+    epilog's ``examples`` (one command line each), ``runs`` (the code of the run directory's config
+    that ``--resume`` runs: the epilog's trust note), ``exit_codes`` (the epilog's last paragraph),
+    ``config_help`` (``--config``'s help), ``cpu_threads`` (the argparse keywords of its own
+    --cpu-threads, else a count) and ``options`` (its own options: flag and argparse keywords)."""
+    prog: str
+    description: str
+    examples: tuple[str, ...]
+    runs: str
+    exit_codes: str
+    config_help: str
+    cpu_threads: dict[str, Any] | None = None
+    options: tuple[tuple[str, dict[str, Any]], ...] = ()
+
+    def parser(self) -> options.OneLineParser:
+        """The command's parser: the run options every run command has (``add_run_options``), then its own."""
+        parser = options.OneLineParser(
+            prog=self.prog, description=self.description,
+            epilog="examples:\n" + "".join(f"  {line}\n" for line in self.examples)
+                   + f"\n--resume runs the code the run directory's config names ({self.runs}): resume only a run "
+                     "directory you trust.\n\n" + self.exit_codes)
+        add_run_options(parser, self.config_help, self.cpu_threads)
+        for flag, keywords in self.options:
+            parser.add_argument(flag, **keywords)
+        return parser
 
 
 def add_run_options(parser, config_help: str, cpu_threads: dict[str, Any] | None = None) -> None:

@@ -15,8 +15,8 @@ r"""The shared runtime of this skill's helper scripts, one module per responsibi
 - ``smoke_main``: the shared main of the palm-modeling and reward-modeling smokes.
 
 Every script of the tree finds its modules the same way: it puts the skill root's ``scripts/``
-on ``sys.path`` and imports ``skill_runtime``, which puts the other ``scripts/`` folders of the
-tree (``IMPORT_ROOTS``) there too; from then on every module of the tree is a plain import, which
+on ``sys.path`` and imports ``skill_bootstrap``, which imports ``skill_runtime``, which puts the
+other ``scripts/`` folders of the tree (``IMPORT_ROOTS``) there too; from then on every module of the tree is a plain import, which
 editors and ``pyright`` (``[tool.pyright] extraPaths`` in pyproject.toml) follow. Nothing here
 imports torch at module level: ``--help`` and usage errors answer without it.
 
@@ -24,15 +24,8 @@ A damaged copy of the tree (a file deleted, a syntax error in one) is one stderr
 file and exit 2, never a traceback: importing this package installs ``report_damaged_tree`` as
 ``sys.excepthook``, for every way in (a script run by path, the console scripts, which import this
 package through ``palm_rlhf_skill.runtime``). The one file it cannot cover is its own
-``__init__.py``, so every entry script imports the runtime with these lines, word for word, right
-after putting ``scripts/`` on ``sys.path`` (tests/test_damaged_tree.py checks each):
-
-    try:  # the runtime first: from here on a damaged file of the tree is one line and exit 2
-        from skill_runtime import SKILL_ROOT  # noqa: E402,F401
-    except (ImportError, SyntaxError) as damage:  # the runtime's own __init__.py is missing or broken
-        sys.stderr.write(f"{Path(sys.argv[0]).name}: error: {Path(sys.path[0], 'skill_runtime', '__init__.py')}: "
-                         f"{damage} (reinstall the skill tree)\n")
-        sys.exit(2)
+``__init__.py``: every entry script imports ``skill_bootstrap`` (``scripts/skill_bootstrap.py``)
+first, which imports this package and reports that file itself.
 """
 from __future__ import annotations
 

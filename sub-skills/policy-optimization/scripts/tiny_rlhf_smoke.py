@@ -34,12 +34,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
-try:  # the runtime first: from here on a damaged file of the tree is one line and exit 2
-    from skill_runtime import SKILL_ROOT  # noqa: E402,F401
-except (ImportError, SyntaxError) as damage:  # the runtime's own __init__.py is missing or broken
-    sys.stderr.write(f"{Path(sys.argv[0]).name}: error: {Path(sys.path[0], 'skill_runtime', '__init__.py')}: "
-                     f"{damage} (reinstall the skill tree)\n")
-    sys.exit(2)
+import skill_bootstrap  # noqa: E402,F401  (first: the runtime; a damaged file of the tree is then one line, exit 2)
 from skill_runtime import exits, options, placement, reporting, runner, streams, version_gate, workspace  # noqa: E402
 from policy_optimization.smoke import checklist, estimate, learning_check, prompts, ranks, settings  # noqa: E402
 from policy_optimization.smoke import options as smoke_options  # noqa: E402  (the name options is skill_runtime's)

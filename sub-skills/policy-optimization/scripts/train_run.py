@@ -23,47 +23,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
-try:  # the runtime first: from here on a damaged file of the tree is one line and exit 2
-    from skill_runtime import SKILL_ROOT  # noqa: E402,F401
-except (ImportError, SyntaxError) as damage:  # the runtime's own __init__.py is missing or broken
-    sys.stderr.write(f"{Path(sys.argv[0]).name}: error: {Path(sys.path[0], 'skill_runtime', '__init__.py')}: "
-                     f"{damage} (reinstall the skill tree)\n")
-    sys.exit(2)
+import skill_bootstrap  # noqa: E402,F401  (first: the runtime; a damaged file of the tree is then one line, exit 2)
 from skill_runtime import exits, options, reporting, runner, streams, version_gate, workspace  # noqa: E402
 from run_kit import command, rundir  # noqa: E402
-
-EXIT_EPILOG = ("exit codes: 0 the run finished (or paused at --until); 1 a --stop-on rule fired or the library "
-               "raised in a round; 2 usage, config, reward program or run-directory error (disk full, or another "
-               "train running in DIR); "
-               "3 palm-rlhf-pytorch, torch or a --log-with tracker missing or outside the supported range; "
-               "130/143 SIGINT/SIGTERM (after the round in progress and a checkpoint)")
-
-
-def build_parser() -> options.OneLineParser:
-    from policy_optimization.run import watchdog  # torch-free
-    parser = options.OneLineParser(
-        prog="palm-rlhf-skill train",
-        description="Train a PaLM policy with palm-rlhf-pytorch on your prompts and reward: the config of "
-                    "`palm-rlhf-skill plan`, in rounds of the trainer's own train() (one learn() each), with "
-                    "one metrics row per round in DIR/metrics.jsonl, a watchdog that names silent failures "
-                    "while the run goes on, atomic checkpoints, exact --resume and DIR/policy.pt at the end.",
-        epilog="examples:\n"
-               "  palm-rlhf-skill train --config run.toml --run-dir runs/first\n"
-               "  palm-rlhf-skill train --resume runs/first\n"
-               "  palm-rlhf-skill train --config run.toml --run-dir runs/first --force --stop-on all\n"
-               "  palm-rlhf-skill train --config run.toml --run-dir runs/first --log-with tensorboard\n"
-               "  palm-rlhf-skill watch runs/first\n\n"
-               "--resume runs the code the run directory's config names (its reward program and tokenizer, as "
-               "Python files): resume only a run directory you trust.\n\n" + EXIT_EPILOG)
-    command.add_run_options(parser, "the run's TOML (or .json) config, plan's schema with [run] rounds "
-                            "(references/workflows.md#plan-a-run); - reads it from standard input", cpu_threads={
-        "type": cpu_threads, "metavar": "auto|N",
-        "help": "torch intra-op threads; auto times round 1 at 1 thread and at torch's default and keeps the faster "
-                "(CPU, one process) (default: auto; --resume: the run's own)"})
-    parser.add_argument("--stop-on", metavar="RULE,...|all",
-                        help="end the run (checkpoint, exit 1) when one of these watchdog rules fires: "
-                             + ", ".join(watchdog.RULE_IDS))
-    return parser
+from policy_optimization.run import watchdog  # noqa: E402  (torch-free: the rule ids of --stop-on)
 
 
 def cpu_threads(text: str) -> str | int:
@@ -76,13 +39,43 @@ def cpu_threads(text: str) -> str | int:
         raise argparse.ArgumentTypeError(f"expected auto or a whole number of at least 1, got {text!r}") from None
 
 
+COMMAND = command.RunCommand(
+    prog="palm-rlhf-skill train",
+    description="Train a PaLM policy with palm-rlhf-pytorch on your prompts and reward: the config of "
+                "`palm-rlhf-skill plan`, in rounds of the trainer's own train() (one learn() each), with "
+                "one metrics row per round in DIR/metrics.jsonl, a watchdog that names silent failures "
+                "while the run goes on, atomic checkpoints, exact --resume and DIR/policy.pt at the end.",
+    examples=("palm-rlhf-skill train --config run.toml --run-dir runs/first",
+              "palm-rlhf-skill train --resume runs/first",
+              "palm-rlhf-skill train --config run.toml --run-dir runs/first --force --stop-on all",
+              "palm-rlhf-skill train --config run.toml --run-dir runs/first --log-with tensorboard",
+              "palm-rlhf-skill watch runs/first"),
+    runs="its reward program and tokenizer, as Python files",
+    exit_codes="exit codes: 0 the run finished (or paused at --until); 1 a --stop-on rule fired or the library "
+               "raised in a round; 2 usage, config, reward program or run-directory error (disk full, or another "
+               "train running in DIR); "
+               "3 palm-rlhf-pytorch, torch or a --log-with tracker missing or outside the supported range; "
+               "130/143 SIGINT/SIGTERM (after the round in progress and a checkpoint)",
+    config_help="the run's TOML (or .json) config, plan's schema with [run] rounds "
+                "(references/workflows.md#plan-a-run); - reads it from standard input",
+    cpu_threads={"type": cpu_threads, "metavar": "auto|N",
+                 "help": "torch intra-op threads; auto times round 1 at 1 thread and at torch's default and keeps the "
+                         "faster (CPU, one process) (default: auto; --resume: the run's own)"},
+    options=(("--stop-on", {"metavar": "RULE,...|all",
+                            "help": "end the run (checkpoint, exit 1) when one of these watchdog rules fires: "
+                                    + ", ".join(watchdog.RULE_IDS)}),))
+
+
+build_parser = COMMAND.parser  # the parser, built from the table above
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
     args = command.resumed_options(parser, parser.parse_args(argv), argv)
     command.check_run_arguments(args)
     from config_kit import reading
-    from policy_optimization.run import loop, threads, watchdog
+    from policy_optimization.run import loop, threads
     from run_kit import alarms
     world = command.launched_world(args.nproc)  # one rank of torchrun / accelerate launch / srun?
     stop_on = frozenset()

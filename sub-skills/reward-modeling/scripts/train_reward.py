@@ -20,41 +20,32 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
-try:  # the runtime first: from here on a damaged file of the tree is one line and exit 2
-    from skill_runtime import SKILL_ROOT  # noqa: E402,F401
-except (ImportError, SyntaxError) as damage:  # the runtime's own __init__.py is missing or broken
-    sys.stderr.write(f"{Path(sys.argv[0]).name}: error: {Path(sys.path[0], 'skill_runtime', '__init__.py')}: "
-                     f"{damage} (reinstall the skill tree)\n")
-    sys.exit(2)
+import skill_bootstrap  # noqa: E402,F401  (first: the runtime; a damaged file of the tree is then one line, exit 2)
 from skill_runtime import exits, options, runner, streams, version_gate  # noqa: E402
 from run_kit import command, rundir  # noqa: E402
 
-EXIT_EPILOG = ("exit codes: 0 the run finished (or paused at --until); 1 the loss became NaN or inf; 2 usage, "
+COMMAND = command.RunCommand(
+    prog="palm-rlhf-skill train-reward",
+    description="Train a RewardModel of palm-rlhf-pytorch on preference pairs (JSONL prompt/chosen/rejected, "
+                "Bradley-Terry) or ratings (the library's labels), with its own [palm] sizes, LoRA or all "
+                "weights: one metrics row per round in DIR/metrics.jsonl (loss, pairwise accuracy on training "
+                "and held-out rows, margin), atomic checkpoints, exact --resume, DIR/rm.pt and DIR/rm_config.json "
+                "for train's [reward] checkpoint, and the ids the data never contains with how the model scores them.",
+    examples=("palm-rlhf-skill train-reward --config sub-skills/reward-modeling/assets/preferences/rm.toml "
+              "--run-dir runs/rm",
+              "palm-rlhf-skill train-reward --resume runs/rm",
+              "palm-rlhf-skill train-reward --config rm.toml --run-dir runs/rm --until 2",
+              "palm-rlhf-skill watch runs/rm"),
+    runs="[data] tokenizer",
+    exit_codes="exit codes: 0 the run finished (or paused at --until); 1 the loss became NaN or inf; 2 usage, "
                "config, data or run-directory error (disk full, or another train running in DIR); 3 "
                "palm-rlhf-pytorch, torch or a --log-with tracker missing or outside the supported range; 130/143 "
-               "SIGINT/SIGTERM (after the round in progress and a checkpoint)")
+               "SIGINT/SIGTERM (after the round in progress and a checkpoint)",
+    config_help="the reward model's TOML (or .json) config: [palm], [reward_model], [data], [train], [run] "
+                "(reward-modeling/references/preferences.md); - reads it from standard input")
 
 
-def build_parser() -> options.OneLineParser:
-    parser = options.OneLineParser(
-        prog="palm-rlhf-skill train-reward",
-        description="Train a RewardModel of palm-rlhf-pytorch on preference pairs (JSONL prompt/chosen/rejected, "
-                    "Bradley-Terry) or ratings (the library's labels), with its own [palm] sizes, LoRA or all "
-                    "weights: one metrics row per round in DIR/metrics.jsonl (loss, pairwise accuracy on training "
-                    "and held-out rows, margin), atomic checkpoints, exact --resume, DIR/rm.pt and DIR/rm_config.json "
-                    "for train's [reward] checkpoint, and the ids the data never contains with how the model scores them.",
-        epilog="examples:\n"
-               "  palm-rlhf-skill train-reward --config sub-skills/reward-modeling/assets/preferences/rm.toml "
-               "--run-dir runs/rm\n"
-               "  palm-rlhf-skill train-reward --resume runs/rm\n"
-               "  palm-rlhf-skill train-reward --config rm.toml --run-dir runs/rm --until 2\n"
-               "  palm-rlhf-skill watch runs/rm\n\n"
-               "--resume runs the code the run directory's config names ([data] tokenizer): resume only a run "
-               "directory you trust.\n\n" + EXIT_EPILOG)
-    command.add_run_options(parser, "the reward model's TOML (or .json) config: [palm], [reward_model], [data], "
-                                    "[train], [run] (reward-modeling/references/preferences.md); - reads it from "
-                                    "standard input")
-    return parser
+build_parser = COMMAND.parser  # the parser, built from the table above
 
 
 def main(argv: list[str] | None = None) -> int:
