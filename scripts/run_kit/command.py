@@ -9,11 +9,33 @@ import json
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from skill_runtime import exits, options, reporting, runner, streams, workspace
+
+
+@dataclass
+class RunOptions:
+    """How a run command runs, beside its config (each kind of run extends it: the policy run's
+    ``loop.Options``, the reward model's ``reward_run.Options``): ``log_with`` a tracker name or
+    None; ``until`` the last round this call runs (None: all; a later ``--resume`` continues);
+    ``progress`` bars and lines on stderr; ``say`` where one-line notes go (``stderr_lines``; each
+    kind names its own command); ``env`` what ``version_gate.check_versions`` returned to the
+    command (its ``versions`` and ``warnings`` go into summary.json; None: neither key);
+    ``allow_inexact`` resume from a checkpoint whose random states cannot be restored
+    (``--allow-inexact-resume``); ``keep`` the command-line options a ``--resume`` starts with again
+    (``{"cpu_threads": "1"}``, stored in run_config.json) and ``resume_flags`` the same as flags for
+    the next step's command."""
+    log_with: str | None = None
+    until: int | None = None
+    progress: bool = True
+    say: Callable[[str], None] = field(default_factory=lambda: stderr_lines("palm-rlhf-skill", sys.stderr))
+    env: dict[str, Any] | None = None
+    allow_inexact: bool = False
+    keep: dict[str, Any] = field(default_factory=dict)
+    resume_flags: str = ""
 
 
 @dataclass(frozen=True)
@@ -43,6 +65,15 @@ class RunCommand:
         for flag, keywords in self.options:
             parser.add_argument(flag, **keywords)
         return parser
+
+    def parse(self, argv: list[str]):
+        """``argv`` parsed by ``parser``, a ``--resume``'s kept options taken from its run
+        (``resumed_options``) and the run commands' usage checked (``check_run_arguments``):
+        the namespace a run command's main starts from. Raises SkillError (exit 2) on a usage error."""
+        parser = self.parser()
+        args = resumed_options(parser, parser.parse_args(argv), argv)
+        check_run_arguments(args)
+        return args
 
 
 def add_run_options(parser, config_help: str, cpu_threads: dict[str, Any] | None = None) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
 import skill_bootstrap  # noqa: E402,F401  (first: the runtime; a damaged file of the tree is then one line, exit 2)
-from skill_runtime import exits, options, reporting, runner, streams, version_gate, workspace  # noqa: E402
+from skill_runtime import exits, reporting, runner, streams, version_gate, workspace  # noqa: E402
 from run_kit import command, rundir  # noqa: E402
 from policy_optimization.run import watchdog  # noqa: E402  (torch-free: the rule ids of --stop-on)
 
@@ -70,10 +70,8 @@ build_parser = COMMAND.parser  # the parser, built from the table above
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
-    args = command.resumed_options(parser, parser.parse_args(argv), argv)
-    command.check_run_arguments(args)
+    args = COMMAND.parse(argv)
     from config_kit import reading
     from policy_optimization.run import loop, threads
     from run_kit import alarms

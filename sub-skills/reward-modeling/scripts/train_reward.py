@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
 import skill_bootstrap  # noqa: E402,F401  (first: the runtime; a damaged file of the tree is then one line, exit 2)
-from skill_runtime import exits, options, runner, streams, version_gate  # noqa: E402
+from skill_runtime import exits, runner, streams, version_gate  # noqa: E402
 from run_kit import command, rundir  # noqa: E402
 
 COMMAND = command.RunCommand(
@@ -49,10 +49,8 @@ build_parser = COMMAND.parser  # the parser, built from the table above
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
-    args = command.resumed_options(parser, parser.parse_args(argv), argv)
-    command.check_run_arguments(args)
+    args = COMMAND.parse(argv)
     from config_kit import reading
     from reward_modeling import reward_report, reward_run
     world = command.launched_world(args.nproc)

@@ -47,19 +47,10 @@ EVAL_LENGTH = 256                   # ... of this many tokens; longer rows score
 
 
 @dataclass
-class Options:
-    """How to run, beside the config: ``log_with`` a tracker name or None; ``until`` the last round
-    this call runs (None: all); ``progress`` bars on stderr; ``say`` one-line notes; ``env`` what
-    ``version_gate.check_versions`` returned (its versions and warnings go into summary.json);
-    ``allow_inexact``, ``keep``, ``resume_flags``: as the policy run's (``loop.Options``)."""
-    log_with: str | None = None
-    until: int | None = None
-    progress: bool = True
+class Options(command.RunOptions):
+    """How to run, beside the config: the run options of every run command (``command.RunOptions``),
+    notes said as ``palm-rlhf-skill train-reward``."""
     say: Callable[[str], None] = field(default_factory=lambda: command.stderr_lines(PROG, sys.stderr))
-    env: dict[str, Any] | None = None
-    allow_inexact: bool = False
-    keep: dict[str, Any] = field(default_factory=dict)
-    resume_flags: str = ""
 
 
 @dataclass

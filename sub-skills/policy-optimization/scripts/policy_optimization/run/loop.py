@@ -35,26 +35,13 @@ EVAL_SEED_OFFSET = 7919      # held-out sampling seed = [run] seed + this: the s
 
 
 @dataclass
-class Options:
-    """How to run, beside the config: ``log_with`` a tracker name or None; ``stop_on`` rule ids that
-    end the run (exit 1); ``until`` the last round this call runs (None: ``[run] rounds``; a later
-    ``resume`` continues); ``progress`` bars and lines on stderr; ``say`` where one-line notes go;
-    ``env`` what ``version_gate.check_versions`` returned to the command (its ``versions`` and
-    ``warnings`` go into summary.json; None: neither key); ``allow_inexact`` resume from a
-    checkpoint whose random states cannot be restored (``--allow-inexact-resume``); ``keep`` the
-    command-line options a ``--resume`` starts with again (``{"cpu_threads": "1"}``, stored in
-    run_config.json) and ``resume_flags`` the same as flags for the next step's command;
+class Options(command.RunOptions):
+    """How to run, beside the config: the run options of every run command (``command.RunOptions``),
+    notes said as ``palm-rlhf-skill train``, and ``stop_on`` rule ids that end the run (exit 1);
     ``cpu_threads`` ``"auto"`` (time round 1 at one thread and torch's default, keep the faster:
     ``threads``), a count, or None (torch's as it is)."""
-    log_with: str | None = None
-    stop_on: frozenset[str] = frozenset()
-    until: int | None = None
-    progress: bool = True
     say: Callable[[str], None] = field(default_factory=lambda: command.stderr_lines(PROG, sys.stderr))
-    env: dict[str, Any] | None = None
-    allow_inexact: bool = False
-    keep: dict[str, Any] = field(default_factory=dict)
-    resume_flags: str = ""
+    stop_on: frozenset[str] = frozenset()
     cpu_threads: str | int | None = None
 
 
