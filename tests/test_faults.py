@@ -295,7 +295,7 @@ def test_ctrl_c_right_after_the_report_exits_with_the_reports_code(empty_dir, mo
         tree = empty_dir.parent / "tree"
         shutil.copytree(REPO, tree, ignore=shutil.ignore_patterns(".git", ".venv", "tests", "__pycache__"))
         script = tree / SMOKE.relative_to(REPO)
-        kit = tree / "scripts" / "probe_kit.py"
+        kit = tree / "sub-skills" / "policy-optimization" / "scripts" / "policy_optimization" / "tiny_trainers.py"
         old = 'SMOKE_EXTRA: dict[str, dict[str, Any]] = {"ppo": {"max_norm": None}}'
         assert kit.read_text(encoding="utf-8").count(old) == 1
         kit.write_text(kit.read_text(encoding="utf-8").replace(
