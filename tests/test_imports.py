@@ -197,3 +197,32 @@ def test_reward_modeling_imports_nothing_of_policy_optimization():
     back = [f"{where(a)}:{line} imports {b}" for a in MODULES if where(a).startswith("sub-skills/reward-modeling/")
             for b, line in GRAPH[a] if where(b).startswith(policy)]
     assert not back, "reward-modeling imports policy-optimization (move what both use to scripts/): " + "; ".join(back)
+
+
+def test_contributing_names_real_ground_floor_pieces_for_a_third_kind_of_run():
+    """CONTRIBUTING.md#a-third-kind-of-run: every dotted name it gives (``run_kit.claiming.claimed``)
+    is a module of the ground floor or the runtime with that attribute, so the recipe cannot name a
+    piece that moved or went."""
+    import importlib
+    import re
+    text = (REPO / "CONTRIBUTING.md").read_text(encoding="utf-8").split("## A third kind of run", 1)[1]
+    text = text.split("\n## ", 1)[0]
+    names = set(re.findall(r"`((?:run_kit|config_kit|skill_runtime|data_kit)(?:\.\w+)+)`", text))
+    assert len(names) >= 10, sorted(names)
+    missing = []
+    for name in sorted(names):
+        parts = name.split(".")
+        for cut in range(len(parts), 0, -1):  # the longest importable module, then its attributes
+            try:
+                obj = importlib.import_module(".".join(parts[:cut]))
+            except ImportError:
+                continue
+            try:
+                for attr in parts[cut:]:
+                    obj = getattr(obj, attr)
+            except AttributeError:
+                missing.append(name)
+            break
+        else:
+            missing.append(name)
+    assert missing == [], f"CONTRIBUTING.md#a-third-kind-of-run names what is not there: {missing}"

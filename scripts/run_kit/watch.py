@@ -36,9 +36,11 @@ class Layout:
     sections: dict[str, str]
 
 
-def kind_of(stored: dict[str, Any] | None) -> str:
-    """``reward`` for a run of ``train-reward`` (its stored config's ``kind``), else ``policy``."""
-    return "reward" if (stored or {}).get("kind") == "reward" else "policy"
+def kind_of(stored: dict[str, Any] | None, layouts: dict[str, Layout]) -> str:
+    """The run's kind: its stored config's ``kind`` where ``layouts`` has one for it (``reward``
+    for a run of ``train-reward``), else ``policy`` (``train`` stores none)."""
+    kind = (stored or {}).get("kind")
+    return kind if kind in layouts else "policy"
 
 
 PLOT_INSTALL = "pip install 'palm-rlhf-skill[plot]' (from a checkout of the repository: pip install '.[plot]')"
@@ -70,7 +72,7 @@ def view(path: str | Path, layouts: dict[str, Layout], last: int = 10) -> dict[s
         stored = run.read_config()
     except exits.SkillError:  # watch shows the rows without it; train --resume names the damage
         stored = None
-    kind = kind_of((stored or ({}, None))[0])
+    kind = kind_of((stored or ({}, None))[0], layouts)
     layout = layouts[kind]
     rows = rundir.read_rows(run.metrics, layout.parse_row)
     summary = layout.read(run, (stored or ({}, None))[0].get("run_id"))
