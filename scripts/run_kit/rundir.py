@@ -163,6 +163,18 @@ def config_problem(stored: Any) -> str | None:
     return None
 
 
+def shape_problem(summary: Any, shape: dict[str, Any]) -> str | None:
+    """The first way ``summary`` (a summary.json as read) is not of ``shape`` (key -> type or tuple
+    of types; a bool is never a number), or None: a kind of run's shape check starts here."""
+    if not isinstance(summary, dict):
+        return f"a JSON {type(summary).__name__}, not an object"
+    for key, kind in shape.items():
+        value = summary.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            return f"{key} {value!r:.40} is not a {getattr(kind, '__name__', 'number')}"
+    return None
+
+
 def checked_summary(run: RunDir, run_id: str | None, problem: Callable[[Any], str | None],
                     helper: str) -> dict[str, Any] | None:
     """``run``'s summary.json checked by ``problem`` (a kind of run's shape check), and of run

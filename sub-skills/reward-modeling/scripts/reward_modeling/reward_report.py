@@ -83,12 +83,8 @@ def problem(summary: Any) -> str | None:
     """What makes ``summary`` (summary.json as read) not a reward run's summary, or None: a key of
     SHAPE missing or of another type, an unknown status or kind, held-out figures, unseen ids or
     files of other shapes."""
-    if not isinstance(summary, dict):
-        return f"a JSON {type(summary).__name__}, not an object"
-    for key, kind in SHAPE.items():
-        value = summary.get(key)
-        if not isinstance(value, kind) or isinstance(value, bool):
-            return f"{key} {str(value)[:40]!r} is not a {getattr(kind, '__name__', 'number')}"
+    if (wrong := rundir.shape_problem(summary, SHAPE)) is not None:
+        return wrong
     if summary["status"] not in STATUSES or summary["kind"] != "reward":
         return f"status {summary['status']!r:.40} or kind {summary['kind']!r:.20} is not a reward run's"
     held = summary["held_out"]

@@ -68,12 +68,8 @@ def problem(summary: Any) -> str | None:
     """What makes ``summary`` (summary.json as read) not a summary ``verdict`` and the reports can
     use, or None: a key of SHAPE missing or of another type, an unknown status, held-out figures,
     rules or files of other shapes."""
-    if not isinstance(summary, dict):
-        return f"a JSON {type(summary).__name__}, not an object"
-    for key, kind in SHAPE.items():
-        value = summary.get(key)
-        if not isinstance(value, kind) or isinstance(value, bool):
-            return f"{key} {value!r:.40} is not a {getattr(kind, '__name__', 'number')}"
+    if (wrong := rundir.shape_problem(summary, SHAPE)) is not None:
+        return wrong
     held = summary["held_out"]
     if summary["status"] not in STATUSES:
         return f"status {summary['status']!r:.40} is none of {', '.join(STATUSES)}"
